@@ -1,0 +1,5 @@
+//! tailtrap's detector: latency histograms and (soon) per-service tail baselines and
+//! tail-shift detection. Pure computation: no BPF, no sockets, no files.
+#![deny(missing_docs)]
+
+pub mod hist;
