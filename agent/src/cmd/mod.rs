@@ -1,0 +1,6 @@
+//! One module per subcommand.
+
+pub mod db;
+pub mod hist;
+pub mod replay;
+pub mod simulate;
