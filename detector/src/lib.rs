@@ -3,3 +3,7 @@
 #![deny(missing_docs)]
 
 pub mod hist;
+pub mod probe;
+
+pub use hist::Histogram;
+pub use probe::Probe;

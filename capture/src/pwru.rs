@@ -1,0 +1,1 @@
+//! pwru session management (being built).

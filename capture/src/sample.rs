@@ -1,0 +1,1 @@
+//! Slow-SKB sample records (being built).
