@@ -1,1 +1,400 @@
-//! Slow-SKB sample records (being built).
+//! One slow SKB caught by in-kernel capture: the record the ring buffer delivers (after
+//! decoding) and the unit storage keeps per incident.
+//!
+//! Plain data on purpose: the capture side fills it from the kernel record, storage encodes
+//! it with postcard, the CLI prints it as JSON. Times are nanoseconds since the Unix epoch
+//! (CLOCK_REALTIME), latencies are nanoseconds.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use detector::Probe;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// One slow SKB.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sample {
+    /// When the probe fired, ns since the Unix epoch.
+    pub time_ns: u64,
+    /// The incident this sample was captured for.
+    pub incident: u64,
+    /// Where on the receive path it was measured.
+    pub probe: Probe,
+    /// `now - skb->tstamp` at the probe, ns.
+    pub latency_ns: u64,
+    /// Address family, transport protocol and ports of the packet.
+    pub flow: Flow,
+    /// cgroup v2 id of the socket owner (0 when unknown, e.g. before socket lookup).
+    pub cgroup_id: u64,
+    /// Process in whose context the probe ran, when there is one (reads, not softirq).
+    pub pid: Option<u32>,
+    /// That process's command name (empty when there is no process context).
+    pub comm: Comm,
+    /// CPU the probe ran on.
+    pub cpu: u32,
+    /// Receiving interface index (0 when unknown).
+    pub ifindex: u32,
+    /// Network namespace inode number.
+    pub netns_ino: u32,
+    /// `skb->len`, bytes.
+    pub skb_len: u32,
+    /// The socket's receive queue at the probe, when a socket is known.
+    pub socket_queue: Option<SocketQueue>,
+    /// TCP sequence number of the segment (TCP only).
+    pub tcp_seq: Option<u32>,
+    /// Marks such as pre-trigger and head-of-line suspect.
+    pub flags: SampleFlags,
+}
+
+/// Transport protocol of a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// IPPROTO_TCP.
+    Tcp,
+    /// IPPROTO_UDP.
+    Udp,
+    /// Any other IP protocol number (seen at ip-start only).
+    Other(u8),
+}
+
+impl Transport {
+    /// From an IP protocol number.
+    pub const fn from_ip_proto(proto: u8) -> Transport {
+        match proto {
+            6 => Transport::Tcp,
+            17 => Transport::Udp,
+            p => Transport::Other(p),
+        }
+    }
+
+    /// The IP protocol number.
+    pub const fn ip_proto(self) -> u8 {
+        match self {
+            Transport::Tcp => 6,
+            Transport::Udp => 17,
+            Transport::Other(p) => p,
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transport::Tcp => f.write_str("tcp"),
+            Transport::Udp => f.write_str("udp"),
+            Transport::Other(p) => write!(f, "ip-proto-{p}"),
+        }
+    }
+}
+
+/// A packet's 5-tuple as received: `src` is the remote peer, `dst` the local socket.
+/// The address family is that of the addresses (both are the same family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Flow {
+    /// Transport protocol.
+    pub transport: Transport,
+    /// Source address (the sender).
+    pub src: IpAddr,
+    /// Source port (0 when the protocol has none).
+    pub sport: u16,
+    /// Destination address (this host).
+    pub dst: IpAddr,
+    /// Destination port (0 when the protocol has none).
+    pub dport: u16,
+}
+
+impl fmt::Display for Flow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Bracket IPv6 so the port separator stays unambiguous.
+        fn ep(f: &mut fmt::Formatter<'_>, a: &IpAddr, p: u16) -> fmt::Result {
+            match a {
+                IpAddr::V4(a) => write!(f, "{a}:{p}"),
+                IpAddr::V6(a) => write!(f, "[{a}]:{p}"),
+            }
+        }
+        write!(f, "{} ", self.transport)?;
+        ep(f, &self.src, self.sport)?;
+        f.write_str(" -> ")?;
+        ep(f, &self.dst, self.dport)
+    }
+}
+
+/// Depth of a socket's receive queue when the probe fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SocketQueue {
+    /// Bytes waiting to be read (TCP: `rcv_nxt - copied_seq`; UDP: queued datagram bytes).
+    pub bytes: u32,
+    /// SKBs on `sk_receive_queue`.
+    pub skbs: u32,
+    /// `sk_rmem_alloc`: receive memory charged to the socket, bytes.
+    pub rmem_alloc: u32,
+    /// `sk_rcvbuf`: the socket's receive buffer limit, bytes.
+    pub rcvbuf: u32,
+}
+
+/// Longest command name the kernel keeps (`TASK_COMM_LEN` minus the NUL).
+pub const COMM_MAX: usize = 15;
+
+/// A process command name as the kernel reports it (`task->comm`): at most [`COMM_MAX`]
+/// bytes of text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Comm(String);
+
+/// A command name longer than [`COMM_MAX`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("command name {0:?} is longer than {COMM_MAX} bytes")]
+pub struct CommTooLong(pub String);
+
+impl Comm {
+    /// From the kernel's fixed buffer: up to the first NUL; invalid UTF-8 is replaced, so
+    /// whatever the kernel hands over can be shown.
+    pub fn from_kernel(raw: &[u8]) -> Comm {
+        let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        let mut s = String::from_utf8_lossy(&raw[..end.min(COMM_MAX)]).into_owned();
+        // A replacement character can make the string longer than the bytes it replaced.
+        while s.len() > COMM_MAX {
+            s.pop();
+        }
+        Comm(s)
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// True when there was no process context.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl TryFrom<String> for Comm {
+    type Error = CommTooLong;
+    fn try_from(s: String) -> Result<Comm, CommTooLong> {
+        if s.len() > COMM_MAX {
+            return Err(CommTooLong(s));
+        }
+        Ok(Comm(s))
+    }
+}
+
+impl fmt::Display for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Comm {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Comm {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Comm, D::Error> {
+        let s = String::deserialize(d)?;
+        Comm::try_from(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Marks on a sample, as a bitset. Humans and JSON see the names (`["pre-trigger"]`);
+/// compact binary encodings see the bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SampleFlags(u32);
+
+impl SampleFlags {
+    /// Kept by the flight recorder before the incident opened.
+    pub const PRE_TRIGGER: SampleFlags = SampleFlags(1 << 0);
+    /// The SKB waited behind an earlier one on the same socket (head-of-line blocking suspect).
+    pub const HOL_SUSPECT: SampleFlags = SampleFlags(1 << 1);
+    /// The kernel sampled this record 1-in-N: it stands for N slow SKBs.
+    pub const SUBSAMPLED: SampleFlags = SampleFlags(1 << 2);
+
+    /// Every named flag with its name.
+    const NAMED: [(SampleFlags, &'static str); 3] = [
+        (SampleFlags::PRE_TRIGGER, "pre-trigger"),
+        (SampleFlags::HOL_SUSPECT, "hol-suspect"),
+        (SampleFlags::SUBSAMPLED, "subsampled"),
+    ];
+
+    /// No flag set.
+    pub const fn empty() -> SampleFlags {
+        SampleFlags(0)
+    }
+
+    /// From raw bits (the kernel record's flag word); unknown bits are dropped.
+    pub const fn from_bits_truncate(bits: u32) -> SampleFlags {
+        SampleFlags(bits & Self::all_bits())
+    }
+
+    const fn all_bits() -> u32 {
+        let mut bits = 0;
+        let mut i = 0;
+        while i < Self::NAMED.len() {
+            bits |= Self::NAMED[i].0 .0;
+            i += 1;
+        }
+        bits
+    }
+
+    /// The raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// True when every flag in `other` is set.
+    pub const fn contains(self, other: SampleFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Set the flags in `other`.
+    pub fn insert(&mut self, other: SampleFlags) {
+        self.0 |= other.0;
+    }
+
+    /// Names of the flags set, in bit order.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        Self::NAMED
+            .into_iter()
+            .filter(move |(f, _)| self.contains(*f))
+            .map(|(_, n)| n)
+    }
+
+    /// The flag with this name.
+    pub fn from_name(name: &str) -> Option<SampleFlags> {
+        Self::NAMED
+            .into_iter()
+            .find(|(_, n)| *n == name)
+            .map(|(f, _)| f)
+    }
+}
+
+impl std::ops::BitOr for SampleFlags {
+    type Output = SampleFlags;
+    fn bitor(self, rhs: SampleFlags) -> SampleFlags {
+        SampleFlags(self.0 | rhs.0)
+    }
+}
+
+impl Serialize for SampleFlags {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.collect_seq(self.names())
+        } else {
+            s.serialize_u32(self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SampleFlags {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<SampleFlags, D::Error> {
+        if d.is_human_readable() {
+            let names = Vec::<String>::deserialize(d)?;
+            let mut flags = SampleFlags::empty();
+            for n in &names {
+                let f = SampleFlags::from_name(n).ok_or_else(|| {
+                    serde::de::Error::custom(format!("unknown sample flag {n:?}"))
+                })?;
+                flags.insert(f);
+            }
+            Ok(flags)
+        } else {
+            // Bits written by a newer version are dropped rather than rejected: the rest of
+            // the sample is still good evidence.
+            Ok(SampleFlags::from_bits_truncate(u32::deserialize(d)?))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn sample() -> Sample {
+        Sample {
+            time_ns: 1_700_000_000_123_456_789,
+            incident: 7,
+            probe: Probe::TcpSocketRead,
+            latency_ns: 21_000_000,
+            flow: Flow {
+                transport: Transport::Tcp,
+                src: IpAddr::V6(Ipv6Addr::LOCALHOST),
+                sport: 40000,
+                dst: IpAddr::V6(Ipv6Addr::LOCALHOST),
+                dport: 443,
+            },
+            cgroup_id: 1234,
+            pid: Some(42),
+            comm: Comm::from_kernel(b"nginx\0\0\0\0\0\0\0\0\0\0\0"),
+            cpu: 1,
+            ifindex: 1,
+            netns_ino: 4026531840,
+            skb_len: 1448,
+            socket_queue: Some(SocketQueue {
+                bytes: 2896,
+                skbs: 2,
+                rmem_alloc: 4608,
+                rcvbuf: 131072,
+            }),
+            tcp_seq: Some(99),
+            flags: SampleFlags::PRE_TRIGGER | SampleFlags::HOL_SUSPECT,
+        }
+    }
+
+    #[test]
+    fn json_shows_flag_names_and_round_trips() {
+        let s = sample();
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["flags"],
+            serde_json::json!(["pre-trigger", "hol-suspect"])
+        );
+        assert_eq!(json["comm"], "nginx");
+        assert_eq!(json["probe"], "tcp-socket-read");
+        let back: Sample = serde_json::from_value(json).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn unknown_flag_name_is_rejected() {
+        let r: Result<SampleFlags, _> = serde_json::from_str(r#"["pre-trigger","bogus"]"#);
+        assert!(r.unwrap_err().to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn comm_from_kernel_stops_at_nul_and_caps_length() {
+        assert_eq!(Comm::from_kernel(b"sshd\0garbage").as_str(), "sshd");
+        assert_eq!(Comm::from_kernel(&[b'x'; 16]).as_str().len(), COMM_MAX);
+        let bad = Comm::from_kernel(&[0xff; 16]);
+        assert!(bad.as_str().len() <= COMM_MAX && !bad.is_empty());
+        assert!(Comm::try_from("a".repeat(16)).is_err());
+        let r: Result<Comm, _> = serde_json::from_str(&format!("\"{}\"", "b".repeat(16)));
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn flags_bits_and_names() {
+        let f = SampleFlags::from_bits_truncate(0xffff_ffff);
+        assert!(f.contains(SampleFlags::PRE_TRIGGER | SampleFlags::SUBSAMPLED));
+        assert_eq!(f.bits(), 0b111);
+        assert_eq!(f.names().count(), 3);
+        assert!(!SampleFlags::empty().contains(SampleFlags::HOL_SUSPECT));
+    }
+
+    #[test]
+    fn flow_display() {
+        let f = Flow {
+            transport: Transport::from_ip_proto(17),
+            src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)),
+            sport: 5353,
+            dst: IpAddr::V6(Ipv6Addr::LOCALHOST),
+            dport: 53,
+        };
+        assert_eq!(f.to_string(), "udp 10.0.0.5:5353 -> [::1]:53");
+        assert_eq!(Transport::from_ip_proto(1).to_string(), "ip-proto-1");
+        assert_eq!(Transport::Other(1).ip_proto(), 1);
+    }
+}
