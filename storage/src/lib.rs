@@ -1,0 +1,2 @@
+//! tailtrap's local store (being built; see the storage issue).
+#![deny(missing_docs)]
