@@ -1,0 +1,213 @@
+#!/bin/bash
+# run-in-vm.sh KERNEL_DIR -- COMMAND [ARGS...]
+#
+# Boots the kernel unpacked in KERNEL_DIR (as fetch-kernels.sh leaves it: boot/vmlinuz-<release>
+# and lib/modules/<release> with a modules.dep) under qemu and runs COMMAND in the guest as root,
+# in the same working directory.  Nothing of the kernel has to be installed on the host.
+#
+# Guest userland: the host root shared read-only over 9p, made writable by an overlayfs with a
+# tmpfs upper layer (guest writes are discarded).  The kernel's modules are bind-mounted at
+# /lib/modules/<release>, so modprobe (and the kernel's module auto-loading) works in the guest.
+# proc, sys, dev, devpts, bpffs, tracefs, debugfs, cgroup2 are mounted and lo is up.
+# COMMAND's stdout and stderr arrive on this script's stdout and stderr (each on its own serial
+# port), and its exit status is returned.
+#
+# Environment:
+#   VM_MEM=2G  VM_CPUS=2  VM_TIMEOUT=600 (seconds; a hung guest becomes a failure, never a stuck run)
+#   VM_RW="/dir1 /dir2"  host directories shared read-write at the same path (no spaces)
+#   VM_ENV="VAR1 VAR2"   host variables passed to COMMAND (LANG, LC_ALL, RUST_LOG, RUST_BACKTRACE
+#                        always are; PATH, HOME=/root are set)
+#   VM_APPEND="..."      extra kernel command line
+#   VM_VERBOSE=1         stream the guest console (kernel log) to stderr
+#   VM_KEEP=1            keep the per-run directory (console.log, qemu.log)
+#   VM_CACHE             where the unpacked vmlinux and initramfs per kernel are kept
+#                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
+#   VM_QEMU=qemu-system-x86_64  VM_CPU=max
+# Exit status: COMMAND's; 124 on timeout; 125 when the VM could not be set up or died.
+#
+# Acceleration is TCG (software emulation, ~10-30x slower guest code): the nested /dev/kvm of
+# the development hosts cannot run an unmodified kernel.  Boot takes ~3 s because the bzImage's
+# payload is unpacked once to an ELF vmlinux that qemu starts through its PVH entry point,
+# skipping the in-guest decompressor.
+
+set -u
+PROG=${0##*/}
+die() { echo "$PROG: $*" >&2; exit 125; }
+
+[ $# -ge 3 ] && [ "$2" = "--" ] || die "usage: $PROG KERNEL_DIR -- COMMAND [ARGS...]"
+KDIR=$(readlink -f "$1") || die "kernel directory '$1' not found"
+shift 2
+[ -d "$KDIR/lib/modules" ] || die "$KDIR/lib/modules missing (not a kernel unpacked by fetch-kernels.sh?)"
+kvers=("$KDIR"/lib/modules/*/modules.dep)
+[ ${#kvers[@]} = 1 ] && [ -f "${kvers[0]}" ] || die "$KDIR must hold exactly one lib/modules/<release> with modules.dep"
+kver=$(basename "$(dirname "${kvers[0]}")")
+MODDIR=$KDIR/lib/modules/$kver
+KERNEL=$KDIR/boot/vmlinuz-$kver
+[ -r "$KERNEL" ] || die "$KERNEL missing"
+
+QEMU=${VM_QEMU:-qemu-system-x86_64}
+command -v "$QEMU" >/dev/null || die "$QEMU not found (apt-get install qemu-system-x86)"
+for t in cpio gzip timeout mkfifo modprobe readelf xz zstd; do
+    command -v $t >/dev/null || die "$t not found"
+done
+BUSYBOX=$(command -v busybox) || die "busybox not found (apt-get install busybox-static)"
+readelf -l "$BUSYBOX" 2>/dev/null | grep -q 'program interpreter' &&
+    die "$BUSYBOX is dynamically linked (apt-get install busybox-static)"
+
+MEM=${VM_MEM:-2G}; CPUS=${VM_CPUS:-2}; TMO=${VM_TIMEOUT:-600}
+CACHE=${VM_CACHE:-${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot}
+mkdir -p "$CACHE" || die "cannot create $CACHE"
+# Boot images are built once per kernel; a lock keeps concurrent runs from building them twice.
+exec 8>"$CACHE/.lock-$kver"
+flock 8
+
+# ---- ELF vmlinux with a PVH entry, cut out of the bzImage (x86 boot protocol header fields)
+le() { od -An -t"u$1" -j"$2" -N"$1" "$KERNEL" | tr -d ' '; }   # little-endian uint, size $1 at $2
+[ "$(dd if="$KERNEL" bs=1 skip=514 count=4 2>/dev/null)" = HdrS ] || die "$KERNEL is not a bzImage"
+VMLINUX=$CACHE/vmlinux-$kver
+if [ ! -s "$VMLINUX" ] || [ "$VMLINUX" -ot "$KERNEL" ]; then
+    setup_sects=$(le 1 497); payload_offset=$(le 4 584); payload_length=$(le 4 588)
+    off=$(( (setup_sects + 1) * 512 + payload_offset )); len=$(( payload_length - 4 ))  # minus size trailer
+    case $(od -An -tx1 -j"$off" -N4 "$KERNEL" | tr -d ' ') in
+        fd377a58) dec="xz -dc" ;;  28b52ffd) dec="zstd -qdc" ;;  1f8b*) dec="gzip -dc" ;;  *) dec="" ;;
+    esac
+    rm -f "$VMLINUX"
+    if [ -n "$dec" ]; then
+        tail -c +$((off + 1)) "$KERNEL" | head -c "$len" | $dec > "$VMLINUX.tmp" 2>/dev/null &&
+            readelf -n "$VMLINUX.tmp" 2>/dev/null | grep -q 'Xen.*(0x00000012)' &&  # XEN_ELFNOTE_PHYS32_ENTRY
+            mv "$VMLINUX.tmp" "$VMLINUX"
+        rm -f "$VMLINUX.tmp"
+    fi
+fi
+BOOTIMG=$KERNEL
+[ -s "$VMLINUX" ] && BOOTIMG=$VMLINUX   # else boot the bzImage as it is, ~3 s slower
+
+# ---- initramfs: busybox plus the modules needed to reach the 9p/overlay root
+INITRD=$CACHE/initramfs-$kver.cpio.gz
+SELF=$(readlink -f "$0")
+if [ ! -s "$INITRD" ] || [ "$INITRD" -ot "$SELF" ] || [ "$INITRD" -ot "$MODDIR/modules.dep" ]; then
+    ird=$(mktemp -d "$CACHE/initramfs.XXXXXX") || die "mktemp failed"
+    mkdir -p "$ird"/{bin,proc,sys,dev,mods,share,lower,upper,newroot}
+    cp "$BUSYBOX" "$ird/bin/busybox"
+    for a in sh mount mkdir insmod cat echo stty poweroff sync ip hostname chroot; do
+        ln -s busybox "$ird/bin/$a"
+    done
+    : > "$ird/mods/order"
+    for m in virtio_pci 9pnet_virtio 9p overlay; do
+        modprobe -d "$KDIR" -S "$kver" --show-depends "$m" || echo "missing module $m" >&2
+    done | awk '$1 == "insmod" && !seen[$2]++ {print $2}' | while read -r ko; do
+        b=$(basename "$ko"); b=${b%.xz}; b=${b%.zst}; b=${b%.gz}
+        case $ko in   # busybox insmod wants plain ELF objects
+            *.xz) xz -dc "$ko" ;;  *.zst) zstd -qdc "$ko" ;;  *.gz) gzip -dc "$ko" ;;  *) cat "$ko" ;;
+        esac > "$ird/mods/$b" || { echo "cannot unpack $ko" >&2; exit 1; }
+        echo "$b" >> "$ird/mods/order"
+    done || { rm -rf "$ird"; die "module unpacking failed"; }
+    cat > "$ird/init" <<'INIT'
+#!/bin/sh
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+fail() { echo "vm-init: $*" > /dev/ttyS0; echo "vm-init: $*" > /dev/ttyS2; poweroff -f; }
+for m in $(cat /mods/order); do insmod /mods/$m || fail "insmod $m failed"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=none vmrun /share || fail "cannot mount the run share"
+. /share/guest.conf
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro hostroot /lower || fail "cannot mount the host root"
+mount -t tmpfs -o mode=755 tmpfs /upper && mkdir -p /upper/u /upper/w
+mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w overlay /newroot || fail "overlayfs failed"
+R=/newroot
+mount -t proc proc $R/proc; mount -t sysfs sys $R/sys; mount -t devtmpfs dev $R/dev
+mkdir -p $R/dev/pts $R/dev/shm; mount -t devpts -o newinstance,ptmxmode=666 devpts $R/dev/pts
+mount -t tmpfs tmpfs $R/dev/shm; mount -t tmpfs tmpfs $R/run; mount -t tmpfs tmpfs $R/tmp
+mount -t bpf bpf $R/sys/fs/bpf; mount -t tracefs tracefs $R/sys/kernel/tracing
+mount -t debugfs debugfs $R/sys/kernel/debug; mount -t securityfs securityfs $R/sys/kernel/security
+mount -t cgroup2 cgroup2 $R/sys/fs/cgroup
+mkdir -p "$R/lib/modules/$KVER" && mount --bind "$R$KMODDIR" "$R/lib/modules/$KVER" || fail "cannot place the modules"
+mkdir -p "$R$RUNDIR" && mount --move /share "$R$RUNDIR" || fail "cannot place the run share at $RUNDIR"
+i=0
+for d in $RWDIRS; do
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=none rw$i "$R$d" || fail "cannot mount rw share $d"
+    i=$((i+1))
+done
+hostname vm; ip link set lo up
+stty -F /dev/ttyS1 raw -echo; stty -F /dev/ttyS2 raw -echo   # else \n turns into \r\n
+chroot $R /bin/bash "$RUNDIR/cmd.sh" </dev/null >/dev/ttyS1 2>/dev/ttyS2
+echo $? > "$R$RUNDIR/rc"
+sync
+poweroff -f
+INIT
+    chmod 755 "$ird/init"
+    (cd "$ird" && find . | cpio -o -H newc 2>/dev/null | gzip -1 > "$INITRD.tmp") &&
+        mv "$INITRD.tmp" "$INITRD" || { rm -rf "$ird"; die "initramfs build failed"; }
+    rm -rf "$ird"
+fi
+exec 8>&-
+
+# ---- per-run directory: fifos and logs on the host, share/ seen by the guest
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/tailtrap-vmrun.XXXXXX") || die "mktemp failed"
+SHARE=$RUN/share; mkdir "$SHARE"
+readers=()
+cleanup() {
+    for p in "${readers[@]}"; do kill "$p" 2>/dev/null; done
+    [ "${VM_KEEP:-0}" = 1 ] && echo "$PROG: run directory kept: $RUN" >&2 || rm -rf "$RUN"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+RWDIRS=""; rwargs=(); i=0
+for d in ${VM_RW:-}; do
+    d=$(readlink -f "$d"); [ -d "$d" ] || die "VM_RW: $d is not a directory"
+    RWDIRS="$RWDIRS $d"
+    rwargs+=(-virtfs "local,path=$d,mount_tag=rw$i,security_model=none,multidevs=remap")
+    i=$((i+1))
+done
+printf 'RUNDIR=%q\nRWDIRS=%q\nKVER=%q\nKMODDIR=%q\n' "$SHARE" "$RWDIRS" "$kver" "$MODDIR" > "$SHARE/guest.conf"
+{
+    echo 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+    echo 'export HOME=/root USER=root LOGNAME=root TERM=dumb LANG=C.UTF-8'
+    for v in LANG LC_ALL RUST_LOG RUST_BACKTRACE ${VM_ENV:-}; do
+        [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
+    done
+    printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
+    printf 'exec'; printf ' %q' "$@"; echo
+} > "$SHARE/cmd.sh"
+
+for c in out err con; do mkfifo "$RUN/$c.in" "$RUN/$c.out" || die "mkfifo failed"; done
+cat "$RUN/out.out" & readers+=($!)
+cat "$RUN/err.out" >&2 & readers+=($!)
+if [ "${VM_VERBOSE:-0}" = 1 ]; then
+    tee "$RUN/console.log" < "$RUN/con.out" >&2 & readers+=($!)
+else
+    cat "$RUN/con.out" > "$RUN/console.log" & readers+=($!)
+fi
+
+timeout -k 10 "$TMO" "$QEMU" -accel tcg,thread=multi -cpu "${VM_CPU:-max}" -m "$MEM" -smp "$CPUS" \
+    -nodefaults -no-user-config -display none -vga none -no-reboot \
+    -kernel "$BOOTIMG" -initrd "$INITRD" \
+    -append "console=ttyS0 quiet panic=-1 mitigations=off rdinit=/init ${VM_APPEND:-}" \
+    -chardev pipe,id=con,path="$RUN/con" -serial chardev:con \
+    -chardev pipe,id=out,path="$RUN/out" -serial chardev:out \
+    -chardev pipe,id=err,path="$RUN/err" -serial chardev:err \
+    -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$SHARE,mount_tag=vmrun,security_model=none" \
+    "${rwargs[@]}" \
+    </dev/null >"$RUN/qemu.log" 2>&1 &
+qpid=$!
+# Waiting on a background qemu (instead of running it in the foreground) lets INT/TERM stop
+# the VM at once through the trap above.
+wait $qpid; qrc=$?
+# The readers end at EOF once qemu is gone; one whose fifo qemu never opened is killed.
+for _ in $(seq 10); do
+    alive=0; for p in "${readers[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break; sleep 0.2
+done
+
+if [ -s "$SHARE/rc" ]; then
+    exit "$(cat "$SHARE/rc")"
+fi
+if [ $qrc = 124 ] || [ $qrc = 137 ]; then
+    echo "$PROG: timed out after ${TMO}s (kernel $kver)" >&2; rc=124
+else
+    echo "$PROG: the VM ended without the command's exit status (kernel $kver, qemu status $qrc)" >&2; rc=125
+fi
+echo "---- qemu log (last 20 lines):" >&2; tail -n 20 "$RUN/qemu.log" >&2
+echo "---- guest console (last 40 lines):" >&2; tail -n 40 "$RUN/console.log" >&2
+exit $rc
