@@ -1,9 +1,12 @@
-//! tailtrap's detector: latency histograms and (soon) per-service tail baselines and
-//! tail-shift detection. Pure computation: no BPF, no sockets, no files.
+//! tailtrap's detector: latency histograms, per-service tail baselines and tail-shift
+//! detection, plus the replay format and the scenario generator used to try it. Pure
+//! computation: no BPF, no sockets, no files.
 #![deny(missing_docs)]
 
+pub mod config;
 pub mod hist;
 pub mod probe;
 
+pub use config::{ConfigError, DetectorConfig};
 pub use hist::Histogram;
 pub use probe::Probe;
