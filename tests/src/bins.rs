@@ -1,0 +1,66 @@
+use std::path::PathBuf;
+
+/// The directory cargo put this test binary's package binaries in (`target/<profile>`):
+/// test executables live in its `deps/` subdirectory.
+fn target_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    Some(if dir.ends_with("deps") {
+        dir.parent()?.to_path_buf()
+    } else {
+        dir.to_path_buf()
+    })
+}
+
+fn locate(name: &str, override_var: &str, hint: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(override_var) {
+        return PathBuf::from(path);
+    }
+    let path = target_dir().map(|d| d.join(name));
+    match path {
+        Some(path) if path.is_file() => path,
+        _ => panic!("cannot find the `{name}` binary next to this test's target directory ({hint}; or set {override_var})"),
+    }
+}
+
+/// The agent's `tailtrap` binary of the same build (`target/<profile>/tailtrap`), for CLI
+/// end-to-end tests; `TAILTRAP_BIN` overrides.
+///
+/// # Panics
+/// When it is not there: build it first with `cargo build --bins`.
+pub fn tailtrap_bin() -> PathBuf {
+    locate("tailtrap", "TAILTRAP_BIN", "run `cargo build --bins` first")
+}
+
+/// The `tailtrap-traffic` helper of the same build; `TAILTRAP_TRAFFIC_BIN` overrides.
+/// Cargo builds it with this crate's tests, where it is also
+/// `env!("CARGO_BIN_EXE_tailtrap-traffic")`.
+///
+/// # Panics
+/// When it is not there (a test binary of another package that did not build it).
+pub fn traffic_bin() -> PathBuf {
+    locate(
+        "tailtrap-traffic",
+        "TAILTRAP_TRAFFIC_BIN",
+        "build it with `cargo build -p tailtrap-tests --bins`",
+    )
+}
+
+/// The kernel release when running under the VM runner (`TAILTRAP_IN_VM=1`, which sets
+/// `TAILTRAP_KERNEL`), `None` on the host.
+pub fn vm_kernel() -> Option<String> {
+    if std::env::var_os("TAILTRAP_IN_VM").is_some_and(|v| v == "1") {
+        std::env::var("TAILTRAP_KERNEL").ok()
+    } else {
+        None
+    }
+}
+
+/// The attach method the probes are expected to use here, from `TAILTRAP_EXPECT_ATTACH`
+/// (the VM runner sets `fentry`; `None` when unset, e.g. on the development host where the
+/// kernel decides).
+pub fn expected_attach() -> Option<String> {
+    std::env::var("TAILTRAP_EXPECT_ATTACH")
+        .ok()
+        .filter(|v| !v.is_empty())
+}

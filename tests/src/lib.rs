@@ -1,0 +1,27 @@
+//! Helpers for tailtrap's tests that need a real kernel: network namespaces, veth pairs with
+//! IPv4 and IPv6 addresses, cgroups, and TCP/UDP traffic from a separate helper process
+//! (`tailtrap-traffic`) that can be placed in a namespace and a cgroup before it opens its
+//! socket.
+//!
+//! Everything here needs root, `ip` and `tc` (iproute2). Every object undoes itself on drop.
+//! Traffic only ever goes to addresses inside namespaces these helpers created, or loopback.
+//!
+//! The test binaries of this crate run on the host kernel (`cargo test`) and, through
+//! `tests/vm/run-vm-tests.sh`, on stock kernels under qemu; [`vm_kernel`] and
+//! [`expected_attach`] tell a test where it runs.
+#![deny(missing_docs)]
+
+mod bins;
+mod cgroup;
+mod cmd;
+mod error;
+mod netns;
+mod traffic;
+mod veth;
+
+pub use bins::{expected_attach, tailtrap_bin, traffic_bin, vm_kernel};
+pub use cgroup::{cgroup2_mount, Cgroup};
+pub use error::{Error, Result};
+pub use netns::Netns;
+pub use traffic::{run_client, ClientOpts, ClientStats, Proto, ServerOpts, TcpServer, UdpServer};
+pub use veth::VethPair;

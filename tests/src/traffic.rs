@@ -1,0 +1,302 @@
+//! Spawning the `tailtrap-traffic` helper: servers that stay up for a test, clients that run
+//! a bounded exchange and report what happened.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bins::traffic_bin;
+use crate::cgroup::Cgroup;
+use crate::error::{Error, Result};
+use crate::netns::Netns;
+
+/// How long a server may take to report its bound address (generous: guests under software
+/// emulation start processes slowly).
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Transport protocol of a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proto {
+    /// One TCP connection carrying every message.
+    Tcp,
+    /// One datagram per message.
+    Udp,
+}
+
+/// Where and how a server runs.
+#[derive(Debug, Clone)]
+pub struct ServerOpts<'a> {
+    /// Address to bind, IPv4 or IPv6; port 0 picks a free port (see `addr()`).
+    pub bind: SocketAddr,
+    /// Namespace to run in (the host's when `None`).
+    pub netns: Option<&'a Netns>,
+    /// Cgroup to run in; joined before the socket is created, so the socket belongs to it.
+    pub cgroup: Option<&'a Cgroup>,
+    /// Sleep before each read (before each `recv` for UDP); changeable while running.
+    pub read_delay: Duration,
+}
+
+/// A TCP echo server process: each connection is served by its own thread, which sleeps the
+/// current read delay before every read and writes back what it read. Killed on drop.
+#[derive(Debug)]
+pub struct TcpServer(Server);
+
+/// A UDP echo server process: sleeps the current read delay before every `recv` and sends
+/// each datagram back to its sender. Killed on drop.
+#[derive(Debug)]
+pub struct UdpServer(Server);
+
+impl TcpServer {
+    /// Starts the server and waits until it listens.
+    pub fn spawn(opts: ServerOpts<'_>) -> Result<TcpServer> {
+        Server::spawn("tcp-server", &opts).map(TcpServer)
+    }
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.0.addr
+    }
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.0.child.id()
+    }
+    /// Changes the sleep before each read; takes effect from the next read on.
+    pub fn set_read_delay(&self, delay: Duration) -> Result<()> {
+        self.0.set_read_delay(delay)
+    }
+}
+
+impl UdpServer {
+    /// Starts the server and waits until its socket is bound.
+    pub fn spawn(opts: ServerOpts<'_>) -> Result<UdpServer> {
+        Server::spawn("udp-server", &opts).map(UdpServer)
+    }
+    /// The address it is bound to.
+    pub fn addr(&self) -> SocketAddr {
+        self.0.addr
+    }
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.0.child.id()
+    }
+    /// Changes the sleep before each `recv`; takes effect from the next one on.
+    pub fn set_read_delay(&self, delay: Duration) -> Result<()> {
+        self.0.set_read_delay(delay)
+    }
+}
+
+#[derive(Debug)]
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    /// The helper re-reads the delay from this file before each read.
+    delay_file: PathBuf,
+    /// Held open only so that the helper sees EOF, and exits, if this process dies.
+    _stdin: Option<ChildStdin>,
+}
+
+impl Server {
+    fn spawn(mode: &str, opts: &ServerOpts<'_>) -> Result<Server> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let delay_file =
+            std::env::temp_dir().join(format!("tailtrap-traffic-{}-{n}.delay", std::process::id()));
+        write_delay(&delay_file, opts.read_delay)?;
+        let mut cmd = Command::new(traffic_bin());
+        cmd.arg(mode).arg("--bind").arg(opts.bind.to_string());
+        cmd.arg("--delay-file")
+            .arg(&delay_file)
+            .arg("--exit-on-stdin-eof");
+        add_placement(&mut cmd, opts.netns, opts.cgroup);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd
+            .spawn()
+            .map_err(Error::io(format!("cannot start {mode}")))?;
+        let stdin = child.stdin.take();
+        let first_line = first_line(&mut child, STARTUP_TIMEOUT);
+        let started = first_line.and_then(|line| {
+            line.trim()
+                .parse()
+                .map_err(|_| Error::Traffic(format!("{mode} printed {line:?}, not its address")))
+        });
+        match started {
+            Ok(addr) => Ok(Server {
+                child,
+                addr,
+                delay_file,
+                _stdin: stdin,
+            }),
+            Err(e) => {
+                let _ = child.kill();
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                let _ = std::fs::remove_file(&delay_file);
+                Err(Error::Traffic(format!(
+                    "{mode} did not start ({status}): {e}"
+                )))
+            }
+        }
+    }
+
+    fn set_read_delay(&self, delay: Duration) -> Result<()> {
+        write_delay(&self.delay_file, delay)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.delay_file);
+    }
+}
+
+/// Writes the delay so that a concurrent reader sees the old or the new value, never a
+/// partial one.
+fn write_delay(path: &std::path::Path, delay: Duration) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, humantime::format_duration(delay).to_string())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(Error::io(format!("cannot write {}", path.display())))
+}
+
+fn add_placement(cmd: &mut Command, netns: Option<&Netns>, cgroup: Option<&Cgroup>) {
+    if let Some(ns) = netns {
+        cmd.arg("--netns").arg(ns.path());
+    }
+    if let Some(cg) = cgroup {
+        cmd.arg("--cgroup").arg(cg.path());
+    }
+}
+
+/// Reads the child's first stdout line, giving up after `timeout`.
+fn first_line(child: &mut Child, timeout: Duration) -> Result<String> {
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Error::Traffic("stdout not captured".into()))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = tx.send(BufReader::new(stdout).read_line(&mut line).map(|_| line));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(line)) if !line.is_empty() => Ok(line),
+        Ok(Ok(_)) => Err(Error::Traffic("exited before printing its address".into())),
+        Ok(Err(e)) => Err(Error::io("cannot read the helper's output")(e)),
+        Err(_) => Err(Error::Traffic(format!("no address within {timeout:?}"))),
+    }
+}
+
+/// A bounded client run: `messages` messages of `size` bytes, each followed by waiting for
+/// its echo and then sleeping `pause`.
+///
+/// With a server read delay `d` and `pause < d`, each message waits about `d - pause` in the
+/// server's receive queue, so a small `pause` makes the application-read latency ≈ `d`.
+#[derive(Debug, Clone)]
+pub struct ClientOpts<'a> {
+    /// Server address.
+    pub target: SocketAddr,
+    /// Namespace to run in (the host's when `None`).
+    pub netns: Option<&'a Netns>,
+    /// TCP or UDP.
+    pub proto: Proto,
+    /// Number of messages.
+    pub messages: u32,
+    /// Bytes per message (UDP: at most 65507; at least 8 to match echoes to messages).
+    pub size: usize,
+    /// Sleep after each echo.
+    pub pause: Duration,
+}
+
+/// What a client run did, as the helper reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientStats {
+    /// Messages sent.
+    pub sent: u64,
+    /// Echoes received.
+    pub replies: u64,
+    /// UDP messages whose echo did not come within the reply timeout.
+    pub lost: u64,
+    /// Wall time of the exchange.
+    pub elapsed: Duration,
+    /// Median round-trip time (zero without replies).
+    pub rtt_p50: Duration,
+    /// Largest round-trip time (zero without replies).
+    pub rtt_max: Duration,
+    /// Whether the run stopped at its deadline before sending every message.
+    pub deadline_hit: bool,
+}
+
+/// Runs a client to completion. It always stops by itself: after `messages`, or at a
+/// deadline of 60 s + `messages` × (`pause` + 100 ms), with TCP reads timing out after 10 s
+/// and UDP echoes counted lost after 5 s; the process is killed if it overstays even that.
+pub fn run_client(opts: ClientOpts<'_>) -> Result<ClientStats> {
+    let deadline =
+        Duration::from_secs(60) + (opts.pause + Duration::from_millis(100)) * opts.messages;
+    let mode = match opts.proto {
+        Proto::Tcp => "tcp-client",
+        Proto::Udp => "udp-client",
+    };
+    let mut cmd = Command::new(traffic_bin());
+    cmd.arg(mode).arg("--target").arg(opts.target.to_string());
+    cmd.arg("--messages").arg(opts.messages.to_string());
+    cmd.arg("--size").arg(opts.size.to_string());
+    cmd.arg("--pause")
+        .arg(humantime::format_duration(opts.pause).to_string());
+    cmd.arg("--deadline")
+        .arg(humantime::format_duration(deadline).to_string());
+    add_placement(&mut cmd, opts.netns, None);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(Error::io(format!("cannot start {mode}")))?;
+    // Drained on their own threads so that a full pipe cannot stall the child.
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let limit = Instant::now() + deadline + Duration::from_secs(15);
+    let status = loop {
+        match child
+            .try_wait()
+            .map_err(Error::io(format!("cannot wait for {mode}")))?
+        {
+            Some(status) => break status,
+            None if Instant::now() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::Traffic(format!(
+                    "{mode} overran its deadline and was killed"
+                )));
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    if !status.success() {
+        return Err(Error::Traffic(format!(
+            "{mode} failed ({status}): {}",
+            stderr.trim()
+        )));
+    }
+    serde_json::from_str(stdout.trim())
+        .map_err(|e| Error::Traffic(format!("{mode} printed unreadable stats {stdout:?}: {e}")))
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    })
+}

@@ -1,0 +1,151 @@
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::cmd::run;
+use crate::error::{Error, Result};
+use crate::netns::Netns;
+
+/// Number of /30 subnets in 10.200.0.0/16; each pair takes one, chosen by its slot number.
+const SLOTS: u32 = 1 << 14;
+
+/// A veth pair between the host's namespace and a [`Netns`], both ends up and addressed:
+/// IPv4 from the pair's own /30 in 10.200.0.0/16, IPv6 from its own /64 in
+/// fd00:7a17::/48 (a unique-local prefix). Deleted on drop (deleting the namespace first
+/// removes it too).
+///
+/// The slot number is part of the interface names (`ttv<slot>h` on the host,
+/// `ttv<slot>p` in the namespace), so the kernel's refusal of a duplicate name is what makes
+/// addresses unique, across processes too.
+#[derive(Debug)]
+pub struct VethPair {
+    /// Address of the host end.
+    pub host_v4: Ipv4Addr,
+    /// Address of the namespace end.
+    pub peer_v4: Ipv4Addr,
+    /// IPv6 address of the host end.
+    pub host_v6: Ipv6Addr,
+    /// IPv6 address of the namespace end.
+    pub peer_v6: Ipv6Addr,
+    /// Interface name of the host end.
+    pub host_ifname: String,
+    /// Interface name of the namespace end (inside the namespace).
+    pub peer_ifname: String,
+    /// Interface index of the host end (in the host's namespace).
+    pub host_ifindex: u32,
+}
+
+impl VethPair {
+    /// Creates the pair, moves one end into `netns`, and addresses and raises both ends.
+    /// IPv6 addresses skip duplicate address detection, so they are usable at once.
+    pub fn new(netns: &Netns) -> Result<VethPair> {
+        // Start at a per-process offset so parallel test processes rarely collide.
+        let start = std::process::id().wrapping_mul(97) % SLOTS;
+        for i in 0..SLOTS {
+            let slot = (start + i) % SLOTS;
+            let host = format!("ttv{slot}h");
+            let peer = format!("ttv{slot}p");
+            match run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &host,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &peer,
+                    "netns",
+                    netns.name(),
+                ],
+            ) {
+                Ok(_) => return VethPair::configure(netns, slot, host, peer),
+                Err(Error::Command { ref stderr, .. }) if stderr.contains("File exists") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::NoFreeSlot)
+    }
+
+    fn configure(netns: &Netns, slot: u32, host: String, peer: String) -> Result<VethPair> {
+        let base = u32::from(Ipv4Addr::new(10, 200, 0, 0)) + slot * 4;
+        // Each slot's /64 is fd00:7a17:0:<slot>::/64.
+        let v6 = |host_part: u16| Ipv6Addr::new(0xfd00, 0x7a17, 0, slot as u16, 0, 0, 0, host_part);
+        // Built before configuring, so that Drop removes a half-configured pair too.
+        let mut pair = VethPair {
+            host_v4: Ipv4Addr::from(base + 1),
+            peer_v4: Ipv4Addr::from(base + 2),
+            host_v6: v6(1),
+            peer_v6: v6(2),
+            host_ifname: host,
+            peer_ifname: peer,
+            host_ifindex: 0,
+        };
+        let ns = netns.name();
+        let (h, p) = (&pair.host_ifname, &pair.peer_ifname);
+        let (h4, p4) = (
+            format!("{}/30", pair.host_v4),
+            format!("{}/30", pair.peer_v4),
+        );
+        let (h6, p6) = (
+            format!("{}/64", pair.host_v6),
+            format!("{}/64", pair.peer_v6),
+        );
+        run("ip", &["addr", "add", &h4, "dev", h])?;
+        run("ip", &["addr", "add", &h6, "dev", h, "nodad"])?;
+        run("ip", &["link", "set", h, "up"])?;
+        run("ip", &["-n", ns, "addr", "add", &p4, "dev", p])?;
+        run("ip", &["-n", ns, "addr", "add", &p6, "dev", p, "nodad"])?;
+        run("ip", &["-n", ns, "link", "set", p, "up"])?;
+        let index_file = format!("/sys/class/net/{h}/ifindex");
+        let index = std::fs::read_to_string(&index_file).map_err(Error::io(&index_file))?;
+        pair.host_ifindex = index.trim().parse().map_err(|_| Error::Io {
+            context: format!("{index_file}: not an interface index: {index:?}"),
+            source: std::io::ErrorKind::InvalidData.into(),
+        })?;
+        Ok(pair)
+    }
+
+    /// Replaces the host end's root qdisc with `netem ARGS...` (e.g. `["delay", "10ms",
+    /// "reorder", "25%"]`), loading sch_netem first if needed. It shapes what the host sends
+    /// into the namespace. [`Error::Unsupported`] when the kernel has no netem (the
+    /// development kernel; the stock kernels under qemu have it).
+    pub fn add_netem(&self, args: &[&str]) -> Result<()> {
+        if !std::path::Path::new("/sys/module/sch_netem").exists() {
+            // Built-in netem has no module to load; tc reports what is really missing.
+            let _ = run("modprobe", &["sch_netem"]);
+        }
+        let mut tc = vec![
+            "qdisc",
+            "replace",
+            "dev",
+            &self.host_ifname,
+            "root",
+            "netem",
+        ];
+        tc.extend_from_slice(args);
+        match run("tc", &tc) {
+            Ok(_) => Ok(()),
+            Err(Error::Command { stderr, .. }) if stderr.contains("qdisc kind is unknown") => {
+                Err(Error::Unsupported("the netem qdisc (CONFIG_NET_SCH_NETEM)"))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        // Gone already when its namespace was deleted first.
+        if std::path::Path::new("/sys/class/net")
+            .join(&self.host_ifname)
+            .exists()
+        {
+            if let Err(e) = run("ip", &["link", "del", &self.host_ifname]) {
+                eprintln!(
+                    "tailtrap-tests: cannot delete veth {}: {e}",
+                    self.host_ifname
+                );
+            }
+        }
+    }
+}

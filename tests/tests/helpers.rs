@@ -1,0 +1,219 @@
+//! Self-checks of the test helpers against the real kernel: namespaces, veth pairs, netem,
+//! cgroups and the traffic helper. Need root, like every test of this crate.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tailtrap_tests::{
+    run_client, traffic_bin, vm_kernel, Cgroup, ClientOpts, Error, Netns, Proto, ServerOpts,
+    TcpServer, UdpServer, VethPair,
+};
+
+fn client(
+    target: SocketAddr,
+    netns: Option<&Netns>,
+    proto: Proto,
+    messages: u32,
+) -> ClientOpts<'_> {
+    ClientOpts {
+        target,
+        netns,
+        proto,
+        messages,
+        size: 100,
+        pause: Duration::ZERO,
+    }
+}
+
+fn server(bind: SocketAddr, netns: Option<&Netns>) -> ServerOpts<'_> {
+    ServerOpts {
+        bind,
+        netns,
+        cgroup: None,
+        read_delay: Duration::ZERO,
+    }
+}
+
+#[test]
+fn tcp_and_udp_round_trip_across_a_veth_into_a_netns_v4_and_v6() {
+    let ns = Netns::new("tt-selfcheck").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    for peer in [
+        SocketAddr::from((veth.peer_v4, 0)),
+        SocketAddr::from((veth.peer_v6, 0)),
+    ] {
+        let tcp = TcpServer::spawn(server(peer, Some(&ns))).unwrap();
+        assert_eq!(tcp.addr().ip(), peer.ip());
+        let stats = run_client(client(tcp.addr(), None, Proto::Tcp, 20)).unwrap();
+        assert_eq!(
+            (stats.sent, stats.replies, stats.deadline_hit),
+            (20, 20, false),
+            "{stats:?}"
+        );
+
+        let udp = UdpServer::spawn(server(peer, Some(&ns))).unwrap();
+        let stats = run_client(client(udp.addr(), None, Proto::Udp, 20)).unwrap();
+        assert_eq!(
+            (stats.sent, stats.replies, stats.lost),
+            (20, 20, 0),
+            "{stats:?}"
+        );
+    }
+    // The servers listen only inside the namespace: from the host, the peer address is
+    // reachable through the veth, but nothing listens on the host's own end.
+    let tcp = TcpServer::spawn(server((veth.peer_v4, 0).into(), Some(&ns))).unwrap();
+    let wrong = SocketAddr::from((veth.host_v4, tcp.addr().port()));
+    assert!(run_client(client(wrong, None, Proto::Tcp, 1)).is_err());
+}
+
+#[test]
+fn client_in_a_netns_reaches_a_server_on_the_host() {
+    let ns = Netns::new("tt-selfcheck").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    let tcp = TcpServer::spawn(server((veth.host_v6, 0).into(), None)).unwrap();
+    let stats = run_client(client(tcp.addr(), Some(&ns), Proto::Tcp, 5)).unwrap();
+    assert_eq!(stats.replies, 5);
+}
+
+#[test]
+fn veth_pairs_get_distinct_addresses_and_vanish_on_drop() {
+    let ns = Netns::new("tt-selfcheck").unwrap();
+    let a = VethPair::new(&ns).unwrap();
+    let b = VethPair::new(&ns).unwrap();
+    assert_ne!(a.host_v4, b.host_v4);
+    assert_ne!(a.host_v6, b.host_v6);
+    assert_ne!(a.host_ifindex, b.host_ifindex);
+    let index =
+        std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", a.host_ifname)).unwrap();
+    assert_eq!(index.trim().parse::<u32>().unwrap(), a.host_ifindex);
+    let name = a.host_ifname.clone();
+    drop(a);
+    assert!(!Path::new("/sys/class/net").join(name).exists());
+
+    let ns_name = ns.name().to_string();
+    drop(b);
+    drop(ns);
+    assert!(!Path::new("/run/netns").join(ns_name).exists());
+}
+
+#[test]
+fn netem_delay_on_the_host_end_slows_the_round_trip() {
+    let ns = Netns::new("tt-selfcheck").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    match veth.add_netem(&["delay", "40ms"]) {
+        // Only a kernel without netem may skip this, never the stock kernels of the VM tests.
+        Err(Error::Unsupported(what)) if vm_kernel().is_none() => {
+            eprintln!("skipped: no {what} on this kernel");
+            return;
+        }
+        result => result.unwrap(),
+    }
+    let tcp = TcpServer::spawn(server((veth.peer_v4, 0).into(), Some(&ns))).unwrap();
+    let stats = run_client(client(tcp.addr(), None, Proto::Tcp, 5)).unwrap();
+    assert_eq!(stats.replies, 5);
+    assert!(stats.rtt_p50 >= Duration::from_millis(40), "{stats:?}");
+}
+
+#[test]
+fn read_delay_applies_and_changes_while_running() {
+    let lo = SocketAddr::from(([127, 0, 0, 1], 0));
+    let tcp = TcpServer::spawn(ServerOpts {
+        read_delay: Duration::from_millis(30),
+        ..server(lo, None)
+    })
+    .unwrap();
+    let slow = run_client(client(tcp.addr(), None, Proto::Tcp, 5)).unwrap();
+    assert!(slow.rtt_p50 >= Duration::from_millis(30), "{slow:?}");
+
+    tcp.set_read_delay(Duration::from_millis(120)).unwrap();
+    let slower = run_client(client(tcp.addr(), None, Proto::Tcp, 3)).unwrap();
+    assert!(slower.rtt_p50 >= Duration::from_millis(120), "{slower:?}");
+
+    let udp = UdpServer::spawn(server(lo, None)).unwrap();
+    udp.set_read_delay(Duration::from_millis(50)).unwrap();
+    let stats = run_client(client(udp.addr(), None, Proto::Udp, 3)).unwrap();
+    assert!(stats.rtt_p50 >= Duration::from_millis(50), "{stats:?}");
+}
+
+#[test]
+fn server_runs_in_its_cgroup_and_the_cgroup_is_removed_on_drop() {
+    let cg = Cgroup::create("selfcheck").unwrap();
+    let path = cg.path();
+    assert_eq!(
+        std::fs::metadata(&path)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .unwrap(),
+        cg.id()
+    );
+    assert!(path.ends_with(cg.rel_path()));
+    let tcp = TcpServer::spawn(ServerOpts {
+        cgroup: Some(&cg),
+        ..server(([127, 0, 0, 1], 0).into(), None)
+    })
+    .unwrap();
+    let membership = std::fs::read_to_string(format!("/proc/{}/cgroup", tcp.pid())).unwrap();
+    let expected = format!("0::/{}", cg.rel_path());
+    assert!(membership.lines().any(|l| l == expected), "{membership}");
+    assert!(
+        Cgroup::create("selfcheck").is_err(),
+        "a second group of the same name must be refused"
+    );
+
+    // A process still inside is moved out rather than blocking the removal.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(path.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    drop(tcp);
+    drop(cg);
+    assert!(!path.exists());
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+#[test]
+fn the_located_traffic_binary_is_cargos() {
+    let built = Path::new(env!("CARGO_BIN_EXE_tailtrap-traffic"));
+    assert_eq!(
+        traffic_bin().canonicalize().unwrap(),
+        built.canonicalize().unwrap()
+    );
+}
+
+#[test]
+fn sink_mode_reads_without_echoing() {
+    let bin = env!("CARGO_BIN_EXE_tailtrap-traffic");
+    let mut srv = Command::new(bin)
+        .args(["tcp-server", "--bind", "127.0.0.1:0", "--sink"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(srv.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let out = Command::new(bin)
+        .args([
+            "tcp-client",
+            "--target",
+            line.trim(),
+            "--messages",
+            "50",
+            "--size",
+            "1000",
+            "--sink",
+        ])
+        .output()
+        .unwrap();
+    srv.kill().unwrap();
+    srv.wait().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stats: tailtrap_tests::ClientStats = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((stats.sent, stats.replies), (50, 0));
+}
