@@ -431,7 +431,7 @@ mod de {
         }
     }
 
-    fn is_quantile_list(qs: &Vec<f64>) -> Result<(), String> {
+    fn is_quantile_list(qs: &[f64]) -> Result<(), String> {
         if qs.is_empty() {
             return Err("at least one quantile is needed".into());
         }
@@ -485,11 +485,11 @@ mod de {
     }
 
     pub fn quantiles<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-        check(d, is_quantile_list)
+        check(d, |v: &Vec<f64>| is_quantile_list(v))
     }
 
     pub fn opt_quantiles<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f64>>, D::Error> {
-        check(d, is_quantile_list).map(Some)
+        check(d, |v: &Vec<f64>| is_quantile_list(v)).map(Some)
     }
 
     pub fn ratio<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {

@@ -3,10 +3,20 @@
 //! computation: no BPF, no sockets, no files.
 #![deny(missing_docs)]
 
+mod baseline;
 pub mod config;
+mod engine;
+pub mod event;
 pub mod hist;
 pub mod probe;
+pub mod replay;
+pub mod scenario;
+mod stats;
+mod window;
 
+pub use baseline::BaselineError;
 pub use config::{ConfigError, DetectorConfig};
+pub use engine::Detector;
+pub use event::{Event, Incident};
 pub use hist::Histogram;
 pub use probe::Probe;

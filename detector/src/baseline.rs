@@ -1,0 +1,307 @@
+//! A learned reference distribution of one (service, probe): bucket weights that decay with a
+//! half-life, so the baseline follows slow change but lags a ramp long enough to flag it.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::hist::{
+    bucket_lower, bucket_upper, Histogram, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS,
+};
+
+/// Version byte in front of every saved baseline; bump when the layout changes.
+const FORMAT_VERSION: u8 = 1;
+
+/// A saved baseline could not be restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BaselineError {
+    /// The bytes were written by another (newer or older) format.
+    #[error("baseline format version {0} is not supported (expected {FORMAT_VERSION})")]
+    Version(u8),
+    /// The bytes are empty, truncated or corrupt.
+    #[error("corrupt baseline: {0}")]
+    Corrupt(String),
+}
+
+/// Decayed bucket weights plus the times that warm-up needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Baseline {
+    weights: Box<[f64; NUM_BUCKETS]>,
+    total: f64,
+    first_seen: SystemTime,
+    last_update: SystemTime,
+}
+
+/// On-disk form: sparse weights and times as seconds since the epoch.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    weights: Vec<(u16, f64)>,
+    first_seen_s: f64,
+    last_update_s: f64,
+}
+
+impl Baseline {
+    pub(crate) fn new(now: SystemTime) -> Self {
+        Baseline {
+            weights: Box::new([0.0; NUM_BUCKETS]),
+            total: 0.0,
+            first_seen: now,
+            last_update: now,
+        }
+    }
+
+    /// Decay by the time elapsed since the last update, then add the interval.
+    pub(crate) fn learn(&mut self, now: SystemTime, interval: &Histogram, half_life: Duration) {
+        let dt = now
+            .duration_since(self.last_update)
+            .unwrap_or(Duration::ZERO)
+            .as_secs_f64();
+        if dt > 0.0 && self.total > 0.0 {
+            let keep = 0.5f64.powf(dt / half_life.as_secs_f64());
+            for w in self.weights.iter_mut() {
+                *w *= keep;
+            }
+            self.total *= keep;
+        }
+        for (w, &c) in self.weights.iter_mut().zip(interval.buckets().iter()) {
+            *w += c as f64;
+        }
+        self.total += interval.count() as f64;
+        self.last_update = self.last_update.max(now);
+    }
+
+    /// Frozen: time passes without decay, so a long incident does not age the baseline.
+    pub(crate) fn hold(&mut self, now: SystemTime) {
+        self.last_update = self.last_update.max(now);
+    }
+
+    /// Effective (decayed) number of samples.
+    pub(crate) fn weight(&self) -> f64 {
+        self.total
+    }
+
+    pub(crate) fn is_warm(&self, now: SystemTime, min_weight: u64, min_age: Duration) -> bool {
+        self.total >= min_weight.max(1) as f64
+            && now
+                .duration_since(self.first_seen)
+                .unwrap_or(Duration::ZERO)
+                >= min_age
+    }
+
+    /// Cumulative weights, for repeated quantile look-ups in one evaluation.
+    pub(crate) fn cumulative(&self) -> Cumulative {
+        Cumulative::new(self.weights.iter().copied())
+    }
+
+    /// Quantile as the daemon wants it for capture thresholds.
+    pub(crate) fn quantile(&self, q: f64) -> Option<QuantileEstimate> {
+        let c = self.cumulative();
+        let (bucket, value_ns) = c.quantile(q)?;
+        Some(QuantileEstimate {
+            q,
+            bucket,
+            value_ns,
+            lower_ns: bucket_lower(bucket),
+            upper_ns: bucket_upper(bucket),
+        })
+    }
+
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let saved = Saved {
+            weights: self
+                .weights
+                .iter()
+                .enumerate()
+                .filter(|(_, &w)| w > 0.0)
+                .map(|(i, &w)| (i as u16, w))
+                .collect(),
+            first_seen_s: epoch_secs(self.first_seen),
+            last_update_s: epoch_secs(self.last_update),
+        };
+        let mut out = vec![FORMAT_VERSION];
+        // Serialising plain numbers into a Vec cannot fail.
+        out.extend(postcard::to_allocvec(&saved).unwrap_or_default());
+        out
+    }
+
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, BaselineError> {
+        let (&version, body) = bytes
+            .split_first()
+            .ok_or_else(|| BaselineError::Corrupt("empty".into()))?;
+        if version != FORMAT_VERSION {
+            return Err(BaselineError::Version(version));
+        }
+        let saved: Saved =
+            postcard::from_bytes(body).map_err(|e| BaselineError::Corrupt(e.to_string()))?;
+        let mut b = Baseline::new(from_epoch_secs(saved.first_seen_s)?);
+        b.last_update = from_epoch_secs(saved.last_update_s)?;
+        for (i, w) in saved.weights {
+            let slot = b
+                .weights
+                .get_mut(usize::from(i))
+                .ok_or_else(|| BaselineError::Corrupt(format!("bucket {i} out of range")))?;
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(BaselineError::Corrupt(format!("bucket {i} weight {w}")));
+            }
+            *slot = w;
+            b.total += w;
+        }
+        Ok(b)
+    }
+}
+
+fn epoch_secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn from_epoch_secs(s: f64) -> Result<SystemTime, BaselineError> {
+    Duration::try_from_secs_f64(s)
+        .map(|d| UNIX_EPOCH + d)
+        .map_err(|_| BaselineError::Corrupt(format!("time {s}")))
+}
+
+/// Running sums over the buckets of a distribution (counts or decayed weights).
+pub(crate) struct Cumulative {
+    cum: [f64; NUM_BUCKETS],
+}
+
+impl Cumulative {
+    pub(crate) fn new(weights: impl Iterator<Item = f64>) -> Self {
+        let mut cum = [0.0; NUM_BUCKETS];
+        let mut acc = 0.0;
+        for (slot, w) in cum.iter_mut().zip(weights) {
+            acc += w;
+            *slot = acc;
+        }
+        Cumulative { cum }
+    }
+
+    pub(crate) fn total(&self) -> f64 {
+        self.cum[MAX_BUCKET]
+    }
+
+    /// Weight in buckets above `bucket`.
+    pub(crate) fn above(&self, bucket: usize) -> f64 {
+        self.total() - self.cum[bucket.min(MAX_BUCKET)]
+    }
+
+    /// Bucket holding quantile `q` and a value interpolated linearly inside it (finer than
+    /// the bucket midpoint, which matters for ratios close to 1). `None` when empty.
+    pub(crate) fn quantile(&self, q: f64) -> Option<(usize, f64)> {
+        let total = self.total();
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total;
+        let bucket = self.cum.partition_point(|&c| c < rank).min(MAX_BUCKET);
+        let before = if bucket == 0 {
+            0.0
+        } else {
+            self.cum[bucket - 1]
+        };
+        let inside = self.cum[bucket] - before;
+        let lo = bucket_lower(bucket) as f64;
+        // Buckets below 16 hold one value; the last bucket is open-ended.
+        if bucket < 16 || bucket == MAX_BUCKET || inside <= 0.0 {
+            return Some((bucket, lo));
+        }
+        let hi = bucket_upper(bucket) as f64;
+        let frac = ((rank - before) / inside).clamp(0.0, 1.0);
+        Some((bucket, lo + frac * (hi - lo)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hist::bucket_index;
+
+    fn t(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
+    }
+
+    fn hist_at(v: u64, n: u64) -> Histogram {
+        let mut h = Histogram::new();
+        h.record_n(v, n);
+        h
+    }
+
+    #[test]
+    fn old_data_weighs_half_per_half_life() {
+        let mut b = Baseline::new(t(0));
+        b.learn(t(0), &hist_at(100_000, 1000), Duration::from_secs(60));
+        b.learn(t(60), &hist_at(400_000, 1000), Duration::from_secs(60));
+        // 500 decayed samples at 100 µs against 1000 fresh ones at 400 µs
+        assert!((b.weight() - 1500.0).abs() < 1e-6);
+        let median = b.quantile(0.5).unwrap();
+        assert_eq!(median.bucket, bucket_index(400_000));
+        let p30 = b.quantile(0.3).unwrap();
+        assert_eq!(p30.bucket, bucket_index(100_000));
+    }
+
+    #[test]
+    fn hold_does_not_decay() {
+        let mut b = Baseline::new(t(0));
+        b.learn(t(0), &hist_at(100_000, 1000), Duration::from_secs(60));
+        b.hold(t(600));
+        b.learn(t(600), &hist_at(100_000, 10), Duration::from_secs(60));
+        assert!((b.weight() - 1010.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn warm_up_needs_weight_and_age() {
+        let mut b = Baseline::new(t(0));
+        b.learn(t(1), &hist_at(1000, 100), Duration::from_secs(3600));
+        assert!(!b.is_warm(t(1), 50, Duration::from_secs(10)));
+        assert!(b.is_warm(t(10), 50, Duration::from_secs(10)));
+        assert!(!b.is_warm(t(10), 500, Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn interpolated_quantile_stays_in_its_bucket() {
+        let mut h = Histogram::new();
+        for v in 1..=10_000u64 {
+            h.record(v * 100);
+        }
+        let c = Cumulative::new(h.buckets().iter().map(|&c| c as f64));
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let (b, v) = c.quantile(q).unwrap();
+            assert!(bucket_lower(b) as f64 <= v && v < bucket_upper(b) as f64);
+            let truth = q * 1_000_000.0;
+            // within the bucket's relative width; the data end inside the p99.9 bucket
+            assert!((v - truth).abs() / truth < 0.0625, "q={q}: {v} vs {truth}");
+        }
+        assert!(Cumulative::new([0.0; 3].into_iter())
+            .quantile(0.5)
+            .is_none());
+    }
+
+    #[test]
+    fn bytes_round_trip_and_reject_damage() {
+        let mut b = Baseline::new(t(5));
+        b.learn(t(9), &hist_at(123_456, 77), Duration::from_secs(3600));
+        let bytes = b.to_bytes();
+        let back = Baseline::from_bytes(&bytes).unwrap();
+        assert_eq!(back.weights, b.weights);
+        assert_eq!(back.total, b.total);
+        assert_eq!(back.first_seen, b.first_seen);
+        assert_eq!(back.last_update, b.last_update);
+
+        let mut wrong = bytes.clone();
+        wrong[0] = 9;
+        assert_eq!(
+            Baseline::from_bytes(&wrong).unwrap_err(),
+            BaselineError::Version(9)
+        );
+        assert!(matches!(
+            Baseline::from_bytes(&bytes[..bytes.len() - 3]),
+            Err(BaselineError::Corrupt(_))
+        ));
+        assert!(matches!(
+            Baseline::from_bytes(&[]),
+            Err(BaselineError::Corrupt(_))
+        ));
+    }
+}

@@ -1,0 +1,487 @@
+//! The detector: baselines and windows per (service, probe), the tests of each interval, and
+//! the incident state machine per service.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use crate::baseline::{Baseline, BaselineError, Cumulative};
+use crate::config::{DetectorConfig, Slo, Thresholds};
+use crate::event::{attribute, Estimate, Event, Evidence, EvidenceKind, Incident};
+use crate::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
+use crate::probe::Probe;
+use crate::stats::{binomial_upper_tail, holm};
+use crate::window::{Snapshot, Window};
+
+/// An Updated event is sent when the headline ratio grows by this factor since the last event.
+const UPDATE_RATIO_STEP: f64 = 1.5;
+
+/// Learns per-(service, probe) baselines and turns interval histograms into incidents.
+///
+/// Per interval: call [`Detector::observe`] for every (service, probe) histogram of the
+/// interval, then [`Detector::end_interval`] once.
+#[derive(Debug)]
+pub struct Detector {
+    config: DetectorConfig,
+    services: BTreeMap<String, ServiceState>,
+    last_end: Option<SystemTime>,
+}
+
+#[derive(Debug)]
+struct ServiceState {
+    thresholds: Thresholds,
+    keys: BTreeMap<Probe, KeyState>,
+    /// Recent window evaluations, newest last: (window start, hot).
+    recent: Vec<(SystemTime, bool)>,
+    cool_streak: u32,
+    incident: Option<Incident>,
+    /// Headline ratio of the last event, to rate-limit updates.
+    reported_ratio: f64,
+    cooldown_until: Option<SystemTime>,
+}
+
+#[derive(Debug)]
+struct KeyState {
+    baseline: Baseline,
+    window: Window,
+    /// This interval's histogram, until `end_interval`.
+    pending: Option<Histogram>,
+}
+
+/// One test of one (service, probe, quantile) in the current interval.
+struct Test {
+    service: usize,
+    evidence: Evidence,
+}
+
+impl Detector {
+    /// A detector with no history.
+    pub fn new(config: DetectorConfig) -> Self {
+        Detector {
+            config,
+            services: BTreeMap::new(),
+            last_end: None,
+        }
+    }
+
+    /// Record the histogram of one (service, probe) for the current interval (the interval
+    /// ending at `ts`). Several calls for the same key in one interval add up.
+    pub fn observe(&mut self, ts: SystemTime, service: &str, probe: Probe, interval: &Histogram) {
+        let key = self.key_mut(service, probe, ts);
+        match &mut key.pending {
+            Some(h) => h.merge(interval),
+            None => key.pending = Some(interval.clone()),
+        }
+    }
+
+    /// Close the interval ending at `ts`: test every window, advance every service's state
+    /// machine and learn. Returns the incident changes, in service order.
+    pub fn end_interval(&mut self, ts: SystemTime) -> Vec<Event> {
+        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
+        self.last_end = Some(ts);
+
+        // 1. Windows and tests.
+        let mut tests: Vec<Test> = Vec::new();
+        let mut slo_hits: Vec<Test> = Vec::new();
+        let mut snapshots: Vec<Vec<(Probe, Option<Snapshot>)>> = Vec::new();
+        for (si, (name, svc)) in self.services.iter_mut().enumerate() {
+            let t = &svc.thresholds;
+            let mut snaps = Vec::with_capacity(svc.keys.len());
+            for (&probe, key) in svc.keys.iter_mut() {
+                if let Some(h) = &key.pending {
+                    key.window.push(start, ts, h);
+                }
+                let snap = key
+                    .window
+                    .evaluate(ts, t.window, t.max_window, t.min_samples);
+                if let Some(snap) = &snap {
+                    let window_cum = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
+                    for slo in self.config.slo.iter().filter(|s| applies(s, name, probe)) {
+                        if let Some(e) = slo_evidence(slo, snap, &window_cum, &key.baseline) {
+                            slo_hits.push(Test {
+                                service: si,
+                                evidence: e,
+                            });
+                        }
+                    }
+                    if key.baseline.is_warm(ts, t.warmup_samples, t.warmup_time) {
+                        let base_cum = key.baseline.cumulative();
+                        for &q in &t.quantiles {
+                            if let Some(e) =
+                                shift_test(probe, q, snap, &window_cum, &base_cum, &key.baseline)
+                            {
+                                tests.push(Test {
+                                    service: si,
+                                    evidence: e,
+                                });
+                            }
+                        }
+                    }
+                }
+                snaps.push((probe, snap));
+            }
+            snapshots.push(snaps);
+        }
+
+        // 2. Significance over the whole interval, then the size of the shift.
+        let p_values: Vec<f64> = tests
+            .iter()
+            .map(|t| t.evidence.p_value.unwrap_or(1.0))
+            .collect();
+        let significant = holm(&p_values, self.config.significance);
+        let mut hot: Vec<Vec<Evidence>> = vec![Vec::new(); self.services.len()];
+        for (test, sig) in tests.into_iter().zip(significant) {
+            let t = match self.services.values().nth(test.service) {
+                Some(s) => &s.thresholds,
+                None => continue,
+            };
+            let e = &test.evidence;
+            let delta = e.observed.value_ns - e.baseline.value_ns;
+            if sig && e.ratio >= t.min_ratio && delta >= t.min_delta.as_nanos() as f64 {
+                hot[test.service].push(test.evidence);
+            }
+        }
+        for test in slo_hits {
+            hot[test.service].push(test.evidence);
+        }
+
+        // 3. State machines and learning.
+        let mut events = Vec::new();
+        for (((name, svc), hot), snaps) in self.services.iter_mut().zip(hot).zip(snapshots) {
+            if let Some(ev) = svc.step(name, ts, hot, &snaps) {
+                events.push(ev);
+            }
+            let frozen = svc.incident.is_some() || svc.recent.last().is_some_and(|&(_, h)| h);
+            let half_life = svc.thresholds.half_life;
+            for key in svc.keys.values_mut() {
+                match key.pending.take() {
+                    Some(h) if !frozen => key.baseline.learn(ts, &h, half_life),
+                    _ => key.baseline.hold(ts),
+                }
+            }
+        }
+        events
+    }
+
+    /// Replace the settings (SIGHUP), keeping baselines, windows and open incidents.
+    pub fn reconfigure(&mut self, config: DetectorConfig) {
+        for (name, svc) in self.services.iter_mut() {
+            svc.thresholds = config.thresholds(name);
+        }
+        self.config = config;
+    }
+
+    /// The current settings.
+    pub fn config(&self) -> &DetectorConfig {
+        &self.config
+    }
+
+    /// The warm baseline's estimate of quantile `q` (e.g. a capture threshold); `None` while
+    /// the key is unknown or still warming up.
+    pub fn baseline_quantile(
+        &self,
+        service: &str,
+        probe: Probe,
+        q: f64,
+    ) -> Option<QuantileEstimate> {
+        let svc = self.services.get(service)?;
+        let key = svc.keys.get(&probe)?;
+        let now = self.last_end?;
+        let t = &svc.thresholds;
+        if !key.baseline.is_warm(now, t.warmup_samples, t.warmup_time) {
+            return None;
+        }
+        key.baseline.quantile(q)
+    }
+
+    /// Every baseline as opaque bytes (a version byte, then postcard), to store and hand back
+    /// to [`Detector::restore_baseline`] after a restart.
+    pub fn save_baselines(&self) -> Vec<(String, Probe, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (name, svc) in &self.services {
+            for (&probe, key) in &svc.keys {
+                out.push((name.clone(), probe, key.baseline.to_bytes()));
+            }
+        }
+        out
+    }
+
+    /// Resume a saved baseline (replacing any learned since start-up). Warm-up counts from
+    /// when the baseline was first created, so a warm baseline stays warm.
+    pub fn restore_baseline(
+        &mut self,
+        service: &str,
+        probe: Probe,
+        bytes: &[u8],
+    ) -> Result<(), BaselineError> {
+        let baseline = Baseline::from_bytes(bytes)?;
+        let now = self.last_end.unwrap_or(SystemTime::UNIX_EPOCH);
+        self.key_mut(service, probe, now).baseline = baseline;
+        Ok(())
+    }
+
+    /// The incidents open now.
+    pub fn open_incidents(&self) -> Vec<Incident> {
+        self.services
+            .values()
+            .filter_map(|s| s.incident.clone())
+            .collect()
+    }
+
+    /// Approximate heap bytes held per (service, probe) key, averaged (benchmark figure).
+    pub fn bytes_per_key(&self) -> usize {
+        let mut keys = 0usize;
+        let mut bytes = 0usize;
+        for svc in self.services.values() {
+            for key in svc.keys.values() {
+                keys += 1;
+                bytes += std::mem::size_of::<KeyState>()
+                    + std::mem::size_of::<[f64; crate::hist::NUM_BUCKETS]>()
+                    + key.window.heap_bytes()
+                    + key.pending.as_ref().map_or(0, |_| {
+                        std::mem::size_of::<[u64; crate::hist::NUM_BUCKETS]>()
+                    });
+            }
+        }
+        bytes.checked_div(keys).unwrap_or(0)
+    }
+
+    fn key_mut(&mut self, service: &str, probe: Probe, now: SystemTime) -> &mut KeyState {
+        let config = &self.config;
+        let svc = self
+            .services
+            .entry(service.to_string())
+            .or_insert_with(|| ServiceState::new(config.thresholds(service)));
+        svc.keys.entry(probe).or_insert_with(|| KeyState {
+            baseline: Baseline::new(now),
+            window: Window::default(),
+            pending: None,
+        })
+    }
+}
+
+impl ServiceState {
+    fn new(thresholds: Thresholds) -> Self {
+        ServiceState {
+            thresholds,
+            keys: BTreeMap::new(),
+            recent: Vec::new(),
+            cool_streak: 0,
+            incident: None,
+            reported_ratio: 0.0,
+            cooldown_until: None,
+        }
+    }
+
+    /// Advance the state machine by one window evaluation.
+    fn step(
+        &mut self,
+        name: &str,
+        ts: SystemTime,
+        mut hot: Vec<Evidence>,
+        snaps: &[(Probe, Option<Snapshot>)],
+    ) -> Option<Event> {
+        let t = &self.thresholds;
+        let window_start = hot.iter().map(|e| e.window_start).min().unwrap_or(ts);
+        self.recent.push((window_start, !hot.is_empty()));
+        let keep = t.open_window as usize;
+        if self.recent.len() > keep {
+            let excess = self.recent.len() - keep;
+            self.recent.drain(..excess);
+        }
+        // The strongest evidence per probe.
+        hot.sort_by(|a, b| a.probe.cmp(&b.probe).then(b.ratio.total_cmp(&a.ratio)));
+        hot.dedup_by_key(|e| e.probe);
+
+        if let Some(mut inc) = self.incident.take() {
+            if hot.is_empty() {
+                self.cool_streak += 1;
+                if self.cool_streak >= t.close_after {
+                    inc.closed_at = Some(ts);
+                    self.cooldown_until = Some(ts + t.cooldown);
+                    self.recent.clear();
+                    self.cool_streak = 0;
+                    return Some(Event::Closed(inc));
+                }
+                self.incident = Some(inc);
+                return None;
+            }
+            let Some(headline) = strongest(&hot) else {
+                self.incident = Some(inc);
+                return None;
+            };
+            self.cool_streak = 0;
+            let grew = hot.iter().any(|e| !inc.probes.contains(&e.probe));
+            let stronger = headline.ratio >= self.reported_ratio * UPDATE_RATIO_STEP;
+            let mut probes: BTreeSet<Probe> = inc.probes.iter().copied().collect();
+            probes.extend(hot.iter().map(|e| e.probe));
+            inc.probes = probes.into_iter().collect();
+            inc.updated_at = ts;
+            if grew || stronger {
+                inc.stage = self.stage(&headline, snaps);
+                inc.headline = headline;
+                inc.evidence = hot;
+                self.reported_ratio = inc.headline.ratio;
+                self.incident = Some(inc.clone());
+                return Some(Event::Updated(inc));
+            }
+            self.incident = Some(inc);
+            return None;
+        }
+
+        if self.cooldown_until.is_some_and(|c| ts < c) {
+            return None;
+        }
+        let headline = strongest(&hot)?;
+        let hot_windows = self.recent.iter().filter(|&&(_, h)| h).count();
+        if hot_windows < t.open_after as usize {
+            return None;
+        }
+        let first_hot_at = self
+            .recent
+            .iter()
+            .find(|&&(_, h)| h)
+            .map_or(window_start, |&(s, _)| s);
+        let inc = Incident {
+            service: name.to_string(),
+            probes: hot.iter().map(|e| e.probe).collect(),
+            first_hot_at,
+            opened_at: ts,
+            updated_at: ts,
+            closed_at: None,
+            stage: self.stage(&headline, snaps),
+            headline,
+            evidence: hot,
+        };
+        self.reported_ratio = inc.headline.ratio;
+        self.cool_streak = 0;
+        self.incident = Some(inc.clone());
+        Some(Event::Opened(inc))
+    }
+
+    /// Stage attribution at the headline's quantile along the headline probe's path, up to
+    /// the deepest probe of that path the service has data for.
+    fn stage(
+        &self,
+        headline: &Evidence,
+        snaps: &[(Probe, Option<Snapshot>)],
+    ) -> Option<crate::event::StageAttribution> {
+        let q = headline.quantile;
+        let deepest = Probe::ALL
+            .iter()
+            .rev()
+            .copied()
+            .find(|&p| {
+                on_path(p, headline.probe) && snaps.iter().any(|(sp, s)| *sp == p && s.is_some())
+            })
+            .unwrap_or(headline.probe);
+        let mut chain = vec![deepest];
+        while let Some(prev) = chain.last().and_then(|p| p.previous()) {
+            chain.push(prev);
+        }
+        chain.reverse();
+        let mut path = Vec::new();
+        for p in chain {
+            let (Some(key), Some((_, Some(snap)))) =
+                (self.keys.get(&p), snaps.iter().find(|(sp, _)| *sp == p))
+            else {
+                continue;
+            };
+            let window = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
+            let base = key.baseline.cumulative();
+            if let (Some((_, b)), Some((_, o))) = (base.quantile(q), window.quantile(q)) {
+                path.push((p, b, o));
+            }
+        }
+        attribute(q, &path)
+    }
+}
+
+/// Same path, or `p` is the shared ip-start before it.
+fn on_path(p: Probe, of: Probe) -> bool {
+    use crate::probe::Path;
+    p.path() == of.path() || p.path() == Path::Ip
+}
+
+fn strongest(hot: &[Evidence]) -> Option<Evidence> {
+    hot.iter()
+        .max_by(|a, b| a.ratio.total_cmp(&b.ratio))
+        .cloned()
+}
+
+fn applies(slo: &Slo, service: &str, probe: Probe) -> bool {
+    slo.probe == probe && slo.service.as_deref().is_none_or(|s| s == service)
+}
+
+fn estimate(bucket: usize, value_ns: f64) -> Estimate {
+    Estimate {
+        value_ns,
+        lower_ns: bucket_lower(bucket),
+        upper_ns: bucket_upper(bucket),
+    }
+}
+
+/// The exact binomial test of quantile `q`: how many window samples lie above the baseline's
+/// q-bucket, against the share of baseline weight above it.
+fn shift_test(
+    probe: Probe,
+    q: f64,
+    snap: &Snapshot,
+    window: &Cumulative,
+    base: &Cumulative,
+    baseline: &Baseline,
+) -> Option<Evidence> {
+    let (b_bucket, b_value) = base.quantile(q)?;
+    let (o_bucket, o_value) = window.quantile(q)?;
+    // Add-half smoothing so an empty tail in the baseline does not make any exceedance
+    // infinitely surprising.
+    let p0 = (base.above(b_bucket) + 0.5) / (base.total() + 1.0);
+    let exceedances = window.above(b_bucket).round() as u64;
+    let p_value = binomial_upper_tail(snap.count, p0, exceedances);
+    Some(Evidence {
+        probe,
+        quantile: q,
+        kind: EvidenceKind::Shift,
+        baseline: estimate(b_bucket, b_value),
+        observed: estimate(o_bucket, o_value),
+        ratio: o_value / b_value.max(1.0),
+        p_value: Some(p_value),
+        window_samples: snap.count,
+        exceedances,
+        expected_exceedances: p0 * snap.count as f64,
+        baseline_samples: baseline.weight(),
+        window_start: snap.start,
+    })
+}
+
+/// Evidence when the window's quantile is above the SLO's ceiling, else `None`.
+fn slo_evidence(
+    slo: &Slo,
+    snap: &Snapshot,
+    window: &Cumulative,
+    baseline: &Baseline,
+) -> Option<Evidence> {
+    let (o_bucket, o_value) = window.quantile(slo.quantile)?;
+    let max_ns = slo.max.as_nanos().min(u128::from(u64::MAX)) as u64;
+    if o_value <= max_ns as f64 {
+        return None;
+    }
+    let c_bucket = bucket_index(max_ns);
+    Some(Evidence {
+        probe: slo.probe,
+        quantile: slo.quantile,
+        kind: EvidenceKind::Slo,
+        baseline: Estimate {
+            value_ns: max_ns as f64,
+            lower_ns: max_ns,
+            upper_ns: max_ns,
+        },
+        observed: estimate(o_bucket, o_value),
+        ratio: o_value / (max_ns as f64).max(1.0),
+        p_value: None,
+        window_samples: snap.count,
+        exceedances: window.above(c_bucket).round() as u64,
+        expected_exceedances: (1.0 - slo.quantile) * snap.count as f64,
+        baseline_samples: baseline.weight(),
+        window_start: snap.start,
+    })
+}
