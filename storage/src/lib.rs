@@ -1,2 +1,43 @@
-//! tailtrap's local store (being built; see the storage issue).
+//! tailtrap's local store: incidents, slow-SKB samples, pwru output, histogram history and
+//! detector baselines in one embedded sled database, made safe to stop abruptly.
+//!
+//! - Fixed trees with big-endian composite keys, so time ranges are range scans.
+//! - Every value is `version byte | CRC32C | postcard`; a value that fails to decode is
+//!   skipped and counted, never a panic.
+//! - Opening and closing incidents flush at once; other writes within `flush_every` (≤ 1 s).
+//! - Incidents left open by a crash are marked interrupted at the next open; a database the
+//!   engine reports damaged is moved aside and a fresh one started.
+//! - Retention by age per kind, a size budget, and rotation when sled's files bloat.
+//!
+//! No sled type appears in this API: the engine can be replaced without touching callers.
+//! Operator documentation: docs/storage.md.
 #![deny(missing_docs)]
+
+mod check;
+mod codec;
+mod config;
+mod error;
+mod history;
+mod keys;
+mod lock;
+mod model;
+mod query;
+mod retention;
+mod store;
+
+pub use capture::sample::Sample;
+pub use check::{CheckReport, TreeCheck};
+pub use config::{HistoryLevel, StoreConfig, MAX_HISTORY_LEVELS};
+pub use error::{LockHolder, Result, StoreError};
+pub use history::HistorySeries;
+pub use keys::MAX_SERVICE_LEN;
+pub use model::{
+    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, NewIncident,
+    PwruRecord, PwruState, PwruStatus,
+};
+pub use query::{
+    FlowCount, FlowFilter, IncidentBundle, IncidentPage, IncidentQuery, LatencyQuantiles,
+    ProcessCount, SampleCursor, SampleFilter, SamplePage, SampleSummary, MAX_PAGE,
+};
+pub use retention::{RetentionReport, RotationReport};
+pub use store::{OpenReport, Store, StoreStats, SCHEMA_VERSION};

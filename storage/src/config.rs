@@ -1,0 +1,192 @@
+//! Store settings: flush cadence, retention per kind, size budget, history resolutions.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StoreError};
+
+/// One resolution of the histogram history: intervals are merged into `resolution`-wide
+/// points kept for `keep`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryLevel {
+    /// Width of one stored point.
+    #[serde(with = "humantime_serde")]
+    pub resolution: Duration,
+    /// How long points at this resolution are kept.
+    #[serde(with = "humantime_serde")]
+    pub keep: Duration,
+}
+
+/// Settings of the store. Every field has a default; see docs/storage.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// How often the engine flushes in the background: the bound on how long an
+    /// acknowledged sample batch can stay volatile. Must be at most 1 s.
+    #[serde(with = "humantime_serde")]
+    pub flush_every: Duration,
+    /// Closed incidents (with their samples and pwru records) older than this are deleted.
+    #[serde(with = "humantime_serde")]
+    pub incident_keep: Duration,
+    /// Samples of closed incidents older than this are deleted (the incident stays).
+    #[serde(with = "humantime_serde")]
+    pub sample_keep: Duration,
+    /// pwru records of closed incidents older than this are deleted (the incident stays).
+    #[serde(with = "humantime_serde")]
+    pub pwru_keep: Duration,
+    /// History resolutions, finest first; each resolution a multiple of the previous one.
+    pub history: Vec<HistoryLevel>,
+    /// Budget for the live data, bytes. Over it, the oldest closed incidents go first, then
+    /// the oldest history.
+    pub max_bytes: u64,
+    /// Rotate into a fresh database when the on-disk size exceeds this many times the live
+    /// data (and `rotate_min_bytes`).
+    pub max_amplification: f64,
+    /// Never rotate a database smaller than this on disk.
+    pub rotate_min_bytes: u64,
+    /// The engine's page cache, bytes.
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        const DAY: u64 = 24 * 3600;
+        StoreConfig {
+            flush_every: Duration::from_millis(500),
+            incident_keep: Duration::from_secs(30 * DAY),
+            sample_keep: Duration::from_secs(30 * DAY),
+            pwru_keep: Duration::from_secs(30 * DAY),
+            history: vec![
+                HistoryLevel {
+                    resolution: Duration::from_secs(1),
+                    keep: Duration::from_secs(6 * 3600),
+                },
+                HistoryLevel {
+                    resolution: Duration::from_secs(10),
+                    keep: Duration::from_secs(3 * DAY),
+                },
+                HistoryLevel {
+                    resolution: Duration::from_secs(60),
+                    keep: Duration::from_secs(30 * DAY),
+                },
+            ],
+            max_bytes: 1 << 30,
+            max_amplification: 4.0,
+            rotate_min_bytes: 256 << 20,
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Most history levels (the level number is one key byte; a handful is plenty).
+pub const MAX_HISTORY_LEVELS: usize = 8;
+
+impl StoreConfig {
+    /// Check the settings; the error names the offending key.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |key: &str, reason: String| {
+            Err(StoreError::Config {
+                key: key.to_string(),
+                reason,
+            })
+        };
+        if self.flush_every.is_zero() || self.flush_every > Duration::from_secs(1) {
+            return bad(
+                "flush_every",
+                format!(
+                    "{} is outside (0, 1s]: acknowledged writes must be durable within 1 s",
+                    humantime::format_duration(self.flush_every)
+                ),
+            );
+        }
+        for (key, d) in [
+            ("incident_keep", self.incident_keep),
+            ("sample_keep", self.sample_keep),
+            ("pwru_keep", self.pwru_keep),
+        ] {
+            if d.is_zero() {
+                return bad(key, "must be longer than zero".into());
+            }
+        }
+        if self.history.is_empty() || self.history.len() > MAX_HISTORY_LEVELS {
+            return bad(
+                "history",
+                format!(
+                    "needs 1 to {MAX_HISTORY_LEVELS} levels, got {}",
+                    self.history.len()
+                ),
+            );
+        }
+        let mut prev: Option<&HistoryLevel> = None;
+        for (i, level) in self.history.iter().enumerate() {
+            let key = format!("history[{i}]");
+            if level.resolution < Duration::from_millis(1)
+                || level.resolution.subsec_nanos() % 1_000_000 != 0
+            {
+                return bad(
+                    &key,
+                    "resolution must be a whole number of milliseconds".into(),
+                );
+            }
+            if level.keep < level.resolution {
+                return bad(&key, "keep is shorter than the resolution".into());
+            }
+            if let Some(p) = prev {
+                if level.resolution <= p.resolution
+                    || level.resolution.as_nanos() % p.resolution.as_nanos() != 0
+                {
+                    return bad(
+                        &key,
+                        "resolution must be a larger multiple of the previous level's".into(),
+                    );
+                }
+            }
+            prev = Some(level);
+        }
+        if self.max_bytes < 1 << 20 {
+            return bad("max_bytes", "must be at least 1 MiB".into());
+        }
+        if !(self.max_amplification.is_finite() && self.max_amplification >= 1.5) {
+            return bad("max_amplification", "must be a number >= 1.5".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        StoreConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let mut c = StoreConfig {
+            flush_every: Duration::from_secs(2),
+            ..StoreConfig::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`flush_every`"));
+        c.flush_every = Duration::from_millis(200);
+        c.history[1].resolution = Duration::from_secs(7);
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`history[2]`"));
+        c.history[1].resolution = Duration::from_millis(500);
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`history[1]`"));
+    }
+}

@@ -1,0 +1,234 @@
+//! Histogram history: per (service, probe) interval histograms at several resolutions.
+//!
+//! Each recorded interval is merged into the point of every level that contains its start
+//! (`floor(start / resolution) * resolution`), so coarser levels are downsampled by merging
+//! as the data arrives and no background job is needed. A read picks the finest level
+//! whose retention still covers the start of the range asked for.
+
+use std::io::Write;
+use std::time::{Duration, UNIX_EPOCH};
+
+use detector::{Histogram, Probe};
+use serde::Serialize;
+
+use crate::codec;
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::store::{Store, MAX_HISTORY_BYTES, T};
+
+/// Histograms of one (service, probe) over a time range at one resolution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HistorySeries {
+    /// The service.
+    pub service: String,
+    /// The probe.
+    pub probe: Probe,
+    /// Width of each point.
+    #[serde(with = "humantime_serde")]
+    pub resolution: Duration,
+    /// `(start ns since the epoch, histogram)` in time order; intervals without data are
+    /// absent.
+    pub points: Vec<(u64, Histogram)>,
+}
+
+/// One line of the replay JSON Lines format (see docs/storage.md and the detector's docs).
+#[derive(Serialize)]
+struct ReplayLine<'a> {
+    ts: String,
+    service: &'a str,
+    probe: Probe,
+    interval_ms: u64,
+    #[serde(flatten)]
+    hist: &'a Histogram,
+}
+
+impl HistorySeries {
+    /// Write the series in the detector's replay format: one JSON object per point,
+    /// `{"ts":"<RFC 3339>","service":..,"probe":..,"interval_ms":..,"buckets":[[i,c],..],
+    /// "count":N,"sum_ns":S}`, `ts` being the start of the interval.
+    pub fn write_jsonl(&self, mut out: impl Write) -> std::io::Result<()> {
+        let interval_ms = u64::try_from(self.resolution.as_millis()).unwrap_or(u64::MAX);
+        for (start, hist) in &self.points {
+            let line = ReplayLine {
+                ts: humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_nanos(*start))
+                    .to_string(),
+                service: &self.service,
+                probe: self.probe,
+                interval_ms,
+                hist,
+            };
+            serde_json::to_writer(&mut out, &line)?;
+            out.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Store {
+    /// Record one interval's histogram for (service, probe), starting at `start_ns`, into
+    /// every history level. Durable within `flush_every`.
+    pub fn record_history(
+        &self,
+        service: &str,
+        probe: Probe,
+        start_ns: u64,
+        hist: &Histogram,
+    ) -> Result<()> {
+        keys::check_service(service)?;
+        // Refuse before touching anything if even the unmerged histogram is over the cap.
+        self.encode("history", hist, MAX_HISTORY_BYTES)?;
+        for (level, l) in self.cfg.history.iter().enumerate() {
+            let res = nanos(l.resolution).max(1);
+            let point = start_ns - start_ns % res;
+            // The level index fits a byte: config validation caps the number of levels.
+            let key = keys::history(level as u8, service, probe, point);
+            self.merge_history_point(&key, hist)?;
+        }
+        Ok(())
+    }
+
+    fn merge_history_point(&self, key: &[u8], hist: &Histogram) -> Result<()> {
+        let mut encode_error = None;
+        let mut undecodable = false;
+        let mut old_len = None;
+        let tree = self.engine().tree(T::History).clone();
+        // Atomic read-merge-write; the closure may run again if another writer raced us.
+        let r = tree.update_and_fetch(key, |old| {
+            old_len = old.map(|o| o.len());
+            let mut merged = hist.clone();
+            if let Some(o) = old {
+                match codec::decode::<Histogram>(o) {
+                    Ok(prev) => merged.merge(&prev),
+                    // A damaged point is replaced by the new interval rather than kept.
+                    Err(_) => undecodable = true,
+                }
+            }
+            match codec::encode("history", &merged, MAX_HISTORY_BYTES) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    encode_error = Some(e);
+                    old.map(<[u8]>::to_vec)
+                }
+            }
+        });
+        let new = self.counted(r.map_err(StoreError::from))?;
+        if undecodable {
+            self.counters
+                .undecodable
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(e) = encode_error {
+            return self.counted(Err(e));
+        }
+        let new_len = new.map_or(0, |v| (key.len() + v.len()) as u64);
+        self.live_add(T::History, new_len, old_len.map(|l| (key.len() + l) as u64));
+        Ok(())
+    }
+
+    /// History of (service, probe) from `since_ns` to `until_ns` (inclusive, ns since the
+    /// epoch), at the finest level whose retention, counted back from `now_ns`, reaches
+    /// `since_ns` (the coarsest level when none does).
+    pub fn history(
+        &self,
+        service: &str,
+        probe: Probe,
+        since_ns: u64,
+        until_ns: u64,
+        now_ns: u64,
+    ) -> Result<HistorySeries> {
+        keys::check_service(service)?;
+        let levels = &self.cfg.history;
+        let level = levels
+            .iter()
+            .position(|l| now_ns.saturating_sub(nanos(l.keep)) <= since_ns)
+            .unwrap_or(levels.len().saturating_sub(1));
+        let resolution = levels.get(level).map_or(Duration::ZERO, |l| l.resolution);
+        let res = nanos(resolution).max(1);
+        // The point containing `since_ns` starts before it.
+        let first = since_ns - since_ns % res;
+        let start = keys::history(level as u8, service, probe, first);
+        let end = keys::history(level as u8, service, probe, until_ns);
+        let points = self
+            .scan::<Histogram>(T::History, start..=end)?
+            .into_iter()
+            .filter_map(|(k, h)| keys::parse_history(&k).map(|(_, _, _, t)| (t, h)))
+            .collect();
+        Ok(HistorySeries {
+            service: service.to_string(),
+            probe,
+            resolution,
+            points,
+        })
+    }
+
+    /// Every (service, probe) with history at the finest level.
+    pub fn history_streams(&self) -> Result<Vec<(String, Probe)>> {
+        Ok(self
+            .history_stream_keys(0)?
+            .into_iter()
+            .filter_map(|p| keys::parse_service_probe(&p[1..]).map(|(s, pr, _)| (s, pr)))
+            .collect())
+    }
+
+    /// Stream prefixes (`level | service | probe`) present at `level`, found by skipping
+    /// from one stream to the next instead of reading every point.
+    pub(crate) fn history_stream_keys(&self, level: u8) -> Result<Vec<Vec<u8>>> {
+        let tree = self.engine().tree(T::History).clone();
+        let mut out = Vec::new();
+        let mut from = vec![level];
+        let level_end = keys::prefix_end(&[level]);
+        loop {
+            let next = match &level_end {
+                Some(end) => tree.range(from.clone()..end.clone()).next(),
+                None => tree.range(from.clone()..).next(),
+            };
+            let Some(item) = next else { break };
+            let (k, _) = item?;
+            let Some((_, service, probe, _)) = keys::parse_history(&k) else {
+                // A key of unknown shape: step past it.
+                from = k.to_vec();
+                from.push(0);
+                continue;
+            };
+            let stream = keys::history_stream(level, &service, probe);
+            match keys::prefix_end(&stream) {
+                Some(e) => from = e,
+                None => {
+                    out.push(stream);
+                    break;
+                }
+            }
+            out.push(stream);
+        }
+        Ok(out)
+    }
+
+    /// Store the detector's baseline snapshot for (service, probe), replacing the previous
+    /// one. The bytes are opaque to the store.
+    pub fn put_baseline(&self, service: &str, probe: Probe, snapshot: &[u8]) -> Result<()> {
+        keys::check_service(service)?;
+        let value = self.encode("baseline", &snapshot, crate::store::MAX_BASELINE_BYTES)?;
+        self.put(T::Baselines, &keys::service_probe(service, probe), value)
+    }
+
+    /// The stored baseline snapshot of (service, probe).
+    pub fn baseline(&self, service: &str, probe: Probe) -> Result<Option<Vec<u8>>> {
+        keys::check_service(service)?;
+        let key = keys::service_probe(service, probe);
+        let raw = self.engine().tree(T::Baselines).get(&key)?;
+        Ok(raw.and_then(|v| self.decode_counted::<Vec<u8>>(T::Baselines, &key, &v)))
+    }
+
+    /// Every stored baseline snapshot.
+    pub fn baselines(&self) -> Result<Vec<(String, Probe, Vec<u8>)>> {
+        Ok(self
+            .scan::<Vec<u8>>(T::Baselines, ..)?
+            .into_iter()
+            .filter_map(|(k, v)| keys::parse_service_probe(&k).map(|(s, p, _)| (s, p, v)))
+            .collect())
+    }
+}

@@ -1,0 +1,330 @@
+//! Space: retention by age per kind, the total size budget, and rotation into a fresh
+//! database when sled's files grow far beyond the live data.
+
+use std::fs;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::codec;
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::model::{Incident, IncidentState};
+use crate::store::{sibling, timestamp, unused_sibling, Store, META_ROTATIONS, T};
+
+/// What one retention pass deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RetentionReport {
+    /// Incidents deleted (with their samples and pwru records).
+    pub incidents: u64,
+    /// Samples deleted.
+    pub samples: u64,
+    /// pwru records deleted.
+    pub pwru: u64,
+    /// History points deleted.
+    pub history_points: u64,
+    /// Live bytes freed.
+    pub bytes_freed: u64,
+    /// Live data is still over the budget (only open incidents and baselines are left).
+    pub still_over_budget: bool,
+}
+
+/// Outcome of a rotation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RotationReport {
+    /// On-disk size before, bytes.
+    pub size_before: u64,
+    /// On-disk size after, bytes.
+    pub size_after: u64,
+    /// Live bytes copied.
+    pub live_bytes: u64,
+    /// Records not copied because they failed their checksum.
+    pub dropped_records: u64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Step by which the oldest history is trimmed when over budget.
+const HISTORY_TRIM_STEP: u64 = 3600 * 1_000_000_000;
+
+impl Store {
+    /// Delete what is past its age, then, while live data is over `max_bytes`, the oldest
+    /// closed incidents and then the oldest history. Open incidents are never deleted.
+    pub fn enforce_retention(&self, now_ns: u64) -> Result<RetentionReport> {
+        let mut rep = RetentionReport::default();
+        let cfg = self.cfg.clone();
+        let incident_cut = now_ns.saturating_sub(nanos(cfg.incident_keep));
+        let sample_cut = now_ns.saturating_sub(nanos(cfg.sample_keep));
+        let pwru_cut = now_ns.saturating_sub(nanos(cfg.pwru_keep));
+
+        // Incidents oldest first; ids grow with opening time.
+        let incidents = self.scan::<Incident>(T::Incidents, ..)?;
+        for (_, inc) in &incidents {
+            let Some(ended) = ended_ns(inc) else { continue };
+            if ended < incident_cut {
+                self.delete_incident(inc.id, &mut rep)?;
+            } else {
+                if ended < sample_cut {
+                    rep.samples +=
+                        self.delete_prefix(T::Samples, &keys::incident(inc.id), &mut rep)?;
+                }
+                if ended < pwru_cut {
+                    rep.pwru += self.delete_prefix(T::Pwru, &keys::incident(inc.id), &mut rep)?;
+                }
+            }
+        }
+        self.delete_orphans(&mut rep)?;
+
+        for (level, l) in cfg.history.iter().enumerate() {
+            let cut = now_ns.saturating_sub(nanos(l.keep));
+            rep.history_points += self.trim_history(level as u8, cut, &mut rep)?;
+        }
+
+        if self.live_bytes() > cfg.max_bytes {
+            for (_, inc) in &incidents {
+                if self.live_bytes() <= cfg.max_bytes {
+                    break;
+                }
+                if ended_ns(inc).is_some() && self.incident_exists(inc.id)? {
+                    tracing::info!(
+                        incident = inc.id,
+                        "over the size budget: deleting the oldest closed incident"
+                    );
+                    self.delete_incident(inc.id, &mut rep)?;
+                }
+            }
+        }
+        while self.live_bytes() > cfg.max_bytes {
+            let Some(oldest) = self.oldest_history_ns()? else {
+                break;
+            };
+            let cut = oldest.saturating_add(HISTORY_TRIM_STEP);
+            tracing::info!(
+                before_ns = cut,
+                "over the size budget: deleting the oldest history"
+            );
+            for level in 0..cfg.history.len() {
+                rep.history_points += self.trim_history(level as u8, cut, &mut rep)?;
+            }
+        }
+        rep.still_over_budget = self.live_bytes() > cfg.max_bytes;
+        if rep.still_over_budget {
+            tracing::warn!(
+                live_bytes = self.live_bytes(),
+                budget = cfg.max_bytes,
+                "live data over the size budget with only open incidents and baselines left"
+            );
+        }
+        Ok(rep)
+    }
+
+    fn delete_incident(&self, id: u64, rep: &mut RetentionReport) -> Result<()> {
+        rep.samples += self.delete_prefix(T::Samples, &keys::incident(id), rep)?;
+        rep.pwru += self.delete_prefix(T::Pwru, &keys::incident(id), rep)?;
+        rep.bytes_freed += self.remove(T::Incidents, &keys::incident(id))?;
+        rep.incidents += 1;
+        Ok(())
+    }
+
+    /// Samples and pwru records whose incident no longer exists (a crash between deleting
+    /// an incident's parts) are deleted too.
+    fn delete_orphans(&self, rep: &mut RetentionReport) -> Result<()> {
+        for t in [T::Samples, T::Pwru] {
+            let tree = self.engine().tree(t).clone();
+            let mut from = Vec::new();
+            while let Some(item) = tree.range(from.clone()..).next() {
+                let (k, _) = item?;
+                let Some(id) = keys::u64_at(&k, 0) else { break };
+                let prefix = keys::incident(id);
+                if !self.incident_exists(id)? {
+                    let n = self.delete_prefix(t, &prefix, rep)?;
+                    if t == T::Samples {
+                        rep.samples += n;
+                    } else {
+                        rep.pwru += n;
+                    }
+                }
+                match keys::prefix_end(&prefix) {
+                    Some(e) => from = e,
+                    None => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete every key starting with `prefix`; returns how many.
+    fn delete_prefix(&self, t: T, prefix: &[u8], rep: &mut RetentionReport) -> Result<u64> {
+        let tree = self.engine().tree(t).clone();
+        let mut n = 0;
+        for item in tree.scan_prefix(prefix) {
+            let (k, _) = item?;
+            rep.bytes_freed += self.remove(t, &k)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Delete history points of `level` starting before `cut_ns`, in every stream.
+    fn trim_history(&self, level: u8, cut_ns: u64, rep: &mut RetentionReport) -> Result<u64> {
+        let tree = self.engine().tree(T::History).clone();
+        let mut n = 0;
+        for stream in self.history_stream_keys(level)? {
+            let mut end = stream.clone();
+            end.extend_from_slice(&cut_ns.to_be_bytes());
+            for item in tree.range(stream..end) {
+                let (k, _) = item?;
+                rep.bytes_freed += self.remove(T::History, &k)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Start of the oldest history point at any level.
+    fn oldest_history_ns(&self) -> Result<Option<u64>> {
+        let tree = self.engine().tree(T::History).clone();
+        let mut oldest: Option<u64> = None;
+        for level in 0..self.cfg.history.len() {
+            for stream in self.history_stream_keys(level as u8)? {
+                if let Some(item) = tree.scan_prefix(&stream).next() {
+                    let (k, _) = item?;
+                    if let Some((_, _, _, t)) = keys::parse_history(&k) {
+                        oldest = Some(oldest.map_or(t, |o| o.min(t)));
+                    }
+                }
+            }
+        }
+        Ok(oldest)
+    }
+
+    /// Rotate when sled's files exceed `max_amplification` times the live data (and
+    /// `rotate_min_bytes`); returns what was done, or `None` when not needed.
+    pub fn maybe_rotate(&self) -> Result<Option<RotationReport>> {
+        let disk = self.size_on_disk()?;
+        let live = self.live_bytes().max(1);
+        let limit = (live as f64 * self.cfg.max_amplification) as u64;
+        if disk <= self.cfg.rotate_min_bytes || disk <= limit {
+            return Ok(None);
+        }
+        tracing::warn!(
+            size_on_disk = disk,
+            live_bytes = live,
+            "database files are {:.1}x the live data: rotating into a fresh database",
+            disk as f64 / live as f64
+        );
+        self.rotate().map(Some)
+    }
+
+    /// Copy every valid record into a fresh database and swap it in place of the current
+    /// one (export, import, swap). Writers wait meanwhile; readers keep their snapshot.
+    /// On failure the current database stays in use.
+    pub fn rotate(&self) -> Result<RotationReport> {
+        let mut guard = self.engine_mut();
+        let size_before = guard.db.size_on_disk()?;
+        guard.db.flush()?;
+        let rotations: u64 = guard
+            .tree(T::Meta)
+            .get(META_ROTATIONS)?
+            .and_then(|v| codec::decode(&v).ok())
+            .unwrap_or(0);
+        let fresh_path = sibling(&self.path, "rotating");
+        if fresh_path.exists() {
+            fs::remove_dir_all(&fresh_path).map_err(|e| {
+                StoreError::io(format!("removing stale {}", fresh_path.display()), e)
+            })?;
+        }
+        let mut dropped = 0u64;
+        let mut copied = 0u64;
+        {
+            let fresh = Store::open_engine_at(&fresh_path, &self.cfg)?;
+            for t in T::ALL {
+                let mut batch = sled::Batch::default();
+                let mut in_batch = 0;
+                for item in guard.tree(t).iter() {
+                    let (k, v) = item?;
+                    if codec::verify(&v).is_err() {
+                        dropped += 1;
+                        continue;
+                    }
+                    copied += (k.len() + v.len()) as u64;
+                    batch.insert(k, v);
+                    in_batch += 1;
+                    if in_batch == 10_000 {
+                        fresh.tree(t).apply_batch(std::mem::take(&mut batch))?;
+                        in_batch = 0;
+                    }
+                }
+                fresh.tree(t).apply_batch(batch)?;
+            }
+            let meta = fresh.tree(T::Meta);
+            meta.insert(META_ROTATIONS, codec::encode("meta", &(rotations + 1), 64)?)?;
+            fresh.db.flush()?;
+        }
+        // sled writes files by path (snapshots) until it is fully dropped, so the old engine
+        // must be closed before the directories move: a throw-away in-memory engine stands
+        // in meanwhile (writers are blocked on the lock anyway).
+        let placeholder = Store::temporary_engine()?;
+        drop(Store::replace_engine(&mut guard, placeholder));
+        let old_path = unused_sibling(&self.path, &format!("pre-rotation-{}", timestamp()));
+        let swapped = swap_dirs(&self.path, &fresh_path, &old_path);
+        // Whatever happened, a database is at `path` again: the rotated one or the old one.
+        match Store::open_engine_at(&self.path, &self.cfg) {
+            Ok(engine) => drop(Store::replace_engine(&mut guard, engine)),
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "reopening the database after rotation failed; writes are not stored until restart");
+                return Err(e);
+            }
+        }
+        swapped?;
+        drop(guard);
+        if let Err(e) = fs::remove_dir_all(&old_path) {
+            tracing::warn!(path = %old_path.display(), error = %e, "could not remove the pre-rotation database");
+        }
+        self.recount_live()?;
+        let size_after = self.size_on_disk()?;
+        tracing::warn!(
+            size_before,
+            size_after,
+            live_bytes = copied,
+            dropped,
+            "database rotated"
+        );
+        Ok(RotationReport {
+            size_before,
+            size_after,
+            live_bytes: copied,
+            dropped_records: dropped,
+        })
+    }
+}
+
+/// Move `current` to `aside` and `fresh` to `current`; on failure put `current` back.
+fn swap_dirs(
+    current: &std::path::Path,
+    fresh: &std::path::Path,
+    aside: &std::path::Path,
+) -> Result<()> {
+    fs::rename(current, aside)
+        .map_err(|e| StoreError::io(format!("moving {} aside", current.display()), e))?;
+    if let Err(e) = fs::rename(fresh, current) {
+        if let Err(back) = fs::rename(aside, current) {
+            tracing::error!(error = %back, "could not move the old database back");
+        }
+        return Err(StoreError::io(
+            format!("moving the rotated database into {}", current.display()),
+            e,
+        ));
+    }
+    Ok(())
+}
+
+fn ended_ns(inc: &Incident) -> Option<u64> {
+    match inc.state {
+        IncidentState::Open => None,
+        IncidentState::Closed => Some(inc.closed_ns.unwrap_or(inc.opened_ns)),
+        IncidentState::Interrupted => Some(inc.closed_ns.unwrap_or(inc.opened_ns)),
+    }
+}

@@ -1,0 +1,719 @@
+//! The store: opening (with lock, corruption and restart handling), writes, flushing and
+//! counters. Queries, history, retention and checks live in sibling modules as further
+//! `impl Store` blocks.
+
+use std::fs;
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::SystemTime;
+
+use capture::sample::Sample;
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::codec;
+use crate::config::StoreConfig;
+use crate::error::{Result, StoreError};
+use crate::keys;
+use crate::lock;
+use crate::model::{Incident, IncidentState, NewIncident, PwruRecord};
+
+/// Layout version of the database (trees, keys, record types).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
+pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_SAMPLE_BYTES: usize = 1024;
+pub(crate) const MAX_PWRU_BYTES: usize = 64 << 10;
+pub(crate) const MAX_HISTORY_BYTES: usize = 16 << 10;
+pub(crate) const MAX_BASELINE_BYTES: usize = 1 << 20;
+
+/// The fixed set of trees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum T {
+    Meta,
+    Incidents,
+    Samples,
+    Pwru,
+    History,
+    Baselines,
+}
+
+impl T {
+    pub(crate) const ALL: [T; 6] = [
+        T::Meta,
+        T::Incidents,
+        T::Samples,
+        T::Pwru,
+        T::History,
+        T::Baselines,
+    ];
+
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            T::Meta => "meta",
+            T::Incidents => "incidents",
+            T::Samples => "samples",
+            T::Pwru => "pwru",
+            T::History => "history",
+            T::Baselines => "baselines",
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+const META_SCHEMA: &[u8] = b"schema";
+const META_NEXT_INCIDENT: &[u8] = b"next_incident";
+const META_MOVED_ASIDE: &[u8] = b"moved_aside";
+pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
+
+pub(crate) struct Engine {
+    pub(crate) db: sled::Db,
+    trees: Vec<sled::Tree>,
+}
+
+impl Engine {
+    pub(crate) fn tree(&self, t: T) -> &sled::Tree {
+        &self.trees[t.index()]
+    }
+}
+
+/// What happened while opening the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenReport {
+    /// The engine reported the database damaged; it was moved here and a fresh one started.
+    pub moved_aside: Option<PathBuf>,
+    /// Incidents that were open when the previous run stopped, now marked interrupted.
+    pub interrupted: Vec<u64>,
+}
+
+/// Counters of the store since it was opened (and, where noted, over its lifetime).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStats {
+    /// Writes that failed (any reason).
+    pub write_errors: u64,
+    /// Of those, failures from a full disk.
+    pub disk_full_errors: u64,
+    /// Records refused for exceeding their size cap.
+    pub oversized_records: u64,
+    /// Stored records that failed to decode and were skipped.
+    pub undecodable_records: u64,
+    /// Damaged databases moved aside at open (over the database's lifetime).
+    pub corruption_recoveries: u64,
+    /// Rotations into a fresh database (over the database's lifetime).
+    pub rotations: u64,
+    /// Bytes of live keys and values.
+    pub live_bytes: u64,
+    /// The engine's files on disk, bytes.
+    pub size_on_disk: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) write_errors: AtomicU64,
+    pub(crate) disk_full: AtomicU64,
+    pub(crate) oversized: AtomicU64,
+    pub(crate) undecodable: AtomicU64,
+}
+
+/// The tailtrap database: one directory, one process at a time.
+///
+/// Every method takes `&self`; the store can be shared between threads (`Arc<Store>`).
+pub struct Store {
+    pub(crate) path: PathBuf,
+    pub(crate) cfg: StoreConfig,
+    engine: RwLock<Engine>,
+    pub(crate) counters: Counters,
+    live: [AtomicU64; 6],
+    /// Serialises incident id allocation.
+    id_lock: Mutex<()>,
+    report: OpenReport,
+    pid_file: Option<PathBuf>,
+}
+
+/// How [`Store`] reacts to an engine that cannot open the database.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnCorrupt {
+    MoveAside,
+    Fail,
+}
+
+impl Store {
+    /// Open (or create) the database at `path` for the daemon: a damaged database is moved
+    /// aside and a fresh one started, incidents left open by the previous run are marked
+    /// interrupted, and a pid file is written next to the directory so others can name the
+    /// lock holder.
+    pub fn open(path: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store> {
+        cfg.validate()?;
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent)
+                .map_err(|e| StoreError::io(format!("creating {}", parent.display()), e))?;
+        }
+        let (engine, moved_aside) = open_engine(&path, &cfg, OnCorrupt::MoveAside)?;
+        let mut store = Store::assemble(path, cfg, engine)?;
+        if let Some(aside) = &moved_aside {
+            store.note_moved_aside(aside)?;
+        }
+        store.report.moved_aside = moved_aside;
+        store.report.interrupted = store.mark_interrupted()?;
+        store.flush()?;
+        store.pid_file = Some(lock::write_pid_file(&store.path)?);
+        Ok(store)
+    }
+
+    /// Open an existing database for reading and checking (the CLI when no daemon runs).
+    /// Nothing is repaired: a damaged database is an error, open incidents stay open.
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Store> {
+        let path = path.as_ref().to_path_buf();
+        if !path.join("db").is_file() {
+            return Err(StoreError::NoDatabase(path));
+        }
+        let cfg = StoreConfig::default();
+        let (engine, _) = open_engine(&path, &cfg, OnCorrupt::Fail)?;
+        Store::assemble(path, cfg, engine)
+    }
+
+    fn assemble(path: PathBuf, cfg: StoreConfig, engine: Engine) -> Result<Store> {
+        let store = Store {
+            path,
+            cfg,
+            engine: RwLock::new(engine),
+            counters: Counters::default(),
+            live: Default::default(),
+            id_lock: Mutex::new(()),
+            report: OpenReport::default(),
+            pid_file: None,
+        };
+        store.check_schema()?;
+        store.recount_live()?;
+        Ok(store)
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// What happened at open (corruption recovery, interrupted incidents).
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    /// Make everything written so far durable. Opening and closing incidents flush by
+    /// themselves; sample, pwru and history writes are flushed by the engine every
+    /// `flush_every` (≤ 1 s) or by this call.
+    pub fn flush(&self) -> Result<()> {
+        let r = self.engine().db.flush().map(|_| ());
+        self.counted(r.map_err(StoreError::from))
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.counters;
+        let meta_u64 = |key: &[u8]| self.meta_get::<u64>(key).ok().flatten().unwrap_or(0);
+        let moved: Vec<String> = self
+            .meta_get(META_MOVED_ASIDE)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        StoreStats {
+            write_errors: c.write_errors.load(Ordering::Relaxed),
+            disk_full_errors: c.disk_full.load(Ordering::Relaxed),
+            oversized_records: c.oversized.load(Ordering::Relaxed),
+            undecodable_records: c.undecodable.load(Ordering::Relaxed),
+            corruption_recoveries: moved.len() as u64,
+            rotations: meta_u64(META_ROTATIONS),
+            live_bytes: self.live_bytes(),
+            size_on_disk: self.size_on_disk().unwrap_or(0),
+        }
+    }
+
+    /// The engine's files on disk, bytes.
+    pub fn size_on_disk(&self) -> Result<u64> {
+        Ok(self.engine().db.size_on_disk()?)
+    }
+
+    // ---- incidents ------------------------------------------------------------------
+
+    /// Open an incident: allocate its id and store it durably.
+    pub fn open_incident(&self, new: &NewIncident) -> Result<Incident> {
+        keys::check_service(&new.service)?;
+        let _guard = self.id_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let next = self.meta_get::<u64>(META_NEXT_INCIDENT)?.unwrap_or(1);
+        // The newest stored id wins if the counter lags (it is written first, but a damaged
+        // meta record must not make ids repeat).
+        let last = self
+            .engine()
+            .tree(T::Incidents)
+            .last()?
+            .and_then(|(k, _)| keys::u64_at(&k, 0))
+            .map_or(1, |id| id + 1);
+        let id = next.max(last);
+        let incident = Incident {
+            id,
+            service: new.service.clone(),
+            probes: new.probes.clone(),
+            opened_ns: new.opened_ns,
+            closed_ns: None,
+            state: IncidentState::Open,
+            evidence_json: new.evidence_json.clone(),
+            stages_json: new.stages_json.clone(),
+            capture: Default::default(),
+            pwru: Default::default(),
+            counters: Default::default(),
+        };
+        let value = self.encode("incident", &incident, MAX_INCIDENT_BYTES)?;
+        self.meta_put(META_NEXT_INCIDENT, &(id + 1))?;
+        self.put(T::Incidents, &keys::incident(id), value)?;
+        self.flush()?;
+        Ok(incident)
+    }
+
+    /// Replace a stored incident's record (status and counter updates). Durable within
+    /// `flush_every`.
+    pub fn update_incident(&self, incident: &Incident) -> Result<()> {
+        keys::check_service(&incident.service)?;
+        if !self.incident_exists(incident.id)? {
+            return Err(StoreError::NoSuchIncident(incident.id));
+        }
+        let value = self.encode("incident", incident, MAX_INCIDENT_BYTES)?;
+        self.put(T::Incidents, &keys::incident(incident.id), value)
+    }
+
+    /// Close an incident: store `incident` (with its final status) as closed at `closed_ns`,
+    /// durably.
+    pub fn close_incident(&self, incident: &mut Incident, closed_ns: u64) -> Result<()> {
+        incident.state = IncidentState::Closed;
+        incident.closed_ns = Some(closed_ns);
+        self.update_incident(incident)?;
+        self.flush()
+    }
+
+    /// One incident.
+    pub fn incident(&self, id: u64) -> Result<Option<Incident>> {
+        let raw = self.engine().tree(T::Incidents).get(keys::incident(id))?;
+        Ok(raw.and_then(|v| self.decode_counted(T::Incidents, &keys::incident(id), &v)))
+    }
+
+    pub(crate) fn incident_exists(&self, id: u64) -> Result<bool> {
+        Ok(self
+            .engine()
+            .tree(T::Incidents)
+            .contains_key(keys::incident(id))?)
+    }
+
+    /// Incidents the previous run left open become interrupted.
+    fn mark_interrupted(&self) -> Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for (_, mut inc) in self.scan::<Incident>(T::Incidents, ..)? {
+            if inc.state == IncidentState::Open {
+                inc.state = IncidentState::Interrupted;
+                tracing::warn!(
+                    incident = inc.id,
+                    service = %inc.service,
+                    "incident was open when the previous run stopped; marked interrupted"
+                );
+                let value = self.encode("incident", &inc, MAX_INCIDENT_BYTES)?;
+                self.put(T::Incidents, &keys::incident(inc.id), value)?;
+                ids.push(inc.id);
+            }
+        }
+        Ok(ids)
+    }
+
+    // ---- samples and pwru -----------------------------------------------------------
+
+    /// Store a batch of samples atomically. Durable within `flush_every` (or at
+    /// [`Store::flush`]). Every sample's incident must exist.
+    pub fn put_samples(&self, samples: &[Sample]) -> Result<()> {
+        self.require_incidents(samples.iter().map(|s| s.incident))?;
+        let mut batch = sled::Batch::default();
+        let mut bytes = 0u64;
+        let eng = self.engine();
+        for s in samples {
+            let value = self.encode("sample", s, MAX_SAMPLE_BYTES)?;
+            let seq = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
+            let key = keys::sample(s.incident, s.time_ns, seq);
+            bytes += (key.len() + value.len()) as u64;
+            batch.insert(&key[..], value);
+        }
+        let r = eng.tree(T::Samples).apply_batch(batch);
+        self.counted(r.map_err(StoreError::from))?;
+        self.live[T::Samples.index()].fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Store pwru lines atomically (keyed by incident and `seq`; a repeated `seq`
+    /// replaces). Durable within `flush_every`. Every record's incident must exist.
+    pub fn put_pwru(&self, records: &[PwruRecord]) -> Result<()> {
+        self.require_incidents(records.iter().map(|r| r.incident))?;
+        let mut batch = sled::Batch::default();
+        let mut bytes = 0u64;
+        for r in records {
+            let value = self.encode("pwru", r, MAX_PWRU_BYTES)?;
+            let key = keys::pwru(r.incident, r.seq);
+            bytes += (key.len() + value.len()) as u64;
+            batch.insert(&key[..], value);
+        }
+        let r = self.engine().tree(T::Pwru).apply_batch(batch);
+        self.counted(r.map_err(StoreError::from))?;
+        // A replaced seq makes this an overestimate until the next recount; harmless for a
+        // budget check.
+        self.live[T::Pwru.index()].fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn require_incidents(&self, ids: impl Iterator<Item = u64>) -> Result<()> {
+        let mut seen: Vec<u64> = Vec::new();
+        for id in ids {
+            if !seen.contains(&id) {
+                if !self.incident_exists(id)? {
+                    return Err(StoreError::NoSuchIncident(id));
+                }
+                seen.push(id);
+            }
+        }
+        Ok(())
+    }
+
+    // ---- internals shared by the other modules --------------------------------------
+
+    pub(crate) fn engine(&self) -> RwLockReadGuard<'_, Engine> {
+        // A panic while holding the lock leaves the engine itself intact.
+        self.engine.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn engine_mut(&self) -> RwLockWriteGuard<'_, Engine> {
+        self.engine.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Count a failed write (and whether the disk was full) and pass the result on.
+    pub(crate) fn counted<V>(&self, r: Result<V>) -> Result<V> {
+        if let Err(e) = &r {
+            self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+            if e.is_disk_full() {
+                self.counters.disk_full.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
+    pub(crate) fn encode<V: Serialize>(
+        &self,
+        kind: &'static str,
+        value: &V,
+        max: usize,
+    ) -> Result<Vec<u8>> {
+        let r = codec::encode(kind, value, max);
+        if matches!(r, Err(StoreError::TooLarge { .. })) {
+            self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counted(r)
+    }
+
+    /// Decode a stored value; a bad one is logged, counted and skipped.
+    pub(crate) fn decode_counted<V: DeserializeOwned>(
+        &self,
+        t: T,
+        key: &[u8],
+        value: &[u8],
+    ) -> Option<V> {
+        match codec::decode(value) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.counters.undecodable.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(tree = t.name(), key = ?key, error = %e, "skipping undecodable record");
+                None
+            }
+        }
+    }
+
+    /// Decoded records of a key range, undecodable ones skipped and counted. The tree
+    /// handle is taken out of the lock, so a long scan does not hold up writers.
+    pub(crate) fn scan<V: DeserializeOwned>(
+        &self,
+        t: T,
+        range: impl std::ops::RangeBounds<Vec<u8>>,
+    ) -> Result<Vec<(sled::IVec, V)>> {
+        let tree = self.engine().tree(t).clone();
+        let iter = tree.range(range);
+        let mut failed: Option<sled::Error> = None;
+        let mut out = Vec::new();
+        for item in iter {
+            match item {
+                Ok((k, v)) => {
+                    if let Some(d) = self.decode_counted(t, &k, &v) {
+                        out.push((k, d));
+                    }
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
+        }
+    }
+
+    /// Insert one value, keeping the live-byte count exact.
+    pub(crate) fn put(&self, t: T, key: &[u8], value: Vec<u8>) -> Result<()> {
+        let new_len = (key.len() + value.len()) as u64;
+        let r = self.engine().tree(t).insert(key, value);
+        let old = self.counted(r.map_err(StoreError::from))?;
+        self.live_add(t, new_len, old.map(|o| (key.len() + o.len()) as u64));
+        Ok(())
+    }
+
+    /// Remove one key, keeping the live-byte count exact; returns the bytes freed.
+    pub(crate) fn remove(&self, t: T, key: &[u8]) -> Result<u64> {
+        let r = self.engine().tree(t).remove(key);
+        let old = self.counted(r.map_err(StoreError::from))?;
+        let freed = old.map_or(0, |o| (key.len() + o.len()) as u64);
+        self.live_add(t, 0, Some(freed));
+        Ok(freed)
+    }
+
+    pub(crate) fn live_add(&self, t: T, added: u64, removed: Option<u64>) {
+        let slot = &self.live[t.index()];
+        slot.fetch_add(added, Ordering::Relaxed);
+        if let Some(r) = removed {
+            // Saturating: concurrent estimates must not wrap.
+            let _ = slot.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(r))
+            });
+        }
+    }
+
+    /// Live bytes of all trees.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.live.iter().map(|a| a.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Recompute live bytes from the trees (at open and after rotation).
+    pub(crate) fn recount_live(&self) -> Result<()> {
+        for t in T::ALL {
+            let tree = self.engine().tree(t).clone();
+            let mut bytes = 0u64;
+            for item in tree.iter() {
+                let (k, v) = item?;
+                bytes += (k.len() + v.len()) as u64;
+            }
+            self.live[t.index()].store(bytes, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn meta_get<V: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<V>> {
+        let raw = self.engine().tree(T::Meta).get(key)?;
+        Ok(raw.and_then(|v| self.decode_counted(T::Meta, key, &v)))
+    }
+
+    pub(crate) fn meta_put<V: Serialize>(&self, key: &[u8], value: &V) -> Result<()> {
+        let value = self.encode("meta", value, 64 << 10)?;
+        self.put(T::Meta, key, value)
+    }
+
+    fn check_schema(&self) -> Result<()> {
+        match self.meta_get::<u32>(META_SCHEMA)? {
+            Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
+                found: v,
+                supported: SCHEMA_VERSION,
+            }),
+            Some(_) => Ok(()),
+            None => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
+        }
+    }
+
+    /// The schema version stored in the database.
+    pub fn schema_version(&self) -> Result<u32> {
+        Ok(self.meta_get(META_SCHEMA)?.unwrap_or(SCHEMA_VERSION))
+    }
+
+    fn note_moved_aside(&self, aside: &Path) -> Result<()> {
+        let mut list: Vec<String> = self.meta_get(META_MOVED_ASIDE)?.unwrap_or_default();
+        list.push(aside.display().to_string());
+        self.meta_put(META_MOVED_ASIDE, &list)
+    }
+
+    /// Swap in another engine (rotation) while holding the write lock; returns the old one.
+    pub(crate) fn replace_engine(
+        guard: &mut RwLockWriteGuard<'_, Engine>,
+        engine: Engine,
+    ) -> Engine {
+        std::mem::replace(&mut **guard, engine)
+    }
+
+    /// An in-memory engine, deleted when dropped.
+    pub(crate) fn temporary_engine() -> Result<Engine> {
+        let db = sled::Config::new().temporary(true).open()?;
+        let trees = T::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<sled::Result<Vec<_>>>()?;
+        Ok(Engine { db, trees })
+    }
+
+    pub(crate) fn open_engine_at(path: &Path, cfg: &StoreConfig) -> Result<Engine> {
+        open_engine(path, cfg, OnCorrupt::Fail).map(|(e, _)| e)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.engine().db.flush() {
+            tracing::error!(error = %e, "final flush of the database failed");
+        }
+        if let Some(p) = &self.pid_file {
+            lock::remove_pid_file(p);
+        }
+    }
+}
+
+/// Why sled could not open a database.
+enum OpenFailure {
+    Locked,
+    Damaged(String),
+    Other(StoreError),
+}
+
+fn classify(e: sled::Error) -> OpenFailure {
+    match e {
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+            OpenFailure::Locked
+        }
+        sled::Error::Io(io)
+            if matches!(
+                io.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData
+            ) =>
+        {
+            OpenFailure::Damaged(io.to_string())
+        }
+        sled::Error::Io(source) => OpenFailure::Other(StoreError::Io {
+            context: "opening the database".into(),
+            source,
+        }),
+        sled::Error::Corruption { at, .. } => {
+            OpenFailure::Damaged(format!("engine found corruption at {at:?}"))
+        }
+        other => OpenFailure::Damaged(other.to_string()),
+    }
+}
+
+fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenFailure> {
+    let flush_ms = u64::try_from(cfg.flush_every.as_millis()).unwrap_or(1000);
+    let config = sled::Config::new()
+        .path(path)
+        .cache_capacity(cfg.cache_bytes)
+        .flush_every_ms(Some(flush_ms.max(1)));
+    // sled 0.34 can panic on some damaged files instead of returning an error; a panic at
+    // open is treated as damage so the daemon recovers rather than crash-looping.
+    let opened = catch_unwind(AssertUnwindSafe(|| -> sled::Result<Engine> {
+        let db = config.open()?;
+        let trees = T::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<sled::Result<Vec<_>>>()?;
+        Ok(Engine { db, trees })
+    }));
+    match opened {
+        Ok(Ok(engine)) => Ok(engine),
+        Ok(Err(e)) => Err(classify(e)),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "engine panicked".into());
+            Err(OpenFailure::Damaged(format!("engine panicked: {msg}")))
+        }
+    }
+}
+
+fn open_engine(
+    path: &Path,
+    cfg: &StoreConfig,
+    on_corrupt: OnCorrupt,
+) -> Result<(Engine, Option<PathBuf>)> {
+    match try_open(path, cfg) {
+        Ok(e) => Ok((e, None)),
+        Err(OpenFailure::Locked) => Err(StoreError::Locked {
+            path: path.to_path_buf(),
+            holder: lock::holder(path),
+        }),
+        Err(OpenFailure::Other(e)) => Err(e),
+        Err(OpenFailure::Damaged(detail)) if on_corrupt == OnCorrupt::Fail => {
+            Err(StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail,
+            })
+        }
+        Err(OpenFailure::Damaged(detail)) => {
+            let aside = unused_sibling(path, &format!("corrupt-{}", timestamp()));
+            fs::rename(path, &aside).map_err(|e| {
+                StoreError::io(
+                    format!("moving damaged database {} aside", path.display()),
+                    e,
+                )
+            })?;
+            tracing::error!(
+                path = %path.display(),
+                moved_to = %aside.display(),
+                %detail,
+                "DATABASE DAMAGED: moved aside, starting a fresh one; the old data is kept there for inspection"
+            );
+            // A second failure on a fresh directory is not corruption: report it, do not loop.
+            match try_open(path, cfg) {
+                Ok(e) => Ok((e, Some(aside))),
+                Err(OpenFailure::Other(e)) => Err(e),
+                Err(OpenFailure::Locked) => Err(StoreError::Locked {
+                    path: path.to_path_buf(),
+                    holder: lock::holder(path),
+                }),
+                Err(OpenFailure::Damaged(detail)) => Err(StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: format!("fresh database failed to open: {detail}"),
+                }),
+            }
+        }
+    }
+}
+
+/// `<path>.<suffix>` beside the database directory.
+pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_os_string();
+    s.push(".");
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Like [`sibling`], with `-2`, `-3`, ... appended until the name is free.
+pub(crate) fn unused_sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut candidate = sibling(path, suffix);
+    let mut n = 2;
+    while candidate.exists() {
+        candidate = sibling(path, &format!("{suffix}-{n}"));
+        n += 1;
+    }
+    candidate
+}
+
+/// A file-name-safe UTC timestamp, e.g. `20261121T010203Z`.
+pub(crate) fn timestamp() -> String {
+    let t = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    t.chars().filter(|c| *c != '-' && *c != ':').collect()
+}
