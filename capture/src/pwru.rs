@@ -1,1 +1,26 @@
-//! pwru session management (being built).
+//! Bounded pwru sessions scoped to an incident.
+//!
+//! [pwru](https://github.com/cilium/pwru) traces an SKB through every kernel function it
+//! passes. tailtrap runs it at most once at a time, for a short while, filtered to the flows
+//! of one incident, and keeps what it printed with that incident:
+//!
+//! - [`Prerequisites::check`] finds the binary, its version and the kernel features pwru
+//!   needs, and says in one line whether sessions can run.
+//! - [`SessionRequest`] holds the typed, validated inputs of one session and turns them
+//!   into pwru's argv; nothing from outside is pasted into a shell or a string.
+//! - [`SessionManager::run`] supervises the process (readiness, deadline, SIGTERM, SIGKILL,
+//!   reaping), streams each stdout line as a [`PwruLine`] and returns a [`SessionStatus`].
+
+mod event;
+mod prereq;
+mod request;
+mod session;
+mod stderr;
+
+pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
+pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};
+pub use request::{
+    FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits, SessionRequest,
+};
+pub use session::{ManagerConfig, SessionManager, SessionState, SessionStatus};
+pub use stderr::AttachReport;

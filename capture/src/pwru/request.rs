@@ -1,0 +1,722 @@
+//! The typed inputs of one pwru session and the argv built from them.
+//!
+//! Every value that reaches pwru's command line is rendered here from a validated Rust
+//! value (ports are `u16`, addresses `IpAddr`, function names checked identifiers), so no
+//! text from configuration, the kernel or the network is ever pasted into the argv.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use detector::Probe;
+use serde::{Deserialize, Serialize};
+
+/// Why a session request was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// No local port was given: a session without one would trace the whole host.
+    #[error("a pwru session needs at least one local port")]
+    NoPorts,
+    /// Port 0 cannot be a service port.
+    #[error("port 0 is not a valid service port")]
+    ZeroPort,
+    /// More ports or addresses than a bounded filter allows.
+    #[error("too many {what}: {got} (at most {max})")]
+    TooMany {
+        /// What was counted (`local ports`, `remote addresses`, `filter functions`).
+        what: &'static str,
+        /// How many were given.
+        got: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An unspecified address (0.0.0.0 or ::) names no peer.
+    #[error("remote address {0} is unspecified and names no peer")]
+    UnspecifiedAddr(IpAddr),
+    /// A kernel function name that is not a plain identifier.
+    #[error("filter function {0:?} is not a kernel symbol name ([A-Za-z_][A-Za-z0-9_.]*, at most 128 characters)")]
+    BadFunction(String),
+    /// The list of filter functions is empty.
+    #[error("the filter function list is empty")]
+    NoFunctions,
+    /// A network namespace path pwru could not be given safely.
+    #[error("netns path {0:?} must be absolute, UTF-8 and without `..`")]
+    BadNetnsPath(PathBuf),
+    /// A limit outside its allowed range.
+    #[error("{what} {got} is out of range ({range})")]
+    LimitOutOfRange {
+        /// Which limit (`deadline`, `kill grace`, `output limit`).
+        what: &'static str,
+        /// The value given, as text.
+        got: String,
+        /// The allowed range, as text.
+        range: &'static str,
+    },
+}
+
+/// Transport protocol of the service a session is scoped to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl Protocol {
+    /// The pcap-filter primitive (matches IPv4 and IPv6).
+    pub const fn pcap_name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// Most local ports one filter carries (a service listens on a handful at most).
+const MAX_PORTS: usize = 16;
+/// Most remote addresses: the top talkers among the incident's samples, not every peer.
+const MAX_ADDRS: usize = 16;
+
+/// The pcap filter of a session: the service's protocol and local port(s), optionally
+/// narrowed to the top remote addresses. Built only from typed values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PcapFilter {
+    protocol: Protocol,
+    local_ports: Vec<u16>,
+    remote_addrs: Vec<IpAddr>,
+}
+
+impl PcapFilter {
+    /// A filter for `protocol` traffic on any of `local_ports` and, when `remote_addrs` is
+    /// not empty, only to or from those peers. Duplicates are dropped, order is kept (the
+    /// caller lists the dominant flows first). IPv4-mapped IPv6 peers become IPv4, which is
+    /// how a dual-stack socket's IPv4 traffic looks on the wire.
+    pub fn new(
+        protocol: Protocol,
+        local_ports: &[u16],
+        remote_addrs: &[IpAddr],
+    ) -> Result<Self, RequestError> {
+        if local_ports.is_empty() {
+            return Err(RequestError::NoPorts);
+        }
+        if local_ports.contains(&0) {
+            return Err(RequestError::ZeroPort);
+        }
+        let mut ports = Vec::with_capacity(local_ports.len());
+        for &p in local_ports {
+            if !ports.contains(&p) {
+                ports.push(p);
+            }
+        }
+        if ports.len() > MAX_PORTS {
+            return Err(RequestError::TooMany {
+                what: "local ports",
+                got: ports.len(),
+                max: MAX_PORTS,
+            });
+        }
+        let mut addrs = Vec::with_capacity(remote_addrs.len());
+        for &a in remote_addrs {
+            if a.is_unspecified() {
+                return Err(RequestError::UnspecifiedAddr(a));
+            }
+            let a = a.to_canonical();
+            if !addrs.contains(&a) {
+                addrs.push(a);
+            }
+        }
+        if addrs.len() > MAX_ADDRS {
+            return Err(RequestError::TooMany {
+                what: "remote addresses",
+                got: addrs.len(),
+                max: MAX_ADDRS,
+            });
+        }
+        Ok(PcapFilter {
+            protocol,
+            local_ports: ports,
+            remote_addrs: addrs,
+        })
+    }
+
+    /// The protocol.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// The local ports, deduplicated.
+    pub fn local_ports(&self) -> &[u16] {
+        &self.local_ports
+    }
+
+    /// The remote addresses, deduplicated and canonical.
+    pub fn remote_addrs(&self) -> &[IpAddr] {
+        &self.remote_addrs
+    }
+
+    /// The pcap-filter expression, e.g. `tcp and port 9000 and (host 10.0.0.5 or host ::1)`.
+    /// `port`/`host` match either direction, so replies and ACKs of the flow are traced too.
+    pub fn expression(&self) -> String {
+        let mut s = String::from(self.protocol.pcap_name());
+        s.push_str(" and ");
+        push_alternatives(&mut s, "port", &self.local_ports);
+        if !self.remote_addrs.is_empty() {
+            s.push_str(" and ");
+            push_alternatives(&mut s, "host", &self.remote_addrs);
+        }
+        s
+    }
+}
+
+/// `kw a` for one value, `(kw a or kw b)` for several.
+fn push_alternatives<T: std::fmt::Display>(s: &mut String, kw: &str, values: &[T]) {
+    let grouped = values.len() > 1;
+    if grouped {
+        s.push('(');
+    }
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            s.push_str(" or ");
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(s, "{kw} {v}");
+    }
+    if grouped {
+        s.push(')');
+    }
+}
+
+/// Which network namespace pwru filters on (`--filter-netns`), in the two forms pwru
+/// 1.0.12 accepts: `inode:<inode>` or a namespace file path such as `/proc/<pid>/ns/net`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetnsFilter {
+    /// The namespace's inode number (as in `ls -L -i /proc/<pid>/ns/net`).
+    Inode(u32),
+    /// A namespace file (`/proc/<pid>/ns/net`, `/run/netns/<name>`).
+    Path(PathBuf),
+}
+
+impl NetnsFilter {
+    /// The namespace of process `pid`.
+    pub fn of_pid(pid: u32) -> Self {
+        NetnsFilter::Path(PathBuf::from(format!("/proc/{pid}/ns/net")))
+    }
+
+    /// A namespace file path; must be absolute, UTF-8 and free of `..`.
+    pub fn path(path: impl Into<PathBuf>) -> Result<Self, RequestError> {
+        let path = path.into();
+        let ok = path.is_absolute()
+            && path.to_str().is_some()
+            && !path.components().any(|c| c == Component::ParentDir);
+        if ok {
+            Ok(NetnsFilter::Path(path))
+        } else {
+            Err(RequestError::BadNetnsPath(path))
+        }
+    }
+
+    fn arg(&self) -> OsString {
+        match self {
+            NetnsFilter::Inode(ino) => format!("inode:{ino}").into(),
+            NetnsFilter::Path(p) => p.clone().into_os_string(),
+        }
+    }
+}
+
+/// The kernel functions pwru attaches to (`--filter-func`), kept as a list of checked
+/// symbol names and rendered as one anchored RE2 alternation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<String>", into = "Vec<String>")]
+pub struct FilterFuncs(Vec<String>);
+
+/// Most functions in one session: pwru's cost grows with each attached function.
+const MAX_FUNCS: usize = 64;
+
+/// Where SKBs are dropped: `kfree_skb_reason` up to 6.11, `sk_skb_reason_drop` from 6.12
+/// (pwru skips the name the running kernel lacks).
+const DROP_POINTS: [&str; 2] = ["kfree_skb_reason", "sk_skb_reason_drop"];
+
+/// The kernel functions behind a probe that pwru can attach to. pwru only traces functions
+/// taking an `struct sk_buff *`; tcp-socket-read's `tcp_recv_timestamp` takes none, so
+/// `skb_copy_datagram_iter` (the copy of a segment to the reader) stands in for it.
+fn probe_functions(probe: Probe) -> &'static [&'static str] {
+    match probe {
+        Probe::IpStart => &["ip_rcv_core", "ip6_rcv_core"],
+        Probe::TcpStart => &["tcp_v4_rcv", "tcp_v6_rcv"],
+        Probe::UdpStart => &["udp_rcv", "udpv6_rcv"],
+        Probe::TcpSocketEnqueued => &["tcp_queue_rcv"],
+        Probe::UdpSocketEnqueued => &["__udp_enqueue_schedule_skb"],
+        Probe::TcpSocketRead => &["skb_copy_datagram_iter"],
+        Probe::UdpSocketRead => &["skb_consume_udp"],
+    }
+}
+
+impl FilterFuncs {
+    /// Checked function names (duplicates dropped, order kept).
+    pub fn new<I, S>(names: I) -> Result<Self, RequestError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out: Vec<String> = Vec::new();
+        for n in names {
+            let n = n.as_ref();
+            if !is_symbol_name(n) {
+                return Err(RequestError::BadFunction(n.to_owned()));
+            }
+            if !out.iter().any(|o| o == n) {
+                out.push(n.to_owned());
+            }
+        }
+        if out.is_empty() {
+            return Err(RequestError::NoFunctions);
+        }
+        if out.len() > MAX_FUNCS {
+            return Err(RequestError::TooMany {
+                what: "filter functions",
+                got: out.len(),
+                max: MAX_FUNCS,
+            });
+        }
+        Ok(FilterFuncs(out))
+    }
+
+    /// The functions behind `probes` plus the drop points.
+    pub fn for_probes(probes: &[Probe]) -> Self {
+        let names = probes
+            .iter()
+            .flat_map(|p| probe_functions(*p).iter().copied())
+            .chain(DROP_POINTS);
+        let mut out: Vec<String> = Vec::new();
+        for n in names {
+            if !out.iter().any(|o| o == n) {
+                out.push(n.to_owned());
+            }
+        }
+        FilterFuncs(out)
+    }
+
+    /// The names.
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+
+    /// The anchored regular expression pwru matches whole symbol names against,
+    /// e.g. `^(tcp_v4_rcv|tcp_queue_rcv)$`. Dots (in names like `foo.isra.0`) are escaped.
+    pub fn regex(&self) -> String {
+        let mut s = String::from("^(");
+        for (i, n) in self.0.iter().enumerate() {
+            if i > 0 {
+                s.push('|');
+            }
+            s.push_str(&n.replace('.', "\\."));
+        }
+        s.push_str(")$");
+        s
+    }
+}
+
+impl Default for FilterFuncs {
+    /// Every probed function and the drop points.
+    fn default() -> Self {
+        FilterFuncs::for_probes(&Probe::ALL)
+    }
+}
+
+impl TryFrom<Vec<String>> for FilterFuncs {
+    type Error = RequestError;
+    fn try_from(v: Vec<String>) -> Result<Self, RequestError> {
+        FilterFuncs::new(v)
+    }
+}
+
+impl From<FilterFuncs> for Vec<String> {
+    fn from(f: FilterFuncs) -> Vec<String> {
+        f.0
+    }
+}
+
+/// A kernel symbol as it appears in kallsyms: an identifier, possibly with compiler
+/// suffixes after dots (`.isra.0`, `.cold`).
+fn is_symbol_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    let first_ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_');
+    first_ok && s.len() <= 128 && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// How long a session may run and how much it may print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawLimits", into = "RawLimits")]
+pub struct SessionLimits {
+    deadline: Duration,
+    kill_grace: Duration,
+    output_limit_lines: u64,
+}
+
+/// The serde form of [`SessionLimits`] (human durations), checked on the way in.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawLimits {
+    #[serde(with = "humantime_serde")]
+    deadline: Duration,
+    #[serde(with = "humantime_serde")]
+    kill_grace: Duration,
+    output_limit_lines: u64,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        let d = SessionLimits::default();
+        RawLimits {
+            deadline: d.deadline,
+            kill_grace: d.kill_grace,
+            output_limit_lines: d.output_limit_lines,
+        }
+    }
+}
+
+impl TryFrom<RawLimits> for SessionLimits {
+    type Error = RequestError;
+    fn try_from(r: RawLimits) -> Result<Self, RequestError> {
+        SessionLimits::new(r.deadline, r.kill_grace, r.output_limit_lines)
+    }
+}
+
+impl From<SessionLimits> for RawLimits {
+    fn from(l: SessionLimits) -> Self {
+        RawLimits {
+            deadline: l.deadline,
+            kill_grace: l.kill_grace,
+            output_limit_lines: l.output_limit_lines,
+        }
+    }
+}
+
+impl Default for SessionLimits {
+    /// 30 s deadline, 5 s between SIGTERM and SIGKILL, 5000 lines.
+    fn default() -> Self {
+        SessionLimits {
+            deadline: Duration::from_secs(30),
+            kill_grace: Duration::from_secs(5),
+            output_limit_lines: 5000,
+        }
+    }
+}
+
+impl SessionLimits {
+    /// Checked limits: deadline 100 ms..=10 min, kill grace 100 ms..=60 s,
+    /// output limit 1..=1 000 000 lines.
+    pub fn new(
+        deadline: Duration,
+        kill_grace: Duration,
+        output_limit_lines: u64,
+    ) -> Result<Self, RequestError> {
+        let ms = Duration::from_millis;
+        if !(ms(100)..=Duration::from_secs(600)).contains(&deadline) {
+            return Err(RequestError::LimitOutOfRange {
+                what: "deadline",
+                got: humantime::format_duration(deadline).to_string(),
+                range: "100ms..=10min",
+            });
+        }
+        if !(ms(100)..=Duration::from_secs(60)).contains(&kill_grace) {
+            return Err(RequestError::LimitOutOfRange {
+                what: "kill grace",
+                got: humantime::format_duration(kill_grace).to_string(),
+                range: "100ms..=60s",
+            });
+        }
+        if !(1..=1_000_000).contains(&output_limit_lines) {
+            return Err(RequestError::LimitOutOfRange {
+                what: "output limit",
+                got: output_limit_lines.to_string(),
+                range: "1..=1000000 lines",
+            });
+        }
+        Ok(SessionLimits {
+            deadline,
+            kill_grace,
+            output_limit_lines,
+        })
+    }
+
+    /// When SIGTERM is sent, counted from the start.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// How long after SIGTERM SIGKILL follows.
+    pub fn kill_grace(&self) -> Duration {
+        self.kill_grace
+    }
+
+    /// `--output-limit-lines`: pwru exits by itself after this many events.
+    pub fn output_limit_lines(&self) -> u64 {
+        self.output_limit_lines
+    }
+}
+
+/// Everything one pwru session needs, validated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRequest {
+    service: String,
+    filter: PcapFilter,
+    netns: Option<NetnsFilter>,
+    funcs: FilterFuncs,
+    limits: SessionLimits,
+}
+
+impl SessionRequest {
+    /// A session for `service` (the cooldown key; never passed to pwru) with `filter`,
+    /// the default functions and limits and no netns filter.
+    pub fn new(service: impl Into<String>, filter: PcapFilter) -> Self {
+        SessionRequest {
+            service: service.into(),
+            filter,
+            netns: None,
+            funcs: FilterFuncs::default(),
+            limits: SessionLimits::default(),
+        }
+    }
+
+    /// Restrict to a network namespace (services living outside the host namespace).
+    pub fn with_netns(mut self, netns: NetnsFilter) -> Self {
+        self.netns = Some(netns);
+        self
+    }
+
+    /// Attach to these functions instead of the defaults.
+    pub fn with_filter_funcs(mut self, funcs: FilterFuncs) -> Self {
+        self.funcs = funcs;
+        self
+    }
+
+    /// Use these limits instead of the defaults.
+    pub fn with_limits(mut self, limits: SessionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The service name.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// The pcap filter.
+    pub fn filter(&self) -> &PcapFilter {
+        &self.filter
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> SessionLimits {
+        self.limits
+    }
+
+    /// pwru's arguments (without the program name). JSON events on stdout, one per line,
+    /// with boot-time timestamps and callers so they can be lined up with the samples;
+    /// the ready file tells when the probes are attached; the pcap filter goes last as a
+    /// single argument (pwru joins its trailing arguments with spaces).
+    pub fn argv(&self, ready_file: &Path) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![
+            "--output-json".into(),
+            "--output-limit-lines".into(),
+            self.limits.output_limit_lines.to_string().into(),
+            "--ready-file".into(),
+            ready_file.as_os_str().to_owned(),
+            "--filter-func".into(),
+            self.funcs.regex().into(),
+        ];
+        if let Some(ns) = &self.netns {
+            a.push("--filter-netns".into());
+            a.push(ns.arg());
+        }
+        a.extend(
+            [
+                "--timestamp",
+                "current",
+                "--output-meta",
+                "--output-tuple",
+                "--output-caller",
+            ]
+            .map(OsString::from),
+        );
+        a.push(self.filter.expression().into());
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn filter_expression_single_and_grouped() {
+        let f = PcapFilter::new(Protocol::Tcp, &[9000], &[]).unwrap();
+        assert_eq!(f.expression(), "tcp and port 9000");
+        let f = PcapFilter::new(
+            Protocol::Udp,
+            &[53, 5353, 53],
+            &[ip("10.0.0.5"), ip("2001:db8::1"), ip("::ffff:10.0.0.5")],
+        )
+        .unwrap();
+        assert_eq!(
+            f.expression(),
+            "udp and (port 53 or port 5353) and (host 10.0.0.5 or host 2001:db8::1)"
+        );
+        let f = PcapFilter::new(Protocol::Tcp, &[443], &[ip("::ffff:192.0.2.7")]).unwrap();
+        assert_eq!(f.expression(), "tcp and port 443 and host 192.0.2.7");
+    }
+
+    #[test]
+    fn filter_rejects_bad_values() {
+        assert_eq!(
+            PcapFilter::new(Protocol::Tcp, &[], &[]),
+            Err(RequestError::NoPorts)
+        );
+        assert_eq!(
+            PcapFilter::new(Protocol::Tcp, &[80, 0], &[]),
+            Err(RequestError::ZeroPort)
+        );
+        assert_eq!(
+            PcapFilter::new(Protocol::Tcp, &[80], &[IpAddr::V6(Ipv6Addr::UNSPECIFIED)]),
+            Err(RequestError::UnspecifiedAddr(IpAddr::V6(
+                Ipv6Addr::UNSPECIFIED
+            )))
+        );
+        let ports: Vec<u16> = (1..=17).collect();
+        assert!(matches!(
+            PcapFilter::new(Protocol::Tcp, &ports, &[]),
+            Err(RequestError::TooMany { got: 17, .. })
+        ));
+        let addrs: Vec<IpAddr> = (1..=17u8)
+            .map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i)))
+            .collect();
+        assert!(matches!(
+            PcapFilter::new(Protocol::Tcp, &[80], &addrs),
+            Err(RequestError::TooMany { got: 17, .. })
+        ));
+    }
+
+    #[test]
+    fn filter_funcs_validate_and_render() {
+        let f = FilterFuncs::new(["tcp_v4_rcv", "foo.isra.0", "tcp_v4_rcv"]).unwrap();
+        assert_eq!(f.regex(), r"^(tcp_v4_rcv|foo\.isra\.0)$");
+        for bad in ["", "a b", "x|y", ".*", "1abc", "f)$|(.*", "-x"] {
+            assert!(
+                matches!(FilterFuncs::new([bad]), Err(RequestError::BadFunction(_))),
+                "{bad:?} accepted"
+            );
+        }
+        assert_eq!(
+            FilterFuncs::new(Vec::<String>::new()),
+            Err(RequestError::NoFunctions)
+        );
+        let long = "a".repeat(129);
+        assert!(FilterFuncs::new([long]).is_err());
+        let json: Result<FilterFuncs, _> = serde_json::from_str(r#"["ok", "not ok"]"#);
+        assert!(json.is_err());
+    }
+
+    #[test]
+    fn default_funcs_cover_probes_and_drops() {
+        assert_eq!(
+            FilterFuncs::default().regex(),
+            "^(ip_rcv_core|ip6_rcv_core|tcp_v4_rcv|tcp_v6_rcv|udp_rcv|udpv6_rcv|tcp_queue_rcv|\
+             __udp_enqueue_schedule_skb|skb_copy_datagram_iter|skb_consume_udp|\
+             kfree_skb_reason|sk_skb_reason_drop)$"
+        );
+        let f = FilterFuncs::for_probes(&[Probe::UdpSocketRead, Probe::UdpSocketRead]);
+        assert_eq!(
+            f.names(),
+            ["skb_consume_udp", "kfree_skb_reason", "sk_skb_reason_drop"]
+        );
+    }
+
+    #[test]
+    fn netns_forms() {
+        assert_eq!(NetnsFilter::Inode(4026531840).arg(), "inode:4026531840");
+        assert_eq!(NetnsFilter::of_pid(42).arg(), "/proc/42/ns/net");
+        assert!(NetnsFilter::path("/run/netns/blue").is_ok());
+        for bad in ["run/netns/x", "/proc/../etc/passwd", ""] {
+            assert!(NetnsFilter::path(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn limits_bounds_and_serde() {
+        let s = Duration::from_secs;
+        assert!(SessionLimits::new(s(0), s(5), 10).is_err());
+        assert!(SessionLimits::new(s(601), s(5), 10).is_err());
+        assert!(SessionLimits::new(s(30), s(61), 10).is_err());
+        assert!(SessionLimits::new(s(30), s(5), 0).is_err());
+        let l: SessionLimits =
+            serde_json::from_str(r#"{"deadline":"10s","output_limit_lines":200}"#).unwrap();
+        assert_eq!(l, SessionLimits::new(s(10), s(5), 200).unwrap());
+        let e = serde_json::from_str::<SessionLimits>(r#"{"deadline":"0s"}"#).unwrap_err();
+        assert!(e.to_string().contains("deadline 0s is out of range"), "{e}");
+        assert!(serde_json::from_str::<SessionLimits>(r#"{"deadlne":"1s"}"#).is_err());
+    }
+
+    #[test]
+    fn argv_exact() {
+        let filter = PcapFilter::new(Protocol::Tcp, &[9000], &[ip("10.1.2.3")]).unwrap();
+        let req = SessionRequest::new("web", filter)
+            .with_netns(NetnsFilter::Inode(4026532000))
+            .with_filter_funcs(FilterFuncs::new(["tcp_v4_rcv", "tcp_queue_rcv"]).unwrap())
+            .with_limits(
+                SessionLimits::new(Duration::from_secs(30), Duration::from_secs(5), 200).unwrap(),
+            );
+        let argv = req.argv(Path::new("/run/tailtrap/pwru-1.ready"));
+        let expected = [
+            "--output-json",
+            "--output-limit-lines",
+            "200",
+            "--ready-file",
+            "/run/tailtrap/pwru-1.ready",
+            "--filter-func",
+            "^(tcp_v4_rcv|tcp_queue_rcv)$",
+            "--filter-netns",
+            "inode:4026532000",
+            "--timestamp",
+            "current",
+            "--output-meta",
+            "--output-tuple",
+            "--output-caller",
+            "tcp and port 9000 and host 10.1.2.3",
+        ];
+        assert_eq!(argv, expected.map(OsString::from));
+    }
+
+    #[test]
+    fn argv_without_netns_and_defaults() {
+        let filter = PcapFilter::new(Protocol::Udp, &[9001], &[]).unwrap();
+        let argv = SessionRequest::new("dns", filter).argv(Path::new("/r"));
+        let expected = [
+            "--output-json",
+            "--output-limit-lines",
+            "5000",
+            "--ready-file",
+            "/r",
+            "--filter-func",
+            &FilterFuncs::default().regex(),
+            "--timestamp",
+            "current",
+            "--output-meta",
+            "--output-tuple",
+            "--output-caller",
+            "udp and port 9001",
+        ]
+        .map(OsString::from);
+        assert_eq!(argv, expected);
+    }
+}

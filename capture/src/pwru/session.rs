@@ -1,0 +1,732 @@
+//! Running pwru: one session at a time, bounded in time and output, always reaped.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+
+use super::event::PwruLine;
+use super::prereq::Prerequisites;
+use super::request::SessionRequest;
+use super::stderr::{AttachReport, StderrLog};
+
+/// Longest stdout line kept (pwru's JSON events are a few hundred bytes).
+const MAX_LINE_BYTES: usize = 64 * 1024;
+/// How long to wait for the output pipes to close once pwru has exited (a grandchild
+/// holding them must not hold the session open).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Settings shared by every session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// Minimum time between the starts of two sessions for the same service.
+    pub cooldown: Duration,
+    /// Directory for pwru's ready files (created 0700 if missing).
+    pub runtime_dir: PathBuf,
+}
+
+impl Default for ManagerConfig {
+    /// 10 min cooldown, ready files in /run/tailtrap.
+    fn default() -> Self {
+        ManagerConfig {
+            cooldown: Duration::from_secs(600),
+            runtime_dir: PathBuf::from("/run/tailtrap"),
+        }
+    }
+}
+
+/// How a session ended (or why it never started).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionState {
+    /// pwru attached, traced and exited cleanly (output limit, deadline or stop request).
+    Ok,
+    /// pwru could not start, failed to attach, attached nothing, or exited with an error.
+    Failed,
+    /// pwru was not ready by the deadline, or had to be killed after ignoring SIGTERM.
+    Timeout,
+    /// Not run: the service had a session less than the cooldown ago.
+    SkippedCooldown,
+    /// Not run: another session was running.
+    SkippedBusy,
+    /// Not run: pwru's prerequisites are not met on this host.
+    Unavailable,
+}
+
+impl SessionState {
+    /// The kebab-case name used in JSON and tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SessionState::Ok => "ok",
+            SessionState::Failed => "failed",
+            SessionState::Timeout => "timeout",
+            SessionState::SkippedCooldown => "skipped-cooldown",
+            SessionState::SkippedBusy => "skipped-busy",
+            SessionState::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl std::fmt::Display for SessionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What became of one session request: the incident's pwru status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    /// The service the session was for.
+    pub service: String,
+    /// The outcome.
+    pub state: SessionState,
+    /// One line for humans explaining the outcome.
+    pub reason: String,
+    /// The command run (program first); empty when nothing was run.
+    pub argv: Vec<String>,
+    /// pwru's exit code, when it exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal that ended pwru, when one did.
+    pub signal: Option<i32>,
+    /// The last lines of pwru's stderr, progress bars removed.
+    pub stderr_tail: Vec<String>,
+    /// What stderr said about attaching.
+    pub attach: AttachReport,
+    /// When pwru was started.
+    #[serde(with = "humantime_serde::option")]
+    pub started: Option<SystemTime>,
+    /// When pwru created its ready file (its probes attached).
+    #[serde(with = "humantime_serde::option")]
+    pub ready: Option<SystemTime>,
+    /// When tailtrap sent SIGTERM (deadline or stop request).
+    #[serde(with = "humantime_serde::option")]
+    pub sigterm: Option<SystemTime>,
+    /// When tailtrap sent SIGKILL (SIGTERM ignored for the grace period).
+    #[serde(with = "humantime_serde::option")]
+    pub sigkill: Option<SystemTime>,
+    /// When pwru was reaped (or the request was turned down).
+    #[serde(with = "humantime_serde::option")]
+    pub ended: Option<SystemTime>,
+    /// stdout lines read (each delivered as a [`PwruLine`]).
+    pub lines_captured: u64,
+    /// Of those, lines that did not parse as pwru events.
+    pub lines_unparsed: u64,
+}
+
+impl SessionStatus {
+    fn not_run(service: &str, state: SessionState, reason: String) -> Self {
+        SessionStatus {
+            service: service.to_owned(),
+            state,
+            reason,
+            argv: Vec::new(),
+            exit_code: None,
+            signal: None,
+            stderr_tail: Vec::new(),
+            attach: AttachReport::default(),
+            started: None,
+            ready: None,
+            sigterm: None,
+            sigkill: None,
+            ended: Some(SystemTime::now()),
+            lines_captured: 0,
+            lines_unparsed: 0,
+        }
+    }
+}
+
+/// Runs pwru sessions: at most one at a time, at most one per service per cooldown.
+/// Cheap to clone; clones share the same slot and cooldowns.
+#[derive(Debug, Clone)]
+pub struct SessionManager {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The binary, or why sessions cannot run here.
+    binary: Result<PathBuf, String>,
+    config: ManagerConfig,
+    slot: Mutex<Slot>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// The running session's stop signal.
+    running: Option<Arc<Notify>>,
+    /// Last start per service.
+    last_start: HashMap<String, Instant>,
+}
+
+/// Frees the slot however the session ends (including cancellation of `run`).
+struct SlotGuard {
+    inner: Arc<Inner>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        lock(&self.inner.slot).running = None;
+    }
+}
+
+fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
+    // A panic while holding this lock leaves plain data behind; keep using it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SessionManager {
+    /// A manager running `binary`, trusting the caller that pwru can work here
+    /// (e.g. a stand-in binary in tests).
+    pub fn new(binary: PathBuf, config: ManagerConfig) -> Self {
+        Self::with_binary(Ok(binary), config)
+    }
+
+    /// A manager for what [`Prerequisites::check`] found: when pwru is not usable, every
+    /// request ends as [`SessionState::Unavailable`] with the check's summary as reason.
+    pub fn from_prerequisites(prereq: &Prerequisites, config: ManagerConfig) -> Self {
+        let binary = match (&prereq.binary, prereq.is_usable()) {
+            (Some(b), true) => Ok(b.clone()),
+            _ => Err(prereq.summary.clone()),
+        };
+        Self::with_binary(binary, config)
+    }
+
+    fn with_binary(binary: Result<PathBuf, String>, config: ManagerConfig) -> Self {
+        SessionManager {
+            inner: Arc::new(Inner {
+                binary,
+                config,
+                slot: Mutex::new(Slot::default()),
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Whether a session is running now.
+    pub fn is_busy(&self) -> bool {
+        lock(&self.inner.slot).running.is_some()
+    }
+
+    /// Ask the running session, if any, to end now (SIGTERM, then SIGKILL after its
+    /// grace period); its `run` call returns once pwru is reaped. Returns whether one
+    /// was running.
+    pub fn stop(&self) -> bool {
+        match &lock(&self.inner.slot).running {
+            Some(n) => {
+                n.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Run one session for `request`, sending each stdout line to `lines` as it arrives,
+    /// and return its status once pwru has been reaped. Returns at once with a skipped or
+    /// unavailable status when the session may not run. If `lines`' receiver is gone, the
+    /// output is still read (so pwru never blocks) and counted.
+    pub async fn run(
+        &self,
+        request: SessionRequest,
+        lines: mpsc::Sender<PwruLine>,
+    ) -> SessionStatus {
+        let binary = match &self.inner.binary {
+            Ok(b) => b.clone(),
+            Err(why) => {
+                return SessionStatus::not_run(
+                    request.service(),
+                    SessionState::Unavailable,
+                    why.clone(),
+                )
+            }
+        };
+        let (guard, stop) = match self.claim(request.service()) {
+            Ok(claimed) => claimed,
+            Err(status) => return *status,
+        };
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let status = supervise(&binary, &self.inner.config, id, &request, &stop, lines).await;
+        drop(guard);
+        match status.state {
+            SessionState::Ok => tracing::info!(
+                service = %status.service, lines = status.lines_captured, reason = %status.reason,
+                "pwru session ok"
+            ),
+            state => tracing::warn!(
+                service = %status.service, %state, reason = %status.reason, "pwru session did not succeed"
+            ),
+        }
+        status
+    }
+
+    /// Take the slot for `service`, or say why not.
+    fn claim(&self, service: &str) -> Result<(SlotGuard, Arc<Notify>), Box<SessionStatus>> {
+        let cooldown = self.inner.config.cooldown;
+        let mut slot = lock(&self.inner.slot);
+        if slot.running.is_some() {
+            return Err(Box::new(SessionStatus::not_run(
+                service,
+                SessionState::SkippedBusy,
+                "another pwru session is running".into(),
+            )));
+        }
+        let now = Instant::now();
+        slot.last_start
+            .retain(|_, started| now.duration_since(*started) < cooldown);
+        if let Some(started) = slot.last_start.get(service) {
+            let ago = now.duration_since(*started);
+            return Err(Box::new(SessionStatus::not_run(
+                service,
+                SessionState::SkippedCooldown,
+                format!(
+                    "cooldown: the last session for {service:?} started {} ago; next allowed in {}",
+                    human(ago),
+                    human(cooldown.saturating_sub(ago))
+                ),
+            )));
+        }
+        let stop = Arc::new(Notify::new());
+        slot.running = Some(stop.clone());
+        // The cooldown counts from the start, so failing starts are not retried in a loop.
+        slot.last_start.insert(service.to_owned(), now);
+        Ok((
+            SlotGuard {
+                inner: self.inner.clone(),
+            },
+            stop,
+        ))
+    }
+}
+
+/// Whole seconds are enough for humans reading a reason.
+fn human(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// Why pwru was asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopCause {
+    Deadline,
+    Requested,
+}
+
+async fn supervise(
+    binary: &Path,
+    config: &ManagerConfig,
+    id: u64,
+    request: &SessionRequest,
+    stop: &Notify,
+    lines: mpsc::Sender<PwruLine>,
+) -> SessionStatus {
+    let limits = request.limits();
+    let ready_file = config
+        .runtime_dir
+        .join(format!("pwru-{}-{id}.ready", std::process::id()));
+    let args = request.argv(&ready_file);
+    let mut status = SessionStatus::not_run(request.service(), SessionState::Failed, String::new());
+    status.ended = None;
+    status.argv = std::iter::once(binary.as_os_str())
+        .chain(args.iter().map(|a| a.as_os_str()))
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+
+    if let Err(e) = prepare_runtime_dir(&config.runtime_dir, &ready_file).await {
+        status.reason = format!(
+            "cannot prepare {} for the ready file: {e}",
+            config.runtime_dir.display()
+        );
+        status.ended = Some(SystemTime::now());
+        return status;
+    }
+
+    let mut cmd = Command::new(binary);
+    cmd.args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group: a Ctrl-C at the daemon's terminal must not end pwru
+        // behind the manager's back; the manager signals it itself.
+        .process_group(0)
+        // If this future is dropped mid-session, pwru must not outlive it.
+        .kill_on_drop(true);
+    let t0 = Instant::now();
+    status.started = Some(SystemTime::now());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            status.reason = format!("cannot start {}: {e}", binary.display());
+            status.ended = Some(SystemTime::now());
+            return status;
+        }
+    };
+    tracing::info!(service = request.service(), filter = %request.filter().expression(), "pwru session started");
+
+    let counts = Arc::new(LineCounts::default());
+    let stdout_task = child.stdout.take().map(|out| {
+        let counts = counts.clone();
+        let limit = limits.output_limit_lines();
+        tokio::spawn(read_stdout(BufReader::new(out), lines, counts, limit))
+    });
+    let stderr_log = Arc::new(std::sync::Mutex::new(StderrLog::default()));
+    let stderr_task = child.stderr.take().map(|mut err| {
+        let log = stderr_log.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            loop {
+                match err.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => log
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(&buf[..n]),
+                }
+            }
+        })
+    });
+
+    let (exit, cause, term_at, kill_at) = wait_bounded(&mut child, t0, limits, stop).await;
+    status.sigterm = term_at;
+    status.sigkill = kill_at;
+
+    for task in [stdout_task, stderr_task].into_iter().flatten() {
+        join_or_abort(task).await;
+    }
+    status.ended = Some(SystemTime::now());
+    {
+        let mut log = stderr_log.lock().unwrap_or_else(|e| e.into_inner());
+        log.finish();
+        status.stderr_tail = log.tail();
+        status.attach = log.attach().clone();
+    }
+    status.lines_captured = counts.read.load(Ordering::Relaxed);
+    status.lines_unparsed = counts.unparsed.load(Ordering::Relaxed);
+
+    // The ready file's mtime is when pwru finished attaching; a file created after our
+    // SIGTERM (pwru creates it even when stopped mid-attach) does not count.
+    let ready = tokio::fs::metadata(&ready_file)
+        .await
+        .ok()
+        .and_then(|m| m.modified().ok());
+    status.ready = ready;
+    if let Err(e) = tokio::fs::remove_file(&ready_file).await {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(file = %ready_file.display(), error = %e, "cannot remove pwru ready file");
+        }
+    }
+
+    match exit {
+        Ok(exit) => {
+            status.exit_code = exit.code();
+            status.signal = exit.signal();
+            let ready_in_time = ready.is_some_and(|r| term_at.is_none_or(|t| r <= t));
+            let last_error = stderr_log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .last_error()
+                .map(str::to_owned);
+            let (state, reason) = classify(
+                &status,
+                exit,
+                ready_in_time,
+                cause,
+                limits,
+                last_error.as_deref(),
+            );
+            status.state = state;
+            status.reason = reason;
+        }
+        Err(e) => {
+            status.state = SessionState::Failed;
+            status.reason = format!("lost track of pwru: {e}");
+        }
+    }
+    status
+}
+
+/// Create the runtime directory (0700: only root looks at ready files) and clear a stale
+/// ready file so an old one cannot pass for readiness.
+async fn prepare_runtime_dir(dir: &Path, ready_file: &Path) -> std::io::Result<()> {
+    if !dir.is_dir() {
+        tokio::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .await?;
+    }
+    match tokio::fs::remove_file(ready_file).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Wait for pwru to exit, sending SIGTERM at the deadline or on a stop request and SIGKILL
+/// after the grace period. Returns the exit status, what stopped it (if we did), and
+/// when SIGTERM and SIGKILL were sent.
+async fn wait_bounded(
+    child: &mut Child,
+    t0: Instant,
+    limits: super::request::SessionLimits,
+    stop: &Notify,
+) -> (
+    std::io::Result<ExitStatus>,
+    Option<StopCause>,
+    Option<SystemTime>,
+    Option<SystemTime>,
+) {
+    let deadline = tokio::time::Instant::from_std(t0 + limits.deadline());
+    let mut cause = None;
+    let mut term_at = None;
+    let mut kill_at = None;
+    let mut kill_deadline: Option<tokio::time::Instant> = None;
+    loop {
+        // Next timer: the deadline until SIGTERM, then the end of the grace period, then none.
+        let next = match (term_at, kill_at) {
+            (None, _) => Some(deadline),
+            (Some(_), None) => kill_deadline,
+            (Some(_), Some(_)) => None,
+        };
+        tokio::select! {
+            exit = child.wait() => return (exit, cause, term_at, kill_at),
+            _ = sleep_until_opt(next) => {
+                if term_at.is_none() {
+                    cause = Some(StopCause::Deadline);
+                    term_at = Some(terminate(child));
+                    kill_deadline = Some(tokio::time::Instant::now() + limits.kill_grace());
+                } else {
+                    if let Err(e) = child.start_kill() {
+                        tracing::warn!(error = %e, "cannot SIGKILL pwru");
+                    }
+                    kill_at = Some(SystemTime::now());
+                }
+            }
+            _ = stop.notified(), if term_at.is_none() => {
+                cause = Some(StopCause::Requested);
+                term_at = Some(terminate(child));
+                kill_deadline = Some(tokio::time::Instant::now() + limits.kill_grace());
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// SIGTERM pwru (it detaches its probes and exits 0 on it).
+fn terminate(child: &Child) -> SystemTime {
+    // `id()` is None only once the child has been reaped, and we have not reaped it yet.
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        if let Err(e) = kill(Pid::from_raw(pid), Signal::SIGTERM) {
+            tracing::warn!(pid, error = %e, "cannot SIGTERM pwru");
+        }
+    }
+    SystemTime::now()
+}
+
+async fn join_or_abort(task: JoinHandle<()>) {
+    let abort = task.abort_handle();
+    if tokio::time::timeout(DRAIN_TIMEOUT, task).await.is_err() {
+        abort.abort();
+        tracing::warn!("pwru's output pipes stayed open after it exited; stopped reading");
+    }
+}
+
+#[derive(Debug, Default)]
+struct LineCounts {
+    read: AtomicU64,
+    unparsed: AtomicU64,
+}
+
+/// Read stdout line by line, parse and deliver each. Lines past `limit` (pwru stops by
+/// itself there) are read and dropped so a misbehaving pwru cannot flood the incident.
+async fn read_stdout<R: AsyncBufRead + Unpin>(
+    mut out: R,
+    sink: mpsc::Sender<PwruLine>,
+    counts: Arc<LineCounts>,
+    limit: u64,
+) {
+    let mut buf = Vec::new();
+    let mut sink = Some(sink);
+    let mut seq = 0u64;
+    loop {
+        match read_line_bounded(&mut out, &mut buf).await {
+            Ok(false) | Err(_) => break,
+            Ok(true) => {}
+        }
+        if seq >= limit {
+            continue;
+        }
+        let raw = String::from_utf8_lossy(&buf).into_owned();
+        let line = PwruLine::new(seq, SystemTime::now(), raw);
+        seq += 1;
+        counts.read.fetch_add(1, Ordering::Relaxed);
+        if line.event.is_none() {
+            counts.unparsed.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(s) = &sink {
+            if s.send(line).await.is_err() {
+                // Nobody listens any more; keep draining so pwru is never blocked on us.
+                sink = None;
+            }
+        }
+    }
+}
+
+/// Read one line into `buf` (without the newline, `\r` trimmed, at most
+/// [`MAX_LINE_BYTES`]; the rest of a longer line is discarded). False at end of stream.
+async fn read_line_bounded<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<bool> {
+    buf.clear();
+    let mut any = false;
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(any);
+        }
+        any = true;
+        let (chunk, used, done) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (&avail[..i], i + 1, true),
+            None => (avail, avail.len(), false),
+        };
+        let room = MAX_LINE_BYTES.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        r.consume(used);
+        if done {
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            return Ok(true);
+        }
+    }
+}
+
+/// Decide the session's state from how pwru ended.
+fn classify(
+    status: &SessionStatus,
+    exit: ExitStatus,
+    ready_in_time: bool,
+    cause: Option<StopCause>,
+    limits: super::request::SessionLimits,
+    last_error: Option<&str>,
+) -> (SessionState, String) {
+    let lines = status.lines_captured;
+    let how = match (exit.code(), exit.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        _ => "unknown exit".to_owned(),
+    };
+    let err = last_error.map(|e| format!(": {e}")).unwrap_or_default();
+    let attach = &status.attach;
+    if attach.all_ignored() {
+        return (
+            SessionState::Failed,
+            format!(
+                "pwru attached with all {} functions ignored (no usable kprobes), so it traced nothing; {how}",
+                attach.attempted.unwrap_or(0)
+            ),
+        );
+    }
+    if status.sigkill.is_some() {
+        return (
+            SessionState::Timeout,
+            format!(
+                "pwru ignored SIGTERM for {} and was killed; {lines} lines captured",
+                human(limits.kill_grace())
+            ),
+        );
+    }
+    if !ready_in_time {
+        return match cause {
+            Some(StopCause::Deadline) => (
+                SessionState::Timeout,
+                format!(
+                    "pwru was not ready (probes not attached) within the {} deadline; {how}",
+                    human(limits.deadline())
+                ),
+            ),
+            Some(StopCause::Requested) => (
+                SessionState::Failed,
+                format!("stopped by tailtrap before pwru was ready; {how}"),
+            ),
+            None => (
+                SessionState::Failed,
+                format!("pwru failed to start: it ended with {how} before becoming ready{err}"),
+            ),
+        };
+    }
+    if exit.code() != Some(0) {
+        return (SessionState::Failed, format!("pwru ended with {how}{err}"));
+    }
+    let reason = match cause {
+        Some(StopCause::Deadline) => format!(
+            "deadline {} reached; pwru stopped cleanly on SIGTERM after {lines} lines",
+            human(limits.deadline())
+        ),
+        Some(StopCause::Requested) => {
+            format!("stopped by tailtrap; pwru exited cleanly after {lines} lines")
+        }
+        None => format!(
+            "pwru exited by itself after {lines} lines (output limit {})",
+            limits.output_limit_lines()
+        ),
+    };
+    (SessionState::Ok, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bounded_lines() {
+        let mut input: &[u8] = b"a\r\nbb\n\nlast-without-newline";
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        while read_line_bounded(&mut input, &mut buf).await.unwrap() {
+            got.push(String::from_utf8(buf.clone()).unwrap());
+        }
+        assert_eq!(got, ["a", "bb", "", "last-without-newline"]);
+
+        let long = vec![b'x'; MAX_LINE_BYTES * 2];
+        let mut data = long.clone();
+        data.extend_from_slice(b"\nnext\n");
+        let mut input: &[u8] = &data;
+        assert!(read_line_bounded(&mut input, &mut buf).await.unwrap());
+        assert_eq!(buf.len(), MAX_LINE_BYTES);
+        assert!(read_line_bounded(&mut input, &mut buf).await.unwrap());
+        assert_eq!(buf, b"next");
+    }
+
+    #[test]
+    fn state_names_match_serde() {
+        for s in [
+            SessionState::Ok,
+            SessionState::Failed,
+            SessionState::Timeout,
+            SessionState::SkippedCooldown,
+            SessionState::SkippedBusy,
+            SessionState::Unavailable,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                format!("\"{}\"", s.name())
+            );
+        }
+    }
+}
