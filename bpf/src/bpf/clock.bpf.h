@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Which clock skb->tstamp is in, and "now" in that clock.
+ * Since 6.11 skb->tstamp_type is 2 bits (0 REALTIME, 1 MONOTONIC, 2 TAI); before, the same
+ * bit was the 1-bit mono_delivery_time (1 = MONOTONIC). CO-RE picks the layout at load.
+ */
+#ifndef TT_CLOCK_BPF_H
+#define TT_CLOCK_BPF_H
+
+enum tt_clock {
+	TT_CLOCK_REALTIME = 0,
+	TT_CLOCK_MONOTONIC = 1,
+	TT_CLOCK_TAI = 2,
+};
+
+/* The pre-6.11 layout of the bit. */
+struct sk_buff___pre_6_11 {
+	__u8 mono_delivery_time : 1;
+} __attribute__((preserve_access_index));
+
+/* CLOCK_TAI - CLOCK_REALTIME in ns, kept current by user space (leap seconds, NTP). */
+volatile __s64 tai_offset_ns;
+
+static __always_inline __u8 skb_clock(const struct sk_buff *skb)
+{
+	if (bpf_core_field_exists(skb->tstamp_type))
+		return BPF_CORE_READ_BITFIELD(skb, tstamp_type);
+	if (bpf_core_field_exists(((struct sk_buff___pre_6_11 *)skb)->mono_delivery_time)) {
+		struct sk_buff___pre_6_11 *old = (void *)skb;
+
+		return BPF_CORE_READ_BITFIELD(old, mono_delivery_time) ? TT_CLOCK_MONOTONIC
+								       : TT_CLOCK_REALTIME;
+	}
+	return TT_CLOCK_REALTIME;
+}
+
+static __always_inline __u64 clock_now(__u8 clock)
+{
+	switch (clock) {
+	case TT_CLOCK_MONOTONIC:
+		return bpf_ktime_get_ns();
+	case TT_CLOCK_TAI:
+		return bpf_ktime_get_tai_ns();
+	default:
+		return bpf_ktime_get_tai_ns() - tai_offset_ns;
+	}
+}
+
+/*
+ * Latency from a stamp to now. Zero stamps (RX timestamping was off) and future stamps
+ * (clock mismatch, sender-side EDT times) are counted and yield false.
+ */
+static __always_inline bool latency_since(__u64 stamp, __u8 clock, __u64 *latency_ns)
+{
+	__u64 now;
+
+	if (!stamp) {
+		count_event(TT_COUNTER_ZERO_TSTAMP);
+		return false;
+	}
+	now = clock_now(clock);
+	if (stamp > now) {
+		count_event(TT_COUNTER_FUTURE_TSTAMP);
+		return false;
+	}
+	*latency_ns = now - stamp;
+	return true;
+}
+
+#endif /* TT_CLOCK_BPF_H */

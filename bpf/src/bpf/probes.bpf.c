@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * tailtrap's receive-path probes. Every probe exists as fentry/fexit (primary) and, where a
+ * tracepoint stands in, as tp_btf (fallback); both share one body. The loader enables one
+ * variant per probe. Every sample goes through record_latency().
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+
+#include "tailtrap.h"
+#include "hist.bpf.h"
+#include "clock.bpf.h"
+#include "service.bpf.h"
+#include "filter.bpf.h"
+#include "hol.bpf.h"
+
+#define TT_ETH_P_IP 0x0800
+#define TT_ETH_P_IPV6 0x86DD
+#define TT_IPPROTO_TCP 6
+#define TT_IPPROTO_UDP 17
+#define TT_SOCK_STREAM 1
+#define TT_AF_INET 2
+#define TT_AF_INET6 10
+#define TT_IP_OFFSET_MASK 0x1fff
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Emit the shared types into BTF so the skeleton generates them for Rust. */
+struct tt_hist_key tt_type_hist_key;
+struct tt_hist tt_type_hist;
+enum tt_probe tt_type_probe;
+enum tt_service_slot tt_type_service_slot;
+enum tt_counter tt_type_counter;
+
+/* One latency sample: where it was taken and what is known about it there. */
+struct tt_sample {
+	const struct sk_buff *skb; /* NULL when the probe has no skb */
+	const struct sock *sk; /* NULL before socket lookup */
+	__u64 stamp_ns;
+	__u32 probe;
+	__u16 local_port; /* host order; 0 when unknown */
+	__u8 clock;
+	bool process_context;
+	/* tcp-socket-read: check head-of-line blocking of a read ending at read_end_seq */
+	bool tcp_read;
+	__u32 read_end_seq;
+};
+
+/* The one place a sample is filtered, timed, attributed and added to a histogram. */
+static __always_inline void record_latency(const struct tt_sample *s)
+{
+	__u64 latency_ns;
+	__u32 service;
+
+	if (!filters_pass(s->skb, s->sk, s->process_context))
+		return;
+	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->read_end_seq)) {
+		count_event(TT_COUNTER_HOL_EXCLUDED);
+		return;
+	}
+	if (!latency_since(s->stamp_ns, s->clock, &latency_ns))
+		return;
+	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
+	hist_add(service, s->probe, latency_ns);
+}
+
+static __always_inline void record_skb(__u32 probe, const struct sk_buff *skb,
+				       const struct sock *sk, __u16 local_port)
+{
+	struct tt_sample s = {
+		.skb = skb,
+		.sk = sk,
+		.stamp_ns = skb->tstamp,
+		.probe = probe,
+		.local_port = local_port,
+		.clock = skb_clock(skb),
+	};
+
+	record_latency(&s);
+}
+
+/* Destination port of a TCP/UDP header at addr (0 if unreadable). */
+static __always_inline __u16 read_dport(const void *l4)
+{
+	__be16 port = 0;
+
+	bpf_probe_read_kernel(&port, sizeof(port), l4 + 2);
+	return bpf_ntohs(port);
+}
+
+/* Local port from a packet whose data starts at the IP header; only when port rules exist. */
+static __always_inline __u16 dport_at_network_header(const struct sk_buff *skb)
+{
+	const unsigned char *data = skb->data;
+	__u8 first, proto;
+
+	if (!have_port_rules || bpf_probe_read_kernel(&first, 1, data))
+		return 0;
+	if (first >> 4 == 4) {
+		__be16 frag;
+
+		if (bpf_probe_read_kernel(&proto, 1, data + 9) ||
+		    bpf_probe_read_kernel(&frag, 2, data + 6))
+			return 0;
+		/* Later fragments carry no transport header. */
+		if (bpf_ntohs(frag) & TT_IP_OFFSET_MASK)
+			return 0;
+		if (proto != TT_IPPROTO_TCP && proto != TT_IPPROTO_UDP)
+			return 0;
+		return read_dport(data + (first & 0xf) * 4);
+	}
+	if (first >> 4 == 6) {
+		/* Extension headers are not walked: such packets count toward "host". */
+		if (bpf_probe_read_kernel(&proto, 1, data + 6))
+			return 0;
+		if (proto != TT_IPPROTO_TCP && proto != TT_IPPROTO_UDP)
+			return 0;
+		return read_dport(data + 40);
+	}
+	return 0;
+}
+
+/* Local port when skb->data is at the transport header (tcp_v4_rcv, udp_rcv, ...). */
+static __always_inline __u16 dport_at_transport_header(const struct sk_buff *skb)
+{
+	return have_port_rules ? read_dport(skb->data) : 0;
+}
+
+static __always_inline bool is_tcp_sock(const struct sock *sk)
+{
+	return sk && sk->sk_protocol == TT_IPPROTO_TCP && sk->sk_type == TT_SOCK_STREAM &&
+	       (sk->__sk_common.skc_family == TT_AF_INET ||
+		sk->__sk_common.skc_family == TT_AF_INET6);
+}
+
+static __always_inline bool is_udp_sock(const struct sock *sk)
+{
+	return sk && sk->sk_protocol == TT_IPPROTO_UDP &&
+	       (sk->__sk_common.skc_family == TT_AF_INET ||
+		sk->__sk_common.skc_family == TT_AF_INET6);
+}
+
+/* The newest skb on a socket's receive queue, or NULL. */
+static __always_inline const struct sk_buff *receive_queue_tail(const struct sock *sk)
+{
+	if (!sk->sk_receive_queue.qlen)
+		return NULL;
+	return sk->sk_receive_queue.prev;
+}
+
+/* ---- ip-start ---- */
+
+SEC("fentry/ip_rcv_core")
+int BPF_PROG(ip_start_fentry_v4, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
+	return 0;
+}
+
+SEC("fentry/ip6_rcv_core")
+int BPF_PROG(ip_start_fentry_v6, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
+	return 0;
+}
+
+SEC("tp_btf/netif_receive_skb")
+int BPF_PROG(ip_start_tp, struct sk_buff *skb)
+{
+	__u16 proto = skb->protocol;
+
+	if (proto != bpf_htons(TT_ETH_P_IP) && proto != bpf_htons(TT_ETH_P_IPV6))
+		return 0;
+	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
+	return 0;
+}
+
+/* ---- tcp-start ---- */
+
+SEC("fentry/tcp_v4_rcv")
+int BPF_PROG(tcp_start_fentry_v4, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_TCP_START, skb, NULL, dport_at_transport_header(skb));
+	return 0;
+}
+
+SEC("fentry/tcp_v6_rcv")
+int BPF_PROG(tcp_start_fentry_v6, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_TCP_START, skb, NULL, dport_at_transport_header(skb));
+	return 0;
+}
+
+/* tcp_probe fires first thing in tcp_rcv_established: established sockets only. */
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(tcp_start_tp, struct sock *sk, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_TCP_START, skb, sk, 0);
+	return 0;
+}
+
+/* ---- udp-start (no tracepoint stands in) ---- */
+
+SEC("fentry/udp_rcv")
+int BPF_PROG(udp_start_fentry_v4, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_UDP_START, skb, NULL, dport_at_transport_header(skb));
+	return 0;
+}
+
+SEC("fentry/udpv6_rcv")
+int BPF_PROG(udp_start_fentry_v6, struct sk_buff *skb)
+{
+	record_skb(TT_PROBE_UDP_START, skb, NULL, dport_at_transport_header(skb));
+	return 0;
+}
+
+/* ---- socket enqueue ---- */
+
+SEC("fexit/tcp_queue_rcv")
+int BPF_PROG(tcp_socket_enqueued_fexit, struct sock *sk, struct sk_buff *skb, bool *fragstolen,
+	     int ret)
+{
+	record_skb(TT_PROBE_TCP_SOCKET_ENQUEUED, skb, sk, 0);
+	return 0;
+}
+
+SEC("fexit/__udp_enqueue_schedule_skb")
+int BPF_PROG(udp_socket_enqueued_fexit, struct sock *sk, struct sk_buff *skb, int ret)
+{
+	if (ret == 0)
+		record_skb(TT_PROBE_UDP_SOCKET_ENQUEUED, skb, sk, 0);
+	return 0;
+}
+
+/* Which probes the shared sk_data_ready program serves (one may use fexit instead). */
+const volatile bool sk_data_ready_tcp = false;
+const volatile bool sk_data_ready_udp = false;
+
+/* sk_data_ready follows the enqueue: the queue's newest skb is the one just added. */
+SEC("tp_btf/sk_data_ready")
+int BPF_PROG(socket_enqueued_tp, const struct sock *sk)
+{
+	const struct sk_buff *skb;
+	__u32 probe;
+
+	if (sk_data_ready_tcp && is_tcp_sock(sk))
+		probe = TT_PROBE_TCP_SOCKET_ENQUEUED;
+	else if (sk_data_ready_udp && is_udp_sock(sk))
+		probe = TT_PROBE_UDP_SOCKET_ENQUEUED;
+	else
+		return 0;
+	skb = receive_queue_tail(sk);
+	if (skb)
+		record_skb(probe, skb, sk, 0);
+	return 0;
+}
+
+/* ---- socket read ---- */
+
+/* The stamp of the last skb read, from tss->ts[0] (REALTIME): the skb may be freed already. */
+SEC("fentry/tcp_recv_timestamp")
+int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
+	     struct scm_timestamping_internal *tss)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	struct tt_sample s = {
+		.sk = sk,
+		.stamp_ns = tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec,
+		.probe = TT_PROBE_TCP_SOCKET_READ,
+		.clock = TT_CLOCK_REALTIME,
+		.process_context = true,
+		.tcp_read = true,
+	};
+
+	if (!tp)
+		return 0;
+	/* The read ended where copying stopped. */
+	s.read_end_seq = tp->copied_seq;
+	record_latency(&s);
+	return 0;
+}
+
+SEC("tp_btf/skb_copy_datagram_iovec")
+int BPF_PROG(tcp_socket_read_tp, const struct sk_buff *skb, int len)
+{
+	const struct sock *sk = skb->sk;
+
+	struct tt_sample s = {
+		.skb = skb,
+		.sk = sk,
+		.stamp_ns = skb->tstamp,
+		.probe = TT_PROBE_TCP_SOCKET_READ,
+		.clock = skb_clock(skb),
+		.process_context = true,
+		.tcp_read = true,
+		.read_end_seq = skb_end_seq(skb),
+	};
+
+	if (!is_tcp_sock(sk))
+		return 0;
+	record_latency(&s);
+	return 0;
+}
+
+SEC("fentry/skb_consume_udp")
+int BPF_PROG(udp_socket_read_fentry, struct sock *sk, struct sk_buff *skb, int len)
+{
+	struct tt_sample s = {
+		.skb = skb,
+		.sk = sk,
+		.stamp_ns = skb->tstamp,
+		.probe = TT_PROBE_UDP_SOCKET_READ,
+		.clock = skb_clock(skb),
+		.process_context = true,
+	};
+
+	record_latency(&s);
+	return 0;
+}

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Service attribution. Configured services match by the socket's cgroup (or an ancestor)
+ * and by local port; probes before socket lookup only have the packet's local port.
+ * Unmatched traffic goes to TT_SERVICE_HOST. With no services configured, sockets are
+ * grouped by their own cgroup (sk->sk_cgrp_data, not the running task's) into slots handed
+ * out here, up to auto_service_limit; the rest go to TT_SERVICE_OTHER.
+ */
+#ifndef TT_SERVICE_BPF_H
+#define TT_SERVICE_BPF_H
+
+/* Deepest cgroup ancestor checked against the configured cgroups. */
+#define TT_MAX_CGROUP_DEPTH 16
+
+const volatile bool auto_services = false;
+const volatile __u32 auto_service_limit = 0;
+const volatile bool have_cgroup_rules = false;
+const volatile bool have_port_rules = false;
+
+/* Next free auto slot (relative to TT_SERVICE_FIRST). */
+__u32 auto_next_slot;
+
+/* Configured: cgroup id -> service slot; max_entries set by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u32);
+} service_cgroups SEC(".maps");
+
+/* Configured: local port (host order) -> service slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u16);
+	__type(value, __u32);
+} service_ports SEC(".maps");
+
+/* Auto-grouping: socket cgroup id -> slot, filled here; the loader reads it for names. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u32);
+} auto_cgroups SEC(".maps");
+
+static __always_inline struct cgroup *sock_cgroup(const struct sock *sk)
+{
+	return sk->sk_cgrp_data.cgroup;
+}
+
+static __always_inline __u64 cgroup_id(const struct cgroup *cg)
+{
+	return cg ? cg->kn->id : 0;
+}
+
+static __always_inline __u32 service_of_port(__u16 port)
+{
+	__u32 *slot;
+
+	if (!have_port_rules || !port)
+		return TT_SERVICE_HOST;
+	slot = bpf_map_lookup_elem(&service_ports, &port);
+	return slot ? *slot : TT_SERVICE_HOST;
+}
+
+/* The configured service whose cgroup is the socket's cgroup or its nearest ancestor. */
+static __always_inline __u32 service_of_cgroup(const struct sock *sk)
+{
+	struct cgroup *cg = sock_cgroup(sk);
+
+	for (int depth = 0; depth < TT_MAX_CGROUP_DEPTH && cg; depth++) {
+		__u64 id = cgroup_id(cg);
+		__u32 *slot = bpf_map_lookup_elem(&service_cgroups, &id);
+
+		if (slot)
+			return *slot;
+		/* css "self" is the first member of struct cgroup. */
+		cg = (struct cgroup *)cg->self.parent;
+	}
+	return TT_SERVICE_HOST;
+}
+
+static __always_inline __u32 auto_service(const struct sock *sk)
+{
+	__u64 id = cgroup_id(sock_cgroup(sk));
+	__u32 *known, slot;
+
+	if (!id)
+		return TT_SERVICE_HOST;
+	known = bpf_map_lookup_elem(&auto_cgroups, &id);
+	if (known)
+		return *known;
+	if (auto_next_slot >= auto_service_limit) {
+		count_event(TT_COUNTER_AUTO_OVERFLOW);
+		return TT_SERVICE_OTHER;
+	}
+	slot = __sync_fetch_and_add(&auto_next_slot, 1);
+	if (slot >= auto_service_limit) {
+		count_event(TT_COUNTER_AUTO_OVERFLOW);
+		return TT_SERVICE_OTHER;
+	}
+	slot += TT_SERVICE_FIRST;
+	if (bpf_map_update_elem(&auto_cgroups, &id, &slot, BPF_NOEXIST)) {
+		/* Another CPU registered this cgroup first: use its slot (ours stays unused). */
+		known = bpf_map_lookup_elem(&auto_cgroups, &id);
+		return known ? *known : TT_SERVICE_OTHER;
+	}
+	return slot;
+}
+
+static __always_inline __u32 service_of_sock(const struct sock *sk)
+{
+	__u32 slot;
+
+	if (auto_services)
+		return auto_service(sk);
+	if (have_cgroup_rules) {
+		slot = service_of_cgroup(sk);
+		if (slot != TT_SERVICE_HOST)
+			return slot;
+	}
+	return service_of_port(sk->__sk_common.skc_num);
+}
+
+#endif /* TT_SERVICE_BPF_H */

@@ -1,0 +1,43 @@
+//! User-space side of the clock handling: the TAI offset and RX software timestamping.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// CLOCK_TAI - CLOCK_REALTIME in ns, from the kernel's NTP state (exact whole seconds).
+pub(crate) fn tai_offset_ns() -> io::Result<i64> {
+    // SAFETY: timex is plain data; modes = 0 only reads the state.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    // SAFETY: tx is a valid, writable timex.
+    if unsafe { libc::adjtimex(&mut tx) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(i64::from(tx.tai) * 1_000_000_000)
+}
+
+/// A socket asking for RX software timestamps. While any such socket is open the kernel
+/// stamps every received skb (it flips a static key from a workqueue, so stamps start
+/// within ~100 ms); without it, skb->tstamp is 0 on received traffic.
+pub(crate) fn rx_timestamping_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let flags: libc::c_int = libc::SOF_TIMESTAMPING_RX_SOFTWARE as libc::c_int;
+    // SAFETY: flags outlives the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPING,
+            (&flags as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}

@@ -1,0 +1,838 @@
+//! Loading, attaching and reading the probes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use detector::{Histogram, Probe};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+use serde::Serialize;
+
+use crate::cgroup::{cgroup2_mount, cgroup_id, CgroupNames};
+use crate::config::{ProbeConfig, ServiceSpec};
+use crate::probes::{variants, Variant, SK_DATA_READY_PROG};
+use crate::skel::types;
+use crate::skel::{OpenProbesSkel, ProbesSkel, ProbesSkelBuilder};
+use crate::snapshot::{Counters, ServiceHist, Snapshot};
+
+// The Rust and BPF sides must agree on the histogram layout and the probe numbering.
+const _: () = assert!(
+    std::mem::size_of::<types::tt_hist>() == (detector::hist::NUM_BUCKETS + 1) * 8,
+    "tt_hist must be NUM_BUCKETS counts and a sum"
+);
+const _: fn(&types::tt_hist) -> &[u64; detector::hist::NUM_BUCKETS] = |h| &h.buckets;
+const _: () = assert!(std::mem::size_of::<types::tt_hist_key>() == 8);
+const _: () = {
+    assert!(types::tt_probe::TT_PROBE_IP_START.0 == Probe::IpStart.id());
+    assert!(types::tt_probe::TT_PROBE_TCP_START.0 == Probe::TcpStart.id());
+    assert!(types::tt_probe::TT_PROBE_UDP_START.0 == Probe::UdpStart.id());
+    assert!(types::tt_probe::TT_PROBE_TCP_SOCKET_ENQUEUED.0 == Probe::TcpSocketEnqueued.id());
+    assert!(types::tt_probe::TT_PROBE_UDP_SOCKET_ENQUEUED.0 == Probe::UdpSocketEnqueued.id());
+    assert!(types::tt_probe::TT_PROBE_TCP_SOCKET_READ.0 == Probe::TcpSocketRead.id());
+    assert!(types::tt_probe::TT_PROBE_UDP_SOCKET_READ.0 == Probe::UdpSocketRead.id());
+    assert!(types::tt_probe::TT_NUM_PROBES.0 as usize == Probe::ALL.len());
+};
+
+const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+/// How a probe is attached on the running kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "method", rename_all = "snake_case")]
+pub enum AttachMethod {
+    /// fentry/fexit programs on these kernel functions.
+    Fentry {
+        /// The kernel functions hooked.
+        functions: Vec<&'static str>,
+    },
+    /// A tp_btf program on this tracepoint (the kernel refused fentry/fexit).
+    TpBtf {
+        /// The tracepoint hooked.
+        tracepoint: &'static str,
+    },
+    /// No method worked on this kernel.
+    Unavailable {
+        /// Why, per method tried.
+        reason: String,
+    },
+    /// Switched off in the configuration.
+    Disabled,
+}
+
+impl std::fmt::Display for AttachMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachMethod::Fentry { functions } => write!(f, "fentry {}", functions.join(", ")),
+            AttachMethod::TpBtf { tracepoint } => write!(f, "tp_btf {tracepoint}"),
+            AttachMethod::Unavailable { reason } => write!(f, "unavailable: {reason}"),
+            AttachMethod::Disabled => f.write_str("disabled"),
+        }
+    }
+}
+
+/// The attach method chosen for one probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attachment {
+    /// The probe.
+    pub probe: Probe,
+    /// How it is attached, or why not.
+    #[serde(flatten)]
+    pub method: AttachMethod,
+}
+
+/// BPF run-time statistics of one loaded program (collected while
+/// `kernel.bpf_stats_enabled` is 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProgStats {
+    /// BPF program name.
+    pub program: String,
+    /// Probes the program serves.
+    pub probes: Vec<Probe>,
+    /// Total run time, ns.
+    pub run_time_ns: u64,
+    /// Number of runs.
+    pub run_cnt: u64,
+}
+
+/// Why the probes could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// BPF needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN).
+    #[error("loading BPF probes needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN): run as root")]
+    NotRoot,
+    /// The kernel has no BTF; CO-RE and tp_btf/fentry need it.
+    #[error(
+        "the kernel exposes no BTF ({BTF_VMLINUX} missing): tailtrap needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+    )]
+    NoBtf,
+    /// The configuration is inconsistent.
+    #[error("probe configuration: {0}")]
+    Config(String),
+    /// A configured cgroup could not be resolved.
+    #[error("{what}: cgroup {path}: {source}")]
+    Cgroup {
+        /// Which setting named it.
+        what: String,
+        /// The path as resolved under the cgroup2 mount.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// libbpf failed while opening, loading or filling maps.
+    #[error("{stage}: {source}")]
+    Bpf {
+        /// What was being done.
+        stage: String,
+        /// The libbpf error.
+        source: libbpf_rs::Error,
+    },
+    /// Reading the TAI offset or enabling RX timestamping failed.
+    #[error("{stage}: {source}")]
+    System {
+        /// What was being done.
+        stage: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Every probe is disabled or unavailable.
+    #[error("no probe could be attached:\n{0}")]
+    NothingAttached(String),
+}
+
+/// Why reading the probes' maps failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// A map lookup failed.
+    #[error("reading BPF map {map}: {source}")]
+    Map {
+        /// The map.
+        map: &'static str,
+        /// The libbpf error.
+        source: libbpf_rs::Error,
+    },
+    /// A map returned data of an unexpected size.
+    #[error("BPF map {map} returned {got} bytes, expected {expected}")]
+    Size {
+        /// The map.
+        map: &'static str,
+        /// Bytes received.
+        got: usize,
+        /// Bytes expected.
+        expected: usize,
+    },
+    /// A histogram from the kernel was inconsistent.
+    #[error("histogram from the kernel: {0}")]
+    Hist(#[from] detector::hist::HistError),
+    /// Reading the TAI offset failed.
+    #[error("reading the TAI offset: {0}")]
+    Clock(std::io::Error),
+}
+
+/// How service slots get their names.
+#[derive(Debug)]
+enum SlotNames {
+    /// Slot `TT_SERVICE_FIRST + i` is configured service `i`.
+    Configured(Vec<String>),
+    /// Slots are handed out by BPF per socket cgroup; names come from the cgroup tree.
+    Auto(CgroupNames),
+}
+
+/// The loaded and attached probes. Dropping it detaches them and ends RX timestamping.
+pub struct ProbeSet {
+    // Field order is drop order: detach before the object goes away.
+    links: Vec<(String, Link)>,
+    skel: ProbesSkel<'static>,
+    attachments: Vec<Attachment>,
+    slot_names: SlotNames,
+    _rx_timestamping: OwnedFd,
+}
+
+impl std::fmt::Debug for ProbeSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeSet")
+            .field("attachments", &self.attachments)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the loader decided for one probe before the final load.
+#[derive(Debug, Clone)]
+enum Plan {
+    Use(Variant),
+    Unavailable(String),
+    Disabled,
+}
+
+impl ProbeSet {
+    /// Pick an attach method per probe, load and attach. `progress` receives one line per
+    /// step for the operator.
+    pub fn load(
+        config: &ProbeConfig,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<ProbeSet, LoadError> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(LoadError::NotRoot);
+        }
+        if !Path::new(BTF_VMLINUX).exists() {
+            return Err(LoadError::NoBtf);
+        }
+        validate(config)?;
+        let mount = cgroup2_mount();
+        let service_cgroups = resolve_service_cgroups(&config.services, &mount)?;
+        let filter_cgroups = config
+            .filters
+            .cgroups
+            .iter()
+            .map(|rel| {
+                cgroup_id(&mount, rel).map_err(|source| LoadError::Cgroup {
+                    what: "cgroup filter".into(),
+                    path: mount.join(rel),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        progress("probing attach methods (fentry/fexit, then tp_btf)");
+        let plans = plan_attach_methods(config);
+
+        progress("loading BPF programs");
+        // The skeleton borrows its object storage for its whole life; a ProbeSet lives
+        // about as long as the process, so the few bytes of storage are leaked.
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = ProbesSkelBuilder::default()
+            .open(storage)
+            .map_err(bpf_err("opening the BPF object"))?;
+        let chosen: Vec<&str> = plans
+            .values()
+            .filter_map(|p| match p {
+                Plan::Use(v) => Some(v.programs()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        set_autoload(&mut open, &chosen);
+        configure(&mut open, config, &plans, &service_cgroups, &filter_cgroups)?;
+        let mut skel = open.load().map_err(bpf_err("loading the BPF programs"))?;
+        fill_maps(&skel, config, &service_cgroups, &filter_cgroups)?;
+        let tai = crate::clock::tai_offset_ns().map_err(|source| LoadError::System {
+            stage: "reading the TAI offset (adjtimex)",
+            source,
+        })?;
+        set_tai_offset(&mut skel, tai);
+        let rx_timestamping =
+            crate::clock::rx_timestamping_socket().map_err(|source| LoadError::System {
+                stage: "enabling RX software timestamping",
+                source,
+            })?;
+
+        progress("attaching probes");
+        let mut links = Vec::new();
+        let mut attach_errors: HashMap<&str, String> = HashMap::new();
+        for prog in skel.object().progs_mut() {
+            let name = prog.name().to_string_lossy().into_owned();
+            if !chosen.contains(&name.as_str()) {
+                continue;
+            }
+            match prog.attach() {
+                Ok(link) => links.push((name, link)),
+                Err(e) => {
+                    if let Some(n) = chosen.iter().find(|c| **c == name) {
+                        attach_errors.insert(n, format!("attaching {name}: {e}"));
+                    }
+                }
+            }
+        }
+
+        let attachments: Vec<Attachment> = Probe::ALL
+            .iter()
+            .map(|&probe| {
+                let method = match &plans[&probe] {
+                    Plan::Disabled => AttachMethod::Disabled,
+                    Plan::Unavailable(reason) => AttachMethod::Unavailable {
+                        reason: reason.clone(),
+                    },
+                    Plan::Use(v) => {
+                        let failed: Vec<&String> = v
+                            .programs()
+                            .iter()
+                            .filter_map(|p| attach_errors.get(p))
+                            .collect();
+                        if failed.is_empty() {
+                            method_of(*v)
+                        } else {
+                            AttachMethod::Unavailable {
+                                reason: failed
+                                    .iter()
+                                    .map(|s| s.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join("; "),
+                            }
+                        }
+                    }
+                };
+                Attachment { probe, method }
+            })
+            .collect();
+        if !attachments.iter().any(|a| {
+            matches!(
+                a.method,
+                AttachMethod::Fentry { .. } | AttachMethod::TpBtf { .. }
+            )
+        }) {
+            let reasons = attachments
+                .iter()
+                .map(|a| format!("  {}: {}", a.probe, a.method))
+                .collect::<Vec<_>>()
+                .join("\n");
+            return Err(LoadError::NothingAttached(reasons));
+        }
+        for a in &attachments {
+            progress(&format!("{}: {}", a.probe, a.method));
+        }
+
+        let slot_names = if config.services.is_empty() {
+            SlotNames::Auto(CgroupNames::new(mount))
+        } else {
+            SlotNames::Configured(config.services.iter().map(|s| s.name.clone()).collect())
+        };
+        Ok(ProbeSet {
+            links,
+            skel,
+            attachments,
+            slot_names,
+            _rx_timestamping: rx_timestamping,
+        })
+    }
+
+    /// The attach method of every probe, in [`Probe::ALL`] order.
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attachments
+    }
+
+    /// Re-read CLOCK_TAI - CLOCK_REALTIME and hand it to the BPF programs (it changes on
+    /// leap seconds and when NTP/PTP set it). Call it every interval.
+    pub fn refresh_clock(&mut self) -> Result<(), ReadError> {
+        let tai = crate::clock::tai_offset_ns().map_err(ReadError::Clock)?;
+        set_tai_offset(&mut self.skel, tai);
+        Ok(())
+    }
+
+    /// Cumulative histograms per (service, probe) and the event counters.
+    pub fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
+        let counters = self.counters()?;
+        let maps = &self.skel.maps;
+        let auto_slots = match &self.slot_names {
+            SlotNames::Auto(_) => read_auto_slots(&maps.auto_cgroups)?,
+            SlotNames::Configured(_) => HashMap::new(),
+        };
+        let mut hists = Vec::new();
+        for key_bytes in maps.hists.keys() {
+            let key: types::tt_hist_key = decode("hists", &key_bytes)?;
+            let Some(per_cpu) = maps
+                .hists
+                .lookup_percpu(&key_bytes, MapFlags::ANY)
+                .map_err(|source| ReadError::Map {
+                    map: "hists",
+                    source,
+                })?
+            else {
+                continue; // deleted between iteration and lookup: nothing to report
+            };
+            let Some(probe) = Probe::from_id(key.probe) else {
+                continue;
+            };
+            let mut buckets = [0u64; detector::hist::NUM_BUCKETS];
+            let mut sum_ns = 0u64;
+            for cpu in &per_cpu {
+                let h: types::tt_hist = decode("hists", cpu)?;
+                for (total, n) in buckets.iter_mut().zip(h.buckets.iter()) {
+                    *total = total.saturating_add(*n);
+                }
+                sum_ns = sum_ns.saturating_add(h.sum_ns);
+            }
+            let hist = Histogram::from_dense(&buckets, sum_ns)?;
+            if hist.is_empty() {
+                continue;
+            }
+            let service = slot_name(&mut self.slot_names, key.service, &auto_slots);
+            hists.push(ServiceHist {
+                service,
+                probe,
+                hist,
+            });
+        }
+        hists.sort_by(|a, b| (&a.service, a.probe).cmp(&(&b.service, b.probe)));
+        Ok(Snapshot { hists, counters })
+    }
+
+    /// BPF run-time statistics of the attached programs (run_time_ns stays 0 unless
+    /// `kernel.bpf_stats_enabled` is on).
+    pub fn prog_stats(&self) -> Vec<ProgStats> {
+        let ids: HashMap<u32, String> = self
+            .skel
+            .object()
+            .progs()
+            .filter(|p| {
+                self.links
+                    .iter()
+                    .any(|(n, _)| *n == p.name().to_string_lossy())
+            })
+            .filter_map(|p| {
+                let id = libbpf_rs::Program::id_from_fd(p.as_fd()).ok()?;
+                Some((id, p.name().to_string_lossy().into_owned()))
+            })
+            .collect();
+        let mut stats: Vec<ProgStats> = libbpf_rs::query::ProgInfoIter::default()
+            .filter_map(|info| {
+                let program = ids.get(&info.id)?.clone();
+                let probes = self
+                    .attachments
+                    .iter()
+                    .filter(|a| serves(&a.method, a.probe, &program))
+                    .map(|a| a.probe)
+                    .collect();
+                Some(ProgStats {
+                    program,
+                    probes,
+                    run_time_ns: info.run_time_ns,
+                    run_cnt: info.run_cnt,
+                })
+            })
+            .collect();
+        stats.sort_by(|a, b| a.program.cmp(&b.program));
+        stats
+    }
+
+    fn counters(&self) -> Result<Counters, ReadError> {
+        let map = &self.skel.maps.counters;
+        let read = |c: types::tt_counter| -> Result<u64, ReadError> {
+            let per_cpu = map
+                .lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY)
+                .map_err(|source| ReadError::Map {
+                    map: "counters",
+                    source,
+                })?
+                .unwrap_or_default();
+            per_cpu.iter().try_fold(0u64, |sum, v| {
+                let n: u64 = decode("counters", v)?;
+                Ok(sum.saturating_add(n))
+            })
+        };
+        Ok(Counters {
+            map_full_drops: read(types::tt_counter::TT_COUNTER_MAP_FULL)?,
+            zero_tstamp: read(types::tt_counter::TT_COUNTER_ZERO_TSTAMP)?,
+            future_tstamp: read(types::tt_counter::TT_COUNTER_FUTURE_TSTAMP)?,
+            hol_excluded: read(types::tt_counter::TT_COUNTER_HOL_EXCLUDED)?,
+            auto_overflow: read(types::tt_counter::TT_COUNTER_AUTO_OVERFLOW)?,
+        })
+    }
+}
+
+/// The name of a service slot in snapshots.
+fn slot_name(names: &mut SlotNames, slot: u32, auto_slots: &HashMap<u32, u64>) -> String {
+    match slot {
+        s if s == types::tt_service_slot::TT_SERVICE_HOST.0 => "host".into(),
+        s if s == types::tt_service_slot::TT_SERVICE_OTHER.0 => "other".into(),
+        s => {
+            let index = s.saturating_sub(types::tt_service_slot::TT_SERVICE_FIRST.0) as usize;
+            match names {
+                SlotNames::Configured(names) => names
+                    .get(index)
+                    .cloned()
+                    .unwrap_or_else(|| format!("slot:{s}")),
+                SlotNames::Auto(cgroups) => match auto_slots.get(&s) {
+                    Some(id) => cgroups.name(*id),
+                    None => format!("slot:{s}"),
+                },
+            }
+        }
+    }
+}
+
+/// Whether `program` implements `probe` attached with `method`.
+fn serves(method: &AttachMethod, probe: Probe, program: &str) -> bool {
+    matches!(
+        method,
+        AttachMethod::Fentry { .. } | AttachMethod::TpBtf { .. }
+    ) && variants(probe)
+        .iter()
+        .any(|v| method_of(*v) == *method && v.programs().contains(&program))
+}
+
+fn method_of(v: Variant) -> AttachMethod {
+    match v {
+        Variant::Fentry(list) => AttachMethod::Fentry {
+            functions: list.iter().map(|(_, f)| *f).collect(),
+        },
+        Variant::TpBtf(_, tracepoint) => AttachMethod::TpBtf { tracepoint },
+    }
+}
+
+fn bpf_err(stage: &str) -> impl Fn(libbpf_rs::Error) -> LoadError + '_ {
+    move |source| LoadError::Bpf {
+        stage: stage.to_owned(),
+        source,
+    }
+}
+
+/// A value of a BTF-generated plain-data type from map bytes.
+fn decode<T: Copy + Default>(map: &'static str, bytes: &[u8]) -> Result<T, ReadError> {
+    let expected = std::mem::size_of::<T>();
+    if bytes.len() != expected {
+        return Err(ReadError::Size {
+            map,
+            got: bytes.len(),
+            expected,
+        });
+    }
+    let mut value = T::default();
+    // SAFETY: T is a repr(C) integer-only type generated from the BPF object's BTF (or a
+    // plain integer), so any bytes of its size are a valid value; sizes were checked.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            bytes.as_ptr(),
+            (&mut value as *mut T).cast::<u8>(),
+            expected,
+        );
+    }
+    Ok(value)
+}
+
+fn validate(config: &ProbeConfig) -> Result<(), LoadError> {
+    let mut names = HashMap::new();
+    let mut ports: HashMap<u16, &str> = HashMap::new();
+    for s in &config.services {
+        if s.name.is_empty() || s.name == "host" || s.name == "other" {
+            return Err(LoadError::Config(format!(
+                "service name {:?} is reserved or empty",
+                s.name
+            )));
+        }
+        if names.insert(s.name.as_str(), ()).is_some() {
+            return Err(LoadError::Config(format!(
+                "service {:?} is declared twice",
+                s.name
+            )));
+        }
+        if s.cgroup.is_none() && s.ports.is_empty() {
+            return Err(LoadError::Config(format!(
+                "service {:?} needs a cgroup or ports",
+                s.name
+            )));
+        }
+        for &p in &s.ports {
+            if p == 0 {
+                return Err(LoadError::Config(format!(
+                    "service {:?}: port 0 is not a port",
+                    s.name
+                )));
+            }
+            if let Some(other) = ports.insert(p, &s.name) {
+                return Err(LoadError::Config(format!(
+                    "port {p} belongs to both {other:?} and {:?}",
+                    s.name
+                )));
+            }
+        }
+    }
+    if config.services.len() > u16::MAX as usize {
+        return Err(LoadError::Config("too many services".into()));
+    }
+    if config.services.is_empty() && config.auto_service_limit == 0 {
+        return Err(LoadError::Config(
+            "auto_service_limit must be at least 1".into(),
+        ));
+    }
+    if config.hist_map_entries == Some(0) {
+        return Err(LoadError::Config(
+            "hist_map_entries must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn resolve_service_cgroups(
+    services: &[ServiceSpec],
+    mount: &Path,
+) -> Result<Vec<Option<u64>>, LoadError> {
+    services
+        .iter()
+        .map(|s| {
+            s.cgroup
+                .as_ref()
+                .map(|rel| {
+                    cgroup_id(mount, rel).map_err(|source| LoadError::Cgroup {
+                        what: format!("service {:?}", s.name),
+                        path: mount.join(rel),
+                        source,
+                    })
+                })
+                .transpose()
+        })
+        .collect()
+}
+
+/// Names of programs whose errors libbpf would print while we probe: silence it meanwhile.
+struct QuietLibbpf(Option<(libbpf_rs::PrintLevel, libbpf_rs::PrintCallback)>);
+
+impl QuietLibbpf {
+    fn new() -> Self {
+        Self(libbpf_rs::set_print(None))
+    }
+}
+
+impl Drop for QuietLibbpf {
+    fn drop(&mut self) {
+        libbpf_rs::set_print(self.0.take());
+    }
+}
+
+/// Decide each probe's attach method by trial loads: every probe's preferred variant at
+/// once first (the common case costs one load), else probe by probe in preference order.
+fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
+    let _quiet = QuietLibbpf::new();
+    let enabled: Vec<Probe> = Probe::ALL
+        .into_iter()
+        .filter(|p| config.is_enabled(*p))
+        .collect();
+    let mut plans: BTreeMap<Probe, Plan> = Probe::ALL
+        .into_iter()
+        .map(|p| (p, Plan::Disabled))
+        .collect();
+    let preferred: Vec<&str> = enabled
+        .iter()
+        .flat_map(|p| variants(*p)[0].programs())
+        .collect();
+    if trial_load(&preferred).is_ok() {
+        for p in enabled {
+            plans.insert(p, Plan::Use(variants(p)[0]));
+        }
+        return plans;
+    }
+    for p in enabled {
+        let mut reasons = Vec::new();
+        let mut plan = None;
+        for v in variants(p) {
+            match trial_load(&v.programs()) {
+                Ok(()) => {
+                    plan = Some(Plan::Use(*v));
+                    break;
+                }
+                Err(e) => reasons.push(format!("{}: {}", kind_name(*v), explain(&e))),
+            }
+        }
+        if variants(p).iter().all(|v| matches!(v, Variant::Fentry(_))) {
+            reasons.push("no tracepoint stands in for it".into());
+        }
+        plans.insert(p, plan.unwrap_or(Plan::Unavailable(reasons.join("; "))));
+    }
+    plans
+}
+
+fn kind_name(v: Variant) -> &'static str {
+    match v {
+        Variant::Fentry(_) => "fentry/fexit",
+        Variant::TpBtf(..) => "tp_btf",
+    }
+}
+
+fn explain(e: &libbpf_rs::Error) -> String {
+    match e.kind() {
+        libbpf_rs::ErrorKind::PermissionDenied => {
+            "refused by the kernel (EPERM: BPF trampolines not allowed)".into()
+        }
+        libbpf_rs::ErrorKind::NotFound => "hook not found in the kernel's BTF".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Load the object with only `programs` (maps at their 1-entry defaults); drop it again.
+fn trial_load(programs: &[&str]) -> Result<(), libbpf_rs::Error> {
+    let mut storage = MaybeUninit::uninit();
+    let mut open = ProbesSkelBuilder::default().open(&mut storage)?;
+    set_autoload(&mut open, programs);
+    open.load().map(drop)
+}
+
+fn set_autoload(open: &mut OpenProbesSkel<'_>, programs: &[&str]) {
+    for mut prog in open.open_object_mut().progs_mut() {
+        let on = programs.contains(&prog.name().to_string_lossy().as_ref());
+        prog.set_autoload(on);
+    }
+}
+
+/// Read-only data and map sizes, set between open and load.
+fn configure(
+    open: &mut OpenProbesSkel<'_>,
+    config: &ProbeConfig,
+    plans: &BTreeMap<Probe, Plan>,
+    service_cgroups: &[Option<u64>],
+    filter_cgroups: &[u64],
+) -> Result<(), LoadError> {
+    let auto = config.services.is_empty();
+    let slots = if auto {
+        config.auto_service_limit as usize
+    } else {
+        config.services.len()
+    };
+    let probes = plans.values().filter(|p| matches!(p, Plan::Use(_))).count();
+    let entries = match config.hist_map_entries {
+        Some(n) => n,
+        None => u32::try_from((slots + 2) * probes.max(1))
+            .map_err(|_| LoadError::Config("too many services for one map".into()))?,
+    };
+    let port_rules: usize = config.services.iter().map(|s| s.ports.len()).sum();
+    let cgroup_rules = service_cgroups.iter().flatten().count();
+    let f = &config.filters;
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 8] = [
+        (&mut open.maps.hists, entries as usize),
+        (&mut open.maps.service_cgroups, cgroup_rules),
+        (&mut open.maps.service_ports, port_rules),
+        (&mut open.maps.auto_cgroups, if auto { slots } else { 0 }),
+        (&mut open.maps.allowed_pids, f.pids.len()),
+        (&mut open.maps.allowed_cgroups, filter_cgroups.len()),
+        (&mut open.maps.allowed_ifindexes, f.ifindexes.len()),
+        (&mut open.maps.allowed_netns, f.netns.len()),
+    ];
+    for (map, n) in sizes {
+        let n = u32::try_from(n.max(1))
+            .map_err(|_| LoadError::Config("a filter or service list is too long".into()))?;
+        map.set_max_entries(n)
+            .map_err(bpf_err("sizing the BPF maps"))?;
+    }
+    let uses_sk_data_ready =
+        |p: Probe| matches!(&plans[&p], Plan::Use(v) if v.programs().contains(&SK_DATA_READY_PROG));
+    let Some(ro) = open.maps.rodata_data.as_deref_mut() else {
+        return Err(LoadError::Config(
+            "the BPF object has no read-only data section".into(),
+        ));
+    };
+    ro.auto_services = auto;
+    ro.auto_service_limit = config.auto_service_limit;
+    ro.have_cgroup_rules = cgroup_rules > 0;
+    ro.have_port_rules = port_rules > 0;
+    ro.filter_pids = !f.pids.is_empty();
+    ro.filter_cgroups = !filter_cgroups.is_empty();
+    ro.filter_ifindexes = !f.ifindexes.is_empty();
+    ro.filter_netns = !f.netns.is_empty();
+    ro.min_queue_len = f.min_queue_len;
+    ro.sample_one_in = f.sample_one_in;
+    ro.hol_filter = config.hol_filter;
+    ro.sk_data_ready_tcp = uses_sk_data_ready(Probe::TcpSocketEnqueued);
+    ro.sk_data_ready_udp = uses_sk_data_ready(Probe::UdpSocketEnqueued);
+    Ok(())
+}
+
+fn fill_maps(
+    skel: &ProbesSkel<'_>,
+    config: &ProbeConfig,
+    service_cgroups: &[Option<u64>],
+    filter_cgroups: &[u64],
+) -> Result<(), LoadError> {
+    let maps = &skel.maps;
+    let put = |map: &libbpf_rs::MapMut<'_>, key: &[u8], value: &[u8]| {
+        map.update(key, value, MapFlags::ANY)
+            .map_err(bpf_err("filling the BPF maps"))
+    };
+    for (i, s) in config.services.iter().enumerate() {
+        // validate() bounds the count well below u32.
+        let slot = types::tt_service_slot::TT_SERVICE_FIRST.0 + i as u32;
+        if let Some(Some(id)) = service_cgroups.get(i) {
+            put(
+                &maps.service_cgroups,
+                &id.to_ne_bytes(),
+                &slot.to_ne_bytes(),
+            )?;
+        }
+        for port in &s.ports {
+            put(
+                &maps.service_ports,
+                &port.to_ne_bytes(),
+                &slot.to_ne_bytes(),
+            )?;
+        }
+    }
+    let f = &config.filters;
+    for pid in &f.pids {
+        put(&maps.allowed_pids, &pid.to_ne_bytes(), &[1])?;
+    }
+    for id in filter_cgroups {
+        put(&maps.allowed_cgroups, &id.to_ne_bytes(), &[1])?;
+    }
+    for ifindex in &f.ifindexes {
+        put(&maps.allowed_ifindexes, &ifindex.to_ne_bytes(), &[1])?;
+    }
+    for inum in &f.netns {
+        put(&maps.allowed_netns, &inum.to_ne_bytes(), &[1])?;
+    }
+    Ok(())
+}
+
+fn set_tai_offset(skel: &mut ProbesSkel<'_>, offset_ns: i64) {
+    if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+        // The .bss is mmapped: the programs see the new value at once.
+        bss.tai_offset_ns = offset_ns;
+    }
+}
+
+/// Auto-grouping slots handed out so far: slot -> cgroup id.
+fn read_auto_slots(map: &libbpf_rs::MapMut<'_>) -> Result<HashMap<u32, u64>, ReadError> {
+    let mut slots = HashMap::new();
+    for key in map.keys() {
+        let id: u64 = decode("auto_cgroups", &key)?;
+        if let Some(value) = map
+            .lookup(&key, MapFlags::ANY)
+            .map_err(|source| ReadError::Map {
+                map: "auto_cgroups",
+                source,
+            })?
+        {
+            let slot: u32 = decode("auto_cgroups", &value)?;
+            slots.insert(slot, id);
+        }
+    }
+    Ok(slots)
+}

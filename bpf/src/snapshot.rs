@@ -1,0 +1,40 @@
+//! What [`crate::ProbeSet::snapshot`] returns.
+
+use detector::{Histogram, Probe};
+use serde::Serialize;
+
+/// Cumulative histograms since load, and the kernel-side event counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    /// One cumulative histogram per (service, probe) that has seen samples, sorted by
+    /// service name, then probe.
+    pub hists: Vec<ServiceHist>,
+    /// Event counters, cumulative since load.
+    pub counters: Counters,
+}
+
+/// A service's histogram at one probe.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceHist {
+    /// Configured service name, cgroup path (auto-grouping), `host` or `other`.
+    pub service: String,
+    /// The probe.
+    pub probe: Probe,
+    /// Cumulative since load.
+    pub hist: Histogram,
+}
+
+/// Kernel-side event counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Samples dropped because the histogram map was full.
+    pub map_full_drops: u64,
+    /// skbs without a timestamp (arrived before RX timestamping was on).
+    pub zero_tstamp: u64,
+    /// Timestamps in the future of their clock: skipped.
+    pub future_tstamp: u64,
+    /// tcp-socket-read samples skipped as head-of-line blocked.
+    pub hol_excluded: u64,
+    /// Samples counted toward `other` because the auto-service limit was reached.
+    pub auto_overflow: u64,
+}
