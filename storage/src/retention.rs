@@ -272,7 +272,10 @@ impl Store {
         let swapped = swap_dirs(&self.path, &fresh_path, &old_path);
         // Whatever happened, a database is at `path` again: the rotated one or the old one.
         match Store::open_engine_at(&self.path, &self.cfg) {
-            Ok(engine) => drop(Store::replace_engine(&mut guard, engine)),
+            Ok(engine) => {
+                self.reset_live(engine.live);
+                drop(Store::replace_engine(&mut guard, engine));
+            }
             Err(e) => {
                 tracing::error!(path = %self.path.display(), error = %e, "reopening the database after rotation failed; writes are not stored until restart");
                 return Err(e);
@@ -283,7 +286,6 @@ impl Store {
         if let Err(e) = fs::remove_dir_all(&old_path) {
             tracing::warn!(path = %old_path.display(), error = %e, "could not remove the pre-rotation database");
         }
-        self.recount_live()?;
         let size_after = self.size_on_disk()?;
         tracing::warn!(
             size_before,

@@ -75,6 +75,8 @@ pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
 pub(crate) struct Engine {
     pub(crate) db: sled::Db,
     trees: Vec<sled::Tree>,
+    /// Live bytes per tree found when it was opened.
+    pub(crate) live: [u64; 6],
 }
 
 impl Engine {
@@ -180,18 +182,18 @@ impl Store {
     }
 
     fn assemble(path: PathBuf, cfg: StoreConfig, engine: Engine) -> Result<Store> {
+        let live = engine.live.map(AtomicU64::new);
         let store = Store {
             path,
             cfg,
             engine: RwLock::new(engine),
             counters: Counters::default(),
-            live: Default::default(),
+            live,
             id_lock: Mutex::new(()),
             report: OpenReport::default(),
             pid_file: None,
         };
         store.check_schema()?;
-        store.recount_live()?;
         Ok(store)
     }
 
@@ -503,18 +505,11 @@ impl Store {
         self.live.iter().map(|a| a.load(Ordering::Relaxed)).sum()
     }
 
-    /// Recompute live bytes from the trees (at open and after rotation).
-    pub(crate) fn recount_live(&self) -> Result<()> {
-        for t in T::ALL {
-            let tree = self.engine().tree(t).clone();
-            let mut bytes = 0u64;
-            for item in tree.iter() {
-                let (k, v) = item?;
-                bytes += (k.len() + v.len()) as u64;
-            }
-            self.live[t.index()].store(bytes, Ordering::Relaxed);
+    /// Take the live-byte counts of a freshly opened engine (after rotation).
+    pub(crate) fn reset_live(&self, live: [u64; 6]) {
+        for (slot, v) in self.live.iter().zip(live) {
+            slot.store(v, Ordering::Relaxed);
         }
-        Ok(())
     }
 
     pub(crate) fn meta_get<V: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<V>> {
@@ -564,7 +559,11 @@ impl Store {
             .iter()
             .map(|t| db.open_tree(t.name()))
             .collect::<sled::Result<Vec<_>>>()?;
-        Ok(Engine { db, trees })
+        Ok(Engine {
+            db,
+            trees,
+            live: [0; 6],
+        })
     }
 
     pub(crate) fn open_engine_at(path: &Path, cfg: &StoreConfig) -> Result<Engine> {
@@ -622,13 +621,22 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
         .flush_every_ms(Some(flush_ms.max(1)));
     // sled 0.34 can panic on some damaged files instead of returning an error; a panic at
     // open is treated as damage so the daemon recovers rather than crash-looping.
+    // Reading every record once (to count live bytes) makes damage anywhere in the files
+    // show up now, at open, where it can be handled, rather than in a later query.
     let opened = catch_unwind(AssertUnwindSafe(|| -> sled::Result<Engine> {
         let db = config.open()?;
         let trees = T::ALL
             .iter()
             .map(|t| db.open_tree(t.name()))
             .collect::<sled::Result<Vec<_>>>()?;
-        Ok(Engine { db, trees })
+        let mut live = [0u64; 6];
+        for (slot, tree) in live.iter_mut().zip(&trees) {
+            for item in tree.iter() {
+                let (k, v) = item?;
+                *slot += (k.len() + v.len()) as u64;
+            }
+        }
+        Ok(Engine { db, trees, live })
     }));
     match opened {
         Ok(Ok(engine)) => Ok(engine),
