@@ -15,6 +15,15 @@ use crate::window::{Snapshot, Window};
 /// An Updated event is sent when the headline ratio grows by this factor since the last event.
 const UPDATE_RATIO_STEP: f64 = 1.5;
 
+/// Hysteresis: an open incident counts a window as still shifted (not cool) when a quantile
+/// has a p-value of at most `HOLD_P_VALUE` (no multiple-test correction: the question is
+/// whether this known shift persists) and at least `HOLD_FRACTION` of `min_ratio - 1` and of
+/// `min_delta`. Without it a shift hovering at the bar (a slow ramp's start, a quiet
+/// service's p99) would close and reopen the incident.
+const HOLD_FRACTION: f64 = 0.5;
+/// See [`HOLD_FRACTION`].
+const HOLD_P_VALUE: f64 = 0.01;
+
 /// Learns per-(service, probe) baselines and turns interval histograms into incidents.
 ///
 /// Per interval: call [`Detector::observe`] for every (service, probe) histogram of the
@@ -128,16 +137,21 @@ impl Detector {
             .map(|t| t.evidence.p_value.unwrap_or(1.0))
             .collect();
         let significant = holm(&p_values, self.config.significance);
+        let thresholds: Vec<&Thresholds> = self.services.values().map(|s| &s.thresholds).collect();
         let mut hot: Vec<Vec<Evidence>> = vec![Vec::new(); self.services.len()];
+        let mut holding = vec![false; self.services.len()];
         for (test, sig) in tests.into_iter().zip(significant) {
-            let t = match self.services.values().nth(test.service) {
-                Some(s) => &s.thresholds,
-                None => continue,
-            };
+            let t = thresholds[test.service];
             let e = &test.evidence;
             let delta = e.observed.value_ns - e.baseline.value_ns;
-            if sig && e.ratio >= t.min_ratio && delta >= t.min_delta.as_nanos() as f64 {
+            let min_delta = t.min_delta.as_nanos() as f64;
+            if sig && e.ratio >= t.min_ratio && delta >= min_delta {
                 hot[test.service].push(test.evidence);
+            } else if e.p_value.is_some_and(|p| p <= HOLD_P_VALUE)
+                && e.ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
+                && delta >= min_delta * HOLD_FRACTION
+            {
+                holding[test.service] = true;
             }
         }
         for test in slo_hits {
@@ -146,8 +160,9 @@ impl Detector {
 
         // 3. State machines and learning.
         let mut events = Vec::new();
-        for (((name, svc), hot), snaps) in self.services.iter_mut().zip(hot).zip(snapshots) {
-            if let Some(ev) = svc.step(name, ts, hot, &snaps) {
+        let per_service = hot.into_iter().zip(holding).zip(snapshots);
+        for ((name, svc), ((hot, holding), snaps)) in self.services.iter_mut().zip(per_service) {
+            if let Some(ev) = svc.step(name, ts, hot, holding, &snaps) {
                 events.push(ev);
             }
             let frozen = svc.incident.is_some() || svc.recent.last().is_some_and(|&(_, h)| h);
@@ -278,6 +293,7 @@ impl ServiceState {
         name: &str,
         ts: SystemTime,
         mut hot: Vec<Evidence>,
+        holding: bool,
         snaps: &[(Probe, Option<Snapshot>)],
     ) -> Option<Event> {
         let t = &self.thresholds;
@@ -293,6 +309,12 @@ impl ServiceState {
         hot.dedup_by_key(|e| e.probe);
 
         if let Some(mut inc) = self.incident.take() {
+            if hot.is_empty() && holding {
+                // Still shifted, just below the opening bar: neither cool nor news.
+                self.cool_streak = 0;
+                self.incident = Some(inc);
+                return None;
+            }
             if hot.is_empty() {
                 self.cool_streak += 1;
                 if self.cool_streak >= t.close_after {
@@ -484,4 +506,217 @@ fn slo_evidence(
         baseline_samples: baseline.weight(),
         window_start: snap.start,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn t(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
+    }
+
+    /// 1000 samples spread evenly over [base, 2 * base).
+    fn uniform(base_ns: u64) -> Histogram {
+        let mut h = Histogram::new();
+        for i in 0..1000 {
+            h.record(base_ns + i * base_ns / 1000);
+        }
+        h
+    }
+
+    fn config() -> DetectorConfig {
+        DetectorConfig {
+            window: Duration::from_secs(1),
+            max_window: Duration::from_secs(10),
+            min_samples: 100,
+            warmup_samples: 5000,
+            warmup_time: Duration::from_secs(10),
+            open_after: 2,
+            open_window: 3,
+            close_after: 2,
+            cooldown: Duration::from_secs(5),
+            ..DetectorConfig::default()
+        }
+    }
+
+    /// Feed `hist` for `svc`/tcp-socket-read at second `s`; return the events.
+    fn tick(d: &mut Detector, s: u64, svc: &str, hist: &Histogram) -> Vec<Event> {
+        d.observe(t(s), svc, Probe::TcpSocketRead, hist);
+        d.end_interval(t(s))
+    }
+
+    #[test]
+    fn warm_up_then_m_of_n_then_k_cool_then_cooldown() {
+        let mut d = Detector::new(config());
+        let (normal, slow) = (uniform(100_000), uniform(300_000));
+        // Not warm yet: the slowest of shifts opens nothing.
+        for s in 1..=4 {
+            assert!(tick(&mut d, s, "web", &slow).is_empty());
+        }
+        for s in 5..=20 {
+            assert!(tick(&mut d, s, "web", &normal).is_empty(), "second {s}");
+        }
+        // The first hot window is not enough (2 of 3 needed) ...
+        assert!(tick(&mut d, 21, "web", &slow).is_empty());
+        // ... the second opens the incident.
+        let ev = tick(&mut d, 22, "web", &slow);
+        let [Event::Opened(inc)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(inc.service, "web");
+        assert_eq!(inc.probes, vec![Probe::TcpSocketRead]);
+        assert_eq!(inc.first_hot_at, t(20), "start of the first hot window");
+        assert!(inc.headline.ratio > 2.5, "{:?}", inc.headline);
+        assert!(inc.headline.p_value.is_some_and(|p| p < 1e-10));
+        assert_eq!(d.open_incidents().len(), 1);
+        // One cool window is not enough to close, two are.
+        assert!(tick(&mut d, 23, "web", &normal).is_empty());
+        let ev = tick(&mut d, 24, "web", &normal);
+        let [Event::Closed(inc)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(inc.closed_at, Some(t(24)));
+        assert!(d.open_incidents().is_empty());
+        // Cooldown (5 s): a new shift right away opens nothing ...
+        for s in 25..=28 {
+            assert!(tick(&mut d, s, "web", &slow).is_empty(), "second {s}");
+        }
+        // ... after it, it does.
+        let ev = tick(&mut d, 29, "web", &slow);
+        assert!(matches!(ev.as_slice(), [Event::Opened(_)]), "{ev:?}");
+    }
+
+    #[test]
+    fn baseline_is_frozen_while_an_incident_is_open() {
+        let mut d = Detector::new(config());
+        let (normal, slow) = (uniform(100_000), uniform(300_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        let before = d
+            .baseline_quantile("web", Probe::TcpSocketRead, 0.99)
+            .unwrap();
+        for s in 21..=60 {
+            tick(&mut d, s, "web", &slow);
+        }
+        assert_eq!(d.open_incidents().len(), 1);
+        let during = d
+            .baseline_quantile("web", Probe::TcpSocketRead, 0.99)
+            .unwrap();
+        assert_eq!(before, during);
+    }
+
+    #[test]
+    fn a_quiet_service_stays_quiet_next_to_a_hot_one() {
+        let mut d = Detector::new(config());
+        let (normal, slow) = (uniform(100_000), uniform(300_000));
+        for s in 1..=30 {
+            let web = if s > 20 { &slow } else { &normal };
+            d.observe(t(s), "web", Probe::TcpSocketRead, web);
+            d.observe(t(s), "db", Probe::TcpSocketRead, &normal);
+            for ev in d.end_interval(t(s)) {
+                assert_eq!(ev.incident().service, "web");
+            }
+        }
+        assert_eq!(d.open_incidents().len(), 1);
+    }
+
+    #[test]
+    fn an_slo_needs_no_baseline() {
+        let mut cfg = config();
+        cfg.slo.push(Slo {
+            service: None,
+            probe: Probe::TcpSocketRead,
+            quantile: 0.99,
+            max: Duration::from_micros(250),
+        });
+        let mut d = Detector::new(cfg);
+        assert!(tick(&mut d, 1, "web", &uniform(300_000)).is_empty());
+        let ev = tick(&mut d, 2, "web", &uniform(300_000));
+        let [Event::Opened(inc)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(inc.headline.kind, EvidenceKind::Slo);
+        assert_eq!(inc.headline.baseline.value_ns, 250_000.0);
+        assert!(inc.headline.p_value.is_none());
+    }
+
+    #[test]
+    fn saved_baselines_resume_warm_and_reconfigure_keeps_them() {
+        let mut d = Detector::new(config());
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &uniform(100_000));
+        }
+        let saved = d.save_baselines();
+        assert_eq!(saved.len(), 1);
+        let before = d.baseline_quantile("web", Probe::TcpSocketRead, 0.5);
+
+        let mut fresh = Detector::new(config());
+        for (svc, probe, bytes) in &saved {
+            fresh.restore_baseline(svc, *probe, bytes).unwrap();
+        }
+        // Warm at once: two slow intervals open an incident.
+        assert!(tick(&mut fresh, 21, "web", &uniform(300_000)).is_empty());
+        assert_eq!(tick(&mut fresh, 22, "web", &uniform(300_000)).len(), 1);
+        assert_eq!(
+            fresh.baseline_quantile("web", Probe::TcpSocketRead, 0.5),
+            before
+        );
+
+        let mut cfg = config();
+        cfg.min_ratio = 10.0;
+        d.reconfigure(cfg);
+        assert_eq!(
+            d.baseline_quantile("web", Probe::TcpSocketRead, 0.5),
+            before
+        );
+        // A x3 shift is below the new bar.
+        for s in 21..=25 {
+            assert!(tick(&mut d, s, "web", &uniform(300_000)).is_empty());
+        }
+        assert!(matches!(
+            fresh.restore_baseline("web", Probe::TcpSocketRead, &[9, 9]),
+            Err(BaselineError::Version(9))
+        ));
+    }
+
+    #[test]
+    fn events_serialise_as_tagged_json() {
+        let mut d = Detector::new(config());
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &uniform(100_000));
+        }
+        tick(&mut d, 21, "web", &uniform(300_000));
+        let ev = tick(&mut d, 22, "web", &uniform(300_000));
+        let json = serde_json::to_string(&ev[0]).unwrap();
+        assert!(
+            json.starts_with(r#"{"event":"opened","incident":{"service":"web""#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""opened_at":"2023-11-14T22:13:42Z""#),
+            "{json}"
+        );
+        // serde_json's float parsing is not bit-exact, so compare what is not a float.
+        let back: Event = serde_json::from_str(&json).unwrap();
+        let (a, b) = (back.incident(), ev[0].incident());
+        assert!(matches!(back, Event::Opened(_)));
+        assert_eq!(
+            (
+                a.opened_at,
+                a.first_hot_at,
+                &a.probes,
+                a.headline.exceedances
+            ),
+            (
+                b.opened_at,
+                b.first_hot_at,
+                &b.probes,
+                b.headline.exceedances
+            )
+        );
+        assert!((a.headline.ratio - b.headline.ratio).abs() < 1e-12);
+    }
 }

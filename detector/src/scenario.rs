@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer};
 use statrs::function::erf::erfc;
 
 use crate::config::{parse_toml, ConfigError};
+use crate::event::Incident;
 use crate::hist::{bucket_lower, bucket_mid, Histogram, MAX_BUCKET, NUM_BUCKETS};
 use crate::probe::Probe;
 use crate::replay::Record;
@@ -258,11 +259,15 @@ impl Scenario {
                     ));
                 }
             }
-            for &c in &a.components {
-                if s.probes.iter().any(|sp| c >= sp.latency.len()) {
+            let hit = s
+                .probes
+                .iter()
+                .filter(|sp| a.probes.is_empty() || a.probes.contains(&sp.probe));
+            for sp in hit {
+                if let Some(c) = a.components.iter().find(|&&c| c >= sp.latency.len()) {
                     return Err((
                         format!("{at}.components"),
-                        format!("component {c} does not exist for every probe of {}", s.name),
+                        format!("{} of {} has no component {c}", sp.probe, s.name),
                     ));
                 }
             }
@@ -293,6 +298,61 @@ impl Scenario {
             rng: ChaCha8Rng::seed_from_u64(self.seed),
             next: 0,
             caches,
+        }
+    }
+}
+
+/// How a detector run did against a scenario's labelled anomalies.
+#[derive(Debug, Clone)]
+pub struct Score {
+    /// One per anomaly, in file order.
+    pub outcomes: Vec<Outcome>,
+    /// Incidents that opened during no anomaly (nor within the grace after one).
+    pub false_incidents: usize,
+    /// Service-time without any anomaly (the exposure for false incidents).
+    pub quiet_time: Duration,
+}
+
+/// Whether and how fast one anomaly was detected.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The anomaly's label.
+    pub label: String,
+    /// Its service.
+    pub service: String,
+    /// Time from its start to the incident opening; `None` when missed.
+    pub delay: Option<Duration>,
+    /// The matching incident's stage verdict.
+    pub verdict: Option<String>,
+}
+
+impl Scenario {
+    /// Match incidents to anomalies: an incident detects an anomaly of its service when it
+    /// opens between the anomaly's start and `grace` after its end.
+    pub fn score(&self, incidents: &[Incident], grace: Duration) -> Score {
+        let mut used = vec![false; incidents.len()];
+        let mut outcomes = Vec::new();
+        for a in &self.anomalies {
+            let (start, end) = self.anomaly_span(a);
+            let hit = incidents.iter().enumerate().find(|(_, i)| {
+                i.service == a.service && i.opened_at >= start && i.opened_at <= end + grace
+            });
+            if let Some((n, _)) = hit {
+                used[n] = true;
+            }
+            outcomes.push(Outcome {
+                label: a.label.clone(),
+                service: a.service.clone(),
+                delay: hit.and_then(|(_, i)| i.opened_at.duration_since(start).ok()),
+                verdict: hit.and_then(|(_, i)| i.stage.as_ref().map(|s| s.verdict.clone())),
+            });
+        }
+        let anomalous: Duration = self.anomalies.iter().map(|a| a.duration + grace).sum();
+        let total = self.duration * self.services.len() as u32;
+        Score {
+            outcomes,
+            false_incidents: used.iter().filter(|u| !**u).count(),
+            quiet_time: total.saturating_sub(anomalous),
         }
     }
 }

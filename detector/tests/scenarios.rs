@@ -1,0 +1,185 @@
+//! Scenario tests: labelled anomalies generated from detector/scenarios/*.toml, replayed
+//! through the detector with its default settings. Each test prints its figures (run with
+//! `--nocapture` to see them) and asserts bounds explained next to each assertion.
+
+use std::time::Duration;
+
+use detector::replay::Replayer;
+use detector::scenario::{Scenario, Score};
+use detector::{Detector, DetectorConfig, Incident};
+
+/// How long after an anomaly ends an incident may still open and count as detecting it:
+/// the longest window (max_window, 60 s) plus a few intervals.
+const GRACE: Duration = Duration::from_secs(65);
+
+fn run(name: &str, text: &str) -> (Vec<Incident>, Score) {
+    let sc = Scenario::from_toml_str(text, name).expect("scenario parses");
+    let mut rp = Replayer::new(Detector::new(DetectorConfig::default()));
+    for interval in sc.generate() {
+        for rec in &interval {
+            rp.push(rec).expect("generated records are in order");
+        }
+    }
+    let (incidents, _) = rp.finish();
+    let score = sc.score(&incidents, GRACE);
+    print_table(name, &incidents, &score);
+    (incidents, score)
+}
+
+fn print_table(name: &str, incidents: &[Incident], score: &Score) {
+    println!("\n== {name}");
+    println!("{:<26} {:>10}  verdict", "anomaly", "delay");
+    for o in &score.outcomes {
+        let delay = o
+            .delay
+            .map_or("missed".to_string(), |d| format!("{:.0}s", d.as_secs_f64()));
+        println!(
+            "{:<26} {:>10}  {}",
+            o.label,
+            delay,
+            o.verdict.as_deref().unwrap_or("-")
+        );
+    }
+    for i in incidents {
+        let h = &i.headline;
+        println!(
+            "incident {} {:?}: p{} {:.0}ns -> {:.0}ns (x{:.2}, p={:.1e}), probes {:?}, {:?} open",
+            i.service,
+            detector::replay::format_time(i.opened_at),
+            h.quantile * 100.0,
+            h.baseline.value_ns,
+            h.observed.value_ns,
+            h.ratio,
+            h.p_value.unwrap_or(f64::NAN),
+            i.probes,
+            i.closed_at
+                .and_then(|c| c.duration_since(i.opened_at).ok())
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "recall {}/{}, false incidents {} in {:.1} quiet service-hours",
+        score.outcomes.iter().filter(|o| o.delay.is_some()).count(),
+        score.outcomes.len(),
+        score.false_incidents,
+        score.quiet_time.as_secs_f64() / 3600.0
+    );
+}
+
+fn delay_of(score: &Score, label: &str) -> Vec<Option<Duration>> {
+    score
+        .outcomes
+        .iter()
+        .filter(|o| o.label == label)
+        .map(|o| o.delay)
+        .collect()
+}
+
+#[test]
+fn steps_on_p99_are_found_fast_and_blamed_on_the_read() {
+    let (_, score) = run("steps.toml", include_str!("../scenarios/steps.toml"));
+    assert_eq!(score.false_incidents, 0);
+    for o in &score.outcomes {
+        let d = o.delay.unwrap_or_else(|| panic!("{} missed", o.label));
+        // 5 s window + 3 of 5 hot windows: the shift must fill part of a window first.
+        assert!(d <= Duration::from_secs(15), "{}: {d:?}", o.label);
+        assert_eq!(
+            o.verdict.as_deref(),
+            Some("application read delay"),
+            "{}",
+            o.label
+        );
+    }
+}
+
+#[test]
+fn a_three_hour_ramp_is_flagged_early_and_held_until_it_ends() {
+    let (incidents, score) = run("ramp.toml", include_str!("../scenarios/ramp.toml"));
+    assert_eq!(score.false_incidents, 0);
+    let d = score.outcomes[0].delay.expect("ramp detected");
+    // A 1 h half-life lags a linear x10 ramp enough for the 1.25 ratio within minutes; by
+    // 30 minutes the median has grown x2.5, far past absorption.
+    assert!(d <= Duration::from_secs(30 * 60), "{d:?}");
+    // One incident for the whole ramp: the frozen baseline keeps it open until the end.
+    assert_eq!(incidents.len(), 1, "{incidents:#?}");
+    let open_for = incidents[0]
+        .closed_at
+        .and_then(|c| c.duration_since(incidents[0].opened_at).ok())
+        .expect("closed after the ramp");
+    assert!(
+        open_for >= Duration::from_secs(3 * 3600) - d,
+        "{open_for:?}"
+    );
+}
+
+#[test]
+fn bursts_of_one_second_and_more_are_caught() {
+    let (_, score) = run("bursts.toml", include_str!("../scenarios/bursts.toml"));
+    assert_eq!(score.false_incidents, 0);
+    // A x4 burst of every read: even one second is a fifth of a 5 s window, which moves its
+    // p99 and keeps the window hot for the 3 evaluations needed.
+    for label in ["burst 1s", "burst 5s", "burst 30s"] {
+        for d in delay_of(&score, label) {
+            let d = d.unwrap_or_else(|| panic!("{label} missed"));
+            assert!(d <= Duration::from_secs(10), "{label}: {d:?}");
+        }
+    }
+}
+
+#[test]
+fn a_diurnal_rate_swing_alone_never_alarms() {
+    let (incidents, score) = run("diurnal.toml", include_str!("../scenarios/diurnal.toml"));
+    assert!(incidents.is_empty(), "{incidents:#?}");
+    assert_eq!(score.false_incidents, 0);
+}
+
+#[test]
+fn a_low_traffic_service_is_still_covered() {
+    let (_, score) = run(
+        "low-traffic.toml",
+        include_str!("../scenarios/low-traffic.toml"),
+    );
+    assert_eq!(score.false_incidents, 0);
+    for o in &score.outcomes {
+        let d = o.delay.unwrap_or_else(|| panic!("{} missed", o.label));
+        // 30 samples/s: the window needs ~17 s to hold 500 samples, and must be mostly
+        // anomalous before its quantile moves.
+        assert!(d <= Duration::from_secs(60), "{}: {d:?}", o.label);
+    }
+}
+
+#[test]
+fn a_bimodal_service_is_judged_per_mode() {
+    let (incidents, score) = run("bimodal.toml", include_str!("../scenarios/bimodal.toml"));
+    assert_eq!(score.false_incidents, 0);
+    for o in &score.outcomes {
+        let d = o.delay.unwrap_or_else(|| panic!("{} missed", o.label));
+        assert!(d <= Duration::from_secs(15), "{}: {d:?}", o.label);
+    }
+    // The slow mode moving shows in the upper quantiles, the fast mode in the median.
+    assert!(
+        incidents[0].headline.quantile >= 0.9,
+        "{:?}",
+        incidents[0].headline
+    );
+    assert!(incidents[1].evidence.iter().any(|e| e.quantile == 0.5));
+}
+
+#[test]
+fn the_stage_that_grew_is_named() {
+    let (_, score) = run("stages.toml", include_str!("../scenarios/stages.toml"));
+    assert_eq!(score.false_incidents, 0);
+    let expect = [
+        ("application reads late", "application read delay"),
+        ("softirq stall", "driver and softirq (arrival to IP)"),
+        ("slow UDP enqueue", "UDP processing"),
+    ];
+    for (o, (label, verdict)) in score.outcomes.iter().zip(expect) {
+        assert_eq!(o.label, label);
+        assert!(
+            o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
+            "{o:?}"
+        );
+        assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
+    }
+}
