@@ -127,6 +127,7 @@ for d in $RWDIRS; do
     mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=none rw$i "$R$d" || fail "cannot mount rw share $d"
     i=$((i+1))
 done
+echo /bin/modprobe-guest > /proc/sys/kernel/modprobe
 hostname vm; ip link set lo up
 stty -F /dev/ttyS1 raw -echo; stty -F /dev/ttyS2 raw -echo   # else \n turns into \r\n
 chroot $R /bin/bash "$RUNDIR/cmd.sh" </dev/null >/dev/ttyS1 2>/dev/ttyS2
@@ -134,7 +135,10 @@ echo $? > "$R$RUNDIR/rc"
 sync
 poweroff -f
 INIT
-    chmod 755 "$ird/init"
+    # The kernel runs its module loader (e.g. for `ip link add type veth`) from init's root,
+    # the initramfs, not from the chroot: hand it on to the guest root's modprobe.
+    printf '#!/bin/sh\nexec /bin/chroot /newroot /sbin/modprobe "$@"\n' > "$ird/bin/modprobe-guest"
+    chmod 755 "$ird/init" "$ird/bin/modprobe-guest"
     (cd "$ird" && find . | cpio -o -H newc 2>/dev/null | gzip -1 > "$INITRD.tmp") &&
         mv "$INITRD.tmp" "$INITRD" || { rm -rf "$ird"; die "initramfs build failed"; }
     rm -rf "$ird"

@@ -1,0 +1,116 @@
+#!/bin/bash
+# run-vm-tests.sh [--kernel SERIES]... [--test NAME]... [-- LIBTEST_ARGS...]
+#
+# Runs the integration tests of the tailtrap-tests crate on stock Debian kernels under qemu,
+# where fentry/fexit and kprobes work (the development kernel refuses them).
+#   1. fetch-kernels.sh (a no-op when the kernels are cached),
+#   2. builds on the host: `cargo build --bins` (the e2e tests run the tailtrap binary) and
+#      `cargo test -p tailtrap-tests --no-run`, taking the test executables from cargo's JSON,
+#   3. per kernel and test executable: one VM boot (run-in-vm.sh) running the executable with
+#      --test-threads=1 and TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry
+#      TAILTRAP_KERNEL=<release>, so a hang or crash affects that executable only.
+# Prints a summary per kernel; the last line is "N passed, N failed" over all test cases.
+# Exit status 0 only if every executable ran and passed on every kernel.
+#
+# Options:
+#   --kernel SERIES   6.1 or 6.12 (repeatable; default both)
+#   --test NAME       only this test executable (file name under tests/tests, no .rs; repeatable)
+#   -- ARGS           passed to every test executable (e.g. a name filter)
+# Environment:
+#   TAILTRAP_VM_TEST_TIMEOUT=1200  seconds per test executable and kernel
+#   CARGO_TARGET_DIR, TAILTRAP_VMTEST_CACHE, VM_MEM, VM_CPUS, VM_VERBOSE as usual
+# Logs: <target dir>/vmtest-logs/<release>/<test>.log
+
+set -uo pipefail
+PROG=${0##*/}
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+die() { echo "$PROG: $*" >&2; exit 2; }
+
+series=(); only=(); extra=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --kernel) [ $# -ge 2 ] || die "--kernel needs a value"; series+=("$2"); shift 2 ;;
+        --test) [ $# -ge 2 ] || die "--test needs a value"; only+=("$2"); shift 2 ;;
+        --) shift; extra=("$@"); break ;;
+        *) die "unknown argument '$1' (see the header of $0)" ;;
+    esac
+done
+[ ${#series[@]} -gt 0 ] || series=(6.1 6.12)
+for s in "${series[@]}"; do
+    case $s in 6.1|6.12) ;; *) die "unknown kernel series '$s' (6.1 or 6.12)" ;; esac
+done
+
+# ---- kernels
+declare -A KDIR KVER
+while read -r s kver dir; do KDIR[$s]=$dir; KVER[$s]=$kver; done < <("$HERE/fetch-kernels.sh") ||
+    die "fetching the kernels failed"
+for s in "${series[@]}"; do [ -n "${KDIR[$s]:-}" ] || die "no kernel for $s"; done
+
+# ---- build on the host, once
+cd "$ROOT" || die "cannot enter $ROOT"
+echo "$PROG: building (cargo build --bins; cargo test -p tailtrap-tests --no-run)" >&2
+cargo build --bins >&2 || die "cargo build --bins failed"
+json=$(cargo test -p tailtrap-tests --no-run --message-format=json) || die "building the tests failed"
+# Integration test executables: artifacts of target kind "test" built in test mode.
+mapfile -t executables < <(printf '%s\n' "$json" |
+    grep '"reason":"compiler-artifact"' | grep '"kind":\["test"\]' | grep '"test":true' |
+    grep -o '"executable":"[^"]*"' | sed 's/^"executable":"//; s/"$//' | sort)
+[ ${#executables[@]} -gt 0 ] || die "cargo reported no test executables"
+tests=()
+for exe in "${executables[@]}"; do
+    name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash
+    if [ ${#only[@]} -gt 0 ]; then
+        keep=0; for o in "${only[@]}"; do [ "$o" = "$name" ] && keep=1; done
+        [ $keep = 1 ] || continue
+    fi
+    tests+=("$name=$exe")
+done
+[ ${#tests[@]} -gt 0 ] || die "no test executable matches ${only[*]}"
+target_dir=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' | sed 's/.*:"//; s/"$//')
+
+# ---- run
+export TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry
+export VM_ENV="TAILTRAP_IN_VM TAILTRAP_EXPECT_ATTACH TAILTRAP_KERNEL CARGO_MANIFEST_DIR"
+export VM_TIMEOUT=${TAILTRAP_VM_TEST_TIMEOUT:-1200}
+export CARGO_MANIFEST_DIR=$ROOT/tests
+summary=(); total_pass=0; total_fail=0; bad=0
+for s in "${series[@]}"; do
+    export TAILTRAP_KERNEL=${KVER[$s]}
+    logdir=$target_dir/vmtest-logs/$TAILTRAP_KERNEL
+    mkdir -p "$logdir"
+    for t in "${tests[@]}"; do
+        name=${t%%=*}; exe=${t#*=}
+        log=$logdir/$name.log
+        echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
+        start=$(date +%s)
+        # cargo runs integration tests from the package directory; do the same.
+        (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 "${extra[@]}") 2>&1 |
+            tee "$log"
+        rc=${PIPESTATUS[0]}
+        secs=$(( $(date +%s) - start ))
+        # libtest's own count: "test result: ok. 8 passed; 0 failed; 1 ignored; ..."
+        counts=$(grep -o 'test result: [A-Za-z]*\. [0-9]* passed; [0-9]* failed; [0-9]* ignored' "$log" | tail -1)
+        pass=$(sed -n 's/.* \([0-9]*\) passed;.*/\1/p' <<<"$counts"); pass=${pass:-0}
+        fail=$(sed -n 's/.* \([0-9]*\) failed;.*/\1/p' <<<"$counts"); fail=${fail:-0}
+        ign=$(sed -n 's/.* \([0-9]*\) ignored.*/\1/p' <<<"$counts"); ign=${ign:-0}
+        case $rc in
+            0) verdict=ok ;;
+            124) verdict="TIMEOUT after ${VM_TIMEOUT}s" ;;
+            125) verdict="VM FAILED" ;;
+            *) verdict="FAILED (exit $rc)" ;;
+        esac
+        # A run that died before libtest's summary still counts as one failure.
+        [ $rc != 0 ] && [ "$fail" = 0 ] && fail=1
+        [ $rc != 0 ] && bad=1
+        total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
+        summary+=("$(printf '%-22s %-16s %-28s %4ss  %s' "$TAILTRAP_KERNEL" "$name" "$verdict" "$secs" \
+            "$pass passed, $fail failed, $ign ignored")")
+    done
+done
+
+echo
+echo "VM test summary (logs in $target_dir/vmtest-logs):"
+printf '  %s\n' "${summary[@]}"
+echo "$total_pass passed, $total_fail failed"
+exit $bad
