@@ -615,25 +615,56 @@ fn resolve_service_cgroups(
         .collect()
 }
 
-/// Names of programs whose errors libbpf would print while we probe: silence it meanwhile.
-struct QuietLibbpf(Option<(libbpf_rs::PrintLevel, libbpf_rs::PrintCallback)>);
+/// libbpf's messages while trial loads run: failures are expected there, so they are kept
+/// for the reasons given to the operator instead of being printed.
+static TRIAL_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-impl QuietLibbpf {
-    fn new() -> Self {
-        Self(libbpf_rs::set_print(None))
+fn keep_libbpf_message(_level: libbpf_rs::PrintLevel, msg: String) {
+    if let Ok(mut log) = TRIAL_LOG.lock() {
+        log.extend(msg.lines().map(str::to_owned));
     }
 }
 
-impl Drop for QuietLibbpf {
+/// Routes libbpf's output into [`TRIAL_LOG`] while alive; restores the previous printer.
+struct CaptureLibbpf(Option<(libbpf_rs::PrintLevel, libbpf_rs::PrintCallback)>);
+
+impl CaptureLibbpf {
+    fn new() -> Self {
+        Self(libbpf_rs::set_print(Some((
+            libbpf_rs::PrintLevel::Warn,
+            keep_libbpf_message,
+        ))))
+    }
+
+    /// The verifier's complaint from the last failed load: the last line of its log
+    /// before the instruction statistics.
+    fn take_verifier_complaint(&self) -> Option<String> {
+        let mut log = TRIAL_LOG.lock().ok()?;
+        let lines = std::mem::take(&mut *log);
+        let end = lines
+            .iter()
+            .rposition(|l| l.contains("-- END PROG LOAD LOG --"))?;
+        lines[..end]
+            .iter()
+            .rev()
+            .find(|l| !l.starts_with("processed ") && !l.trim().is_empty())
+            .map(|l| l.trim().to_owned())
+    }
+}
+
+impl Drop for CaptureLibbpf {
     fn drop(&mut self) {
         libbpf_rs::set_print(self.0.take());
+        if let Ok(mut log) = TRIAL_LOG.lock() {
+            log.clear();
+        }
     }
 }
 
 /// Decide each probe's attach method by trial loads: every probe's preferred variant at
 /// once first (the common case costs one load), else probe by probe in preference order.
 fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
-    let _quiet = QuietLibbpf::new();
+    let capture = CaptureLibbpf::new();
     let enabled: Vec<Probe> = Probe::ALL
         .into_iter()
         .filter(|p| config.is_enabled(*p))
@@ -661,7 +692,11 @@ fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
                     plan = Some(Plan::Use(*v));
                     break;
                 }
-                Err(e) => reasons.push(format!("{}: {}", kind_name(*v), explain(&e))),
+                Err(e) => reasons.push(format!(
+                    "{}: {}",
+                    kind_name(*v),
+                    explain(&e, capture.take_verifier_complaint())
+                )),
             }
         }
         if variants(p).iter().all(|v| matches!(v, Variant::Fentry(_))) {
@@ -679,13 +714,21 @@ fn kind_name(v: Variant) -> &'static str {
     }
 }
 
-fn explain(e: &libbpf_rs::Error) -> String {
-    match e.kind() {
-        libbpf_rs::ErrorKind::PermissionDenied => {
-            "refused by the kernel (EPERM: BPF trampolines not allowed)".into()
-        }
-        libbpf_rs::ErrorKind::NotFound => "hook not found in the kernel's BTF".into(),
-        _ => e.to_string(),
+/// An operator-grade reason for a failed trial load.
+fn explain(e: &libbpf_rs::Error, verifier: Option<String>) -> String {
+    let text = e.to_string();
+    // libbpf's errors end in "(os error N)"; the errno tells the cases apart.
+    let errno = text
+        .rsplit_once("os error ")
+        .and_then(|(_, n)| n.trim_end_matches(')').parse::<i32>().ok());
+    match errno {
+        Some(libc::EPERM) => "refused by the kernel (EPERM: BPF trampolines not allowed)".into(),
+        Some(libc::ENOENT) | Some(libc::ESRCH) => "hook not found in the kernel's BTF".into(),
+        Some(libc::EACCES) | Some(libc::EINVAL) => match verifier {
+            Some(why) => format!("rejected by the BPF verifier: {why}"),
+            None => format!("rejected by the BPF verifier ({text})"),
+        },
+        _ => text,
     }
 }
 

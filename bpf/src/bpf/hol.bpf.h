@@ -11,16 +11,24 @@
 
 const volatile bool hol_filter = true;
 
+/* Sockets whose out-of-order state is tracked at once; the least recently read drop out. */
+#define TT_HOL_TRACKED_SOCKETS 16384
+
 struct tt_ooo_range {
 	__u32 seen_ooopack;
 	__u32 end_seq;
 	__u32 active;
 };
 
+/*
+ * Keyed by socket address, not socket storage: at tp_btf/skb_copy_datagram_iovec the
+ * socket comes from skb->sk, an RCU pointer the verifier refuses to the sk-storage and
+ * skc_to_tcp_sock helpers. A reused address starts over: its rcv_ooopack differs.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, TT_HOL_TRACKED_SOCKETS);
+	__type(key, __u64);
 	__type(value, struct tt_ooo_range);
 } tcp_ooo_ranges SEC(".maps");
 
@@ -32,26 +40,31 @@ static __always_inline __u32 skb_end_seq(const struct sk_buff *skb)
 /* True when a read that ends at read_end_seq may have been head-of-line blocked. */
 static __always_inline bool tcp_read_hol_blocked(const struct sock *sk, __u32 read_end_seq)
 {
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+	const struct tcp_sock *tp = (const void *)sk;
+	__u64 key = (__u64)sk;
 	struct tt_ooo_range *range;
 	__u32 ooopack;
 
-	if (!hol_filter || !tp)
+	if (!hol_filter)
 		return false;
-	ooopack = tp->rcv_ooopack;
+	ooopack = BPF_CORE_READ(tp, rcv_ooopack);
 	if (!ooopack)
 		return false;
-	range = bpf_sk_storage_get(&tcp_ooo_ranges, (struct sock *)sk, NULL,
-				   BPF_SK_STORAGE_GET_F_CREATE);
-	/* Without storage there is no telling: the socket did see loss, so skip. */
-	if (!range)
-		return true;
-	if (range->seen_ooopack != ooopack) {
-		struct sk_buff *last = tp->ooo_last_skb;
+	range = bpf_map_lookup_elem(&tcp_ooo_ranges, &key);
+	if (!range || range->seen_ooopack != ooopack) {
+		struct sk_buff *last = BPF_CORE_READ(tp, ooo_last_skb);
+		struct tt_ooo_range fresh = {
+			.seen_ooopack = ooopack,
+			.end_seq = last ? BPF_CORE_READ((struct tcp_skb_cb *)&last->cb, end_seq)
+					: BPF_CORE_READ(tp, rcv_nxt),
+			.active = 1,
+		};
 
-		range->seen_ooopack = ooopack;
-		range->end_seq = last ? skb_end_seq(last) : tp->rcv_nxt;
-		range->active = 1;
+		bpf_map_update_elem(&tcp_ooo_ranges, &key, &fresh, BPF_ANY);
+		range = bpf_map_lookup_elem(&tcp_ooo_ranges, &key);
+		/* Without a record there is no telling: the socket did see loss, so skip. */
+		if (!range)
+			return true;
 	}
 	if (!range->active)
 		return false;

@@ -266,7 +266,6 @@ SEC("fentry/tcp_recv_timestamp")
 int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 	     struct scm_timestamping_internal *tss)
 {
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	struct tt_sample s = {
 		.sk = sk,
 		.stamp_ns = tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec,
@@ -276,10 +275,8 @@ int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 		.tcp_read = true,
 	};
 
-	if (!tp)
-		return 0;
 	/* The read ended where copying stopped. */
-	s.read_end_seq = tp->copied_seq;
+	s.read_end_seq = BPF_CORE_READ((struct tcp_sock *)sk, copied_seq);
 	record_latency(&s);
 	return 0;
 }
