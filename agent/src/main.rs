@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod config;
 #[allow(dead_code)] // used by the subcommands as they land
 mod output;
 
