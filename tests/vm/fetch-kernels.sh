@@ -104,18 +104,19 @@ SRC
         dir=$CACHE/kernels/$kver
         if [ ! -f "$dir/.complete" ]; then
             echo "$PROG: downloading $pkg" >&2
-            deb=$(cd "$CACHE/debs" && apt-get -q "${APT[@]}" download "$pkg" >&2 && ls -t "${pkg}"_*.deb | head -1) ||
-                die "apt-get download $pkg failed"
+            (cd "$CACHE/debs" && apt-get -q "${APT[@]}" download "$pkg" >&2) || die "apt-get download $pkg failed"
+            debs=("$CACHE/debs/$pkg"_*.deb); deb=${debs[-1]}
+            [ -f "$deb" ] || die "apt-get download left no $pkg .deb in $CACHE/debs"
             rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
             echo "$PROG: unpacking $deb" >&2
-            dpkg-deb -x "$CACHE/debs/$deb" "$dir.tmp" || die "dpkg-deb -x $deb failed"
+            dpkg-deb -x "$deb" "$dir.tmp" || die "dpkg-deb -x $deb failed"
             [ -f "$dir.tmp/boot/vmlinuz-$kver" ] || die "$deb has no boot/vmlinuz-$kver"
             [ -d "$dir.tmp/lib/modules/$kver" ] || die "$deb has no lib/modules/$kver"
             # The package ships no modules.dep (its postinst runs depmod): make it here.
             depmod -b "$dir.tmp" "$kver" || die "depmod for $kver failed"
             rm -rf "$dir"; mv "$dir.tmp" "$dir"
             touch "$dir/.complete"
-            rm -f "$CACHE/debs/$deb"   # the unpacked tree is all the runner needs
+            rm -f "$deb"   # the unpacked tree is all the runner needs
         fi
         ln -sfn "kernels/$kver" "$CACHE/$s"
     done

@@ -149,9 +149,10 @@ exec 8>&-
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/tailtrap-vmrun.XXXXXX") || die "mktemp failed"
 SHARE=$RUN/share; mkdir "$SHARE"
 readers=()
+# shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
     for p in "${readers[@]}"; do kill "$p" 2>/dev/null; done
-    [ "${VM_KEEP:-0}" = 1 ] && echo "$PROG: run directory kept: $RUN" >&2 || rm -rf "$RUN"
+    if [ "${VM_KEEP:-0}" = 1 ]; then echo "$PROG: run directory kept: $RUN" >&2; else rm -rf "$RUN"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

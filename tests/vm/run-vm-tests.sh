@@ -101,8 +101,8 @@ for s in "${series[@]}"; do
             *) verdict="FAILED (exit $rc)" ;;
         esac
         # A run that died before libtest's summary still counts as one failure.
-        [ $rc != 0 ] && [ "$fail" = 0 ] && fail=1
-        [ $rc != 0 ] && bad=1
+        [ "$rc" != 0 ] && [ "$fail" = 0 ] && fail=1
+        [ "$rc" != 0 ] && bad=1
         total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
         summary+=("$(printf '%-22s %-16s %-28s %4ss  %s' "$TAILTRAP_KERNEL" "$name" "$verdict" "$secs" \
             "$pass passed, $fail failed, $ign ignored")")
