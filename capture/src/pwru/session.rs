@@ -360,6 +360,21 @@ async fn supervise(
         .process_group(0)
         // If this future is dropped mid-session, pwru must not outlive it.
         .kill_on_drop(true);
+    // Nor if tailtrap itself dies (SIGKILL, OOM) outside a systemd unit whose cgroup would
+    // take pwru down with it: pwru with sparse traffic never reaches its output limit.
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only makes two
+    // async-signal-safe system calls (prctl, getppid); it allocates nothing on success.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            // The parent may have died between fork and prctl.
+            if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
+                return Err(std::io::Error::other("tailtrap exited before pwru started"));
+            }
+            Ok(())
+        });
+    }
     let t0 = Instant::now();
     status.started = Some(SystemTime::now());
     let mut child = match cmd.spawn() {
@@ -395,9 +410,9 @@ async fn supervise(
         })
     });
 
-    let (exit, cause, term_at, kill_at) = wait_bounded(&mut child, t0, limits, stop).await;
-    status.sigterm = term_at;
-    status.sigkill = kill_at;
+    let ending = wait_bounded(&mut child, t0, limits, stop, &ready_file).await;
+    status.sigterm = ending.term_at;
+    status.sigkill = ending.kill_at;
 
     for task in [stdout_task, stderr_task].into_iter().flatten() {
         join_or_abort(task).await;
@@ -412,24 +427,29 @@ async fn supervise(
     status.lines_captured = counts.read.load(Ordering::Relaxed);
     status.lines_unparsed = counts.unparsed.load(Ordering::Relaxed);
 
-    // The ready file's mtime is when pwru finished attaching; a file created after our
-    // SIGTERM (pwru creates it even when stopped mid-attach) does not count.
+    // The ready file's mtime is when pwru finished attaching (to the clock tick: file
+    // times are coarse, which is why readiness itself is decided by existence).
     let ready = tokio::fs::metadata(&ready_file)
         .await
         .ok()
         .and_then(|m| m.modified().ok());
     status.ready = ready;
+    // pwru creates the file even when stopped mid-attach, so with a SIGTERM only a file
+    // that existed when it was sent counts.
+    let ready_in_time = match ending.cause {
+        Some(_) => ending.ready_before_term,
+        None => ready.is_some(),
+    };
     if let Err(e) = tokio::fs::remove_file(&ready_file).await {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(file = %ready_file.display(), error = %e, "cannot remove pwru ready file");
         }
     }
 
-    match exit {
+    match ending.exit {
         Ok(exit) => {
             status.exit_code = exit.code();
             status.signal = exit.signal();
-            let ready_in_time = ready.is_some_and(|r| term_at.is_none_or(|t| r <= t));
             let last_error = stderr_log
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -439,7 +459,7 @@ async fn supervise(
                 &status,
                 exit,
                 ready_in_time,
-                cause,
+                ending.cause,
                 limits,
                 last_error.as_deref(),
             );
@@ -470,52 +490,65 @@ async fn prepare_runtime_dir(dir: &Path, ready_file: &Path) -> std::io::Result<(
     }
 }
 
+/// How the wait for pwru ended.
+struct Ending {
+    exit: std::io::Result<ExitStatus>,
+    /// What made us send SIGTERM, if we did.
+    cause: Option<StopCause>,
+    term_at: Option<SystemTime>,
+    kill_at: Option<SystemTime>,
+    /// Whether the ready file existed when SIGTERM was sent.
+    ready_before_term: bool,
+}
+
 /// Wait for pwru to exit, sending SIGTERM at the deadline or on a stop request and SIGKILL
-/// after the grace period. Returns the exit status, what stopped it (if we did), and
-/// when SIGTERM and SIGKILL were sent.
+/// after the grace period.
 async fn wait_bounded(
     child: &mut Child,
     t0: Instant,
     limits: super::request::SessionLimits,
     stop: &Notify,
-) -> (
-    std::io::Result<ExitStatus>,
-    Option<StopCause>,
-    Option<SystemTime>,
-    Option<SystemTime>,
-) {
+    ready_file: &Path,
+) -> Ending {
     let deadline = tokio::time::Instant::from_std(t0 + limits.deadline());
-    let mut cause = None;
-    let mut term_at = None;
-    let mut kill_at = None;
-    let mut kill_deadline: Option<tokio::time::Instant> = None;
+    let mut e = Ending {
+        exit: Ok(ExitStatus::from_raw(0)),
+        cause: None,
+        term_at: None,
+        kill_at: None,
+        ready_before_term: false,
+    };
+    let mut kill_deadline = None;
     loop {
         // Next timer: the deadline until SIGTERM, then the end of the grace period, then none.
-        let next = match (term_at, kill_at) {
+        let next = match (e.term_at, e.kill_at) {
             (None, _) => Some(deadline),
             (Some(_), None) => kill_deadline,
             (Some(_), Some(_)) => None,
         };
-        tokio::select! {
-            exit = child.wait() => return (exit, cause, term_at, kill_at),
+        let term_cause = tokio::select! {
+            exit = child.wait() => {
+                e.exit = exit;
+                return e;
+            }
             _ = sleep_until_opt(next) => {
-                if term_at.is_none() {
-                    cause = Some(StopCause::Deadline);
-                    term_at = Some(terminate(child));
-                    kill_deadline = Some(tokio::time::Instant::now() + limits.kill_grace());
-                } else {
-                    if let Err(e) = child.start_kill() {
-                        tracing::warn!(error = %e, "cannot SIGKILL pwru");
+                if e.term_at.is_some() {
+                    if let Err(err) = child.start_kill() {
+                        tracing::warn!(error = %err, "cannot SIGKILL pwru");
                     }
-                    kill_at = Some(SystemTime::now());
+                    e.kill_at = Some(SystemTime::now());
+                    continue;
                 }
+                StopCause::Deadline
             }
-            _ = stop.notified(), if term_at.is_none() => {
-                cause = Some(StopCause::Requested);
-                term_at = Some(terminate(child));
-                kill_deadline = Some(tokio::time::Instant::now() + limits.kill_grace());
-            }
-        }
+            _ = stop.notified(), if e.term_at.is_none() => StopCause::Requested,
+        };
+        // Checked before signalling: the question is whether pwru was attached when we
+        // decided to stop it, not whether it created the file on its way out.
+        e.ready_before_term = ready_file.exists();
+        e.cause = Some(term_cause);
+        e.term_at = Some(terminate(child));
+        kill_deadline = Some(tokio::time::Instant::now() + limits.kill_grace());
     }
 }
 
@@ -647,7 +680,7 @@ fn classify(
             SessionState::Timeout,
             format!(
                 "pwru ignored SIGTERM for {} and was killed; {lines} lines captured",
-                human(limits.kill_grace())
+                humantime::format_duration(limits.kill_grace())
             ),
         );
     }
@@ -657,7 +690,7 @@ fn classify(
                 SessionState::Timeout,
                 format!(
                     "pwru was not ready (probes not attached) within the {} deadline; {how}",
-                    human(limits.deadline())
+                    humantime::format_duration(limits.deadline())
                 ),
             ),
             Some(StopCause::Requested) => (
@@ -676,7 +709,7 @@ fn classify(
     let reason = match cause {
         Some(StopCause::Deadline) => format!(
             "deadline {} reached; pwru stopped cleanly on SIGTERM after {lines} lines",
-            human(limits.deadline())
+            humantime::format_duration(limits.deadline())
         ),
         Some(StopCause::Requested) => {
             format!("stopped by tailtrap; pwru exited cleanly after {lines} lines")

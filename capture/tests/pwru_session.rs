@@ -1,0 +1,556 @@
+//! The session manager driven against the pwru stand-in (tests/fake-pwru/pwru), one test
+//! per way a real pwru session ends. The stand-in honours pwru 1.0.12's CLI and replays
+//! real captures, so argv, stdout and stderr handling are exercised end to end.
+#![allow(clippy::unwrap_used)] // tests: a failed setup step should panic right there
+
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use capture::pwru::{
+    FilterFuncs, ManagerConfig, NetnsFilter, PcapFilter, Prerequisites, Protocol, PwruLine,
+    SessionLimits, SessionManager, SessionRequest, SessionState, SessionStatus,
+};
+use tokio::sync::mpsc;
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/pwru")
+        .join(name)
+}
+
+fn fake_pwru() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-pwru/pwru")
+}
+
+/// A scratch directory with a `pwru` wrapper that runs the stand-in in `mode` (set per
+/// wrapper, so parallel tests do not share environment variables), logs its argv and
+/// writes its pid (the wrapper execs, so it is the stand-in's).
+struct Rig {
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new(mode: &str, fixture: &str) -> Rig {
+        Rig::new_in(mode, fixture, &std::env::temp_dir())
+    }
+
+    fn new_in(mode: &str, fixture: &str, parent: &Path) -> Rig {
+        let dir = tempfile::tempdir_in(parent).unwrap();
+        let wrapper = dir.path().join("pwru");
+        let script = format!(
+            "#!/bin/sh\necho $$ >'{}'\nexport FAKE_PWRU_MODE={mode}\nexport FAKE_PWRU_FIXTURE='{}'\n\
+             export FAKE_PWRU_STARTUP=0.2\nexport FAKE_PWRU_LINE_DELAY=0.002\n\
+             export FAKE_PWRU_ARGV_LOG='{}'\nexec '{}' \"$@\"\n",
+            dir.path().join("pid").display(),
+            testdata(fixture).display(),
+            dir.path().join("argv.log").display(),
+            fake_pwru().display(),
+        );
+        std::fs::write(&wrapper, script).unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Rig { dir }
+    }
+
+    fn manager(&self) -> SessionManager {
+        SessionManager::new(self.dir.path().join("pwru"), self.config())
+    }
+
+    fn config(&self) -> ManagerConfig {
+        ManagerConfig {
+            runtime_dir: self.dir.path().join("run"),
+            ..ManagerConfig::default()
+        }
+    }
+
+    fn argv_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("argv.log"))
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn request(service: &str, port: u16, deadline_ms: u64, limit: u64) -> SessionRequest {
+    let peer: IpAddr = "127.0.0.1".parse().unwrap();
+    let filter = PcapFilter::new(Protocol::Tcp, &[port], &[peer]).unwrap();
+    SessionRequest::new(service, filter).with_limits(
+        SessionLimits::new(
+            Duration::from_millis(deadline_ms),
+            Duration::from_millis(500),
+            limit,
+        )
+        .unwrap(),
+    )
+}
+
+/// Run a session and collect the lines it delivered.
+async fn run(mgr: &SessionManager, req: SessionRequest) -> (SessionStatus, Vec<PwruLine>) {
+    let (tx, mut rx) = mpsc::channel(16);
+    let collector = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while let Some(l) = rx.recv().await {
+            got.push(l);
+        }
+        got
+    });
+    let status = mgr.run(req, tx).await;
+    (status, collector.await.unwrap())
+}
+
+fn no_progress_bars(status: &SessionStatus) {
+    assert!(
+        status.stderr_tail.iter().all(|l| !l.contains("p/s")),
+        "{:#?}",
+        status.stderr_tail
+    );
+}
+
+#[tokio::test]
+async fn ok_stops_at_output_limit() {
+    let rig = Rig::new("ok", "tcpmeta612.jsonl");
+    let mgr = rig.manager();
+    let (st, lines) = run(&mgr, request("web", 9000, 20_000, 5)).await;
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    assert_eq!(
+        st.reason,
+        "pwru exited by itself after 5 lines (output limit 5)"
+    );
+    assert_eq!((st.exit_code, st.signal), (Some(0), None));
+    assert_eq!((st.lines_captured, st.lines_unparsed), (5, 0));
+    assert!(st.ready.is_some() && st.sigterm.is_none() && st.sigkill.is_none());
+    assert!(st.started <= st.ready && st.ready <= st.ended);
+    assert_eq!(st.attach.ignored, Some(0));
+    assert!(st
+        .stderr_tail
+        .iter()
+        .any(|l| l.ends_with("INFO Printed events, exiting program.. count=5")));
+    no_progress_bars(&st);
+
+    // The lines arrive in order, raw and parsed, exactly as in the capture.
+    let fixture = std::fs::read_to_string(testdata("tcpmeta612.jsonl")).unwrap();
+    let expected: Vec<&str> = fixture.lines().take(5).collect();
+    let raws: Vec<&str> = lines.iter().map(|l| l.raw.as_str()).collect();
+    assert_eq!(raws, expected);
+    assert_eq!(
+        lines.iter().map(|l| l.seq).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    let first = lines[0].event.as_ref().unwrap();
+    assert_eq!(first.func, "ip_rcv_core");
+    assert_eq!(first.caller.as_deref(), Some("ip_rcv"));
+    assert_eq!(first.time_ns, Some(65717667547));
+    assert_eq!(first.tuple.as_ref().unwrap().dport, 9000);
+
+    // The stand-in received exactly the argv the status reports, and no ready file is left.
+    assert_eq!(rig.argv_log(), st.argv[1..]);
+    assert_eq!(
+        st.argv.last().map(String::as_str),
+        Some("tcp and port 9000 and host 127.0.0.1")
+    );
+    assert_eq!(
+        std::fs::read_dir(rig.dir.path().join("run"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn ok_stops_at_deadline_with_sigterm() {
+    let rig = Rig::new("ok", "udpmeta612.jsonl");
+    let (st, lines) = run(&rig.manager(), request("dns", 9001, 1500, 5000)).await;
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    assert!(
+        st.reason.starts_with(
+            "deadline 1s 500ms reached; pwru stopped cleanly on SIGTERM after 15 lines"
+        ),
+        "{}",
+        st.reason
+    );
+    assert_eq!(st.exit_code, Some(0));
+    assert!(st.sigterm.is_some() && st.sigkill.is_none());
+    assert_eq!(lines.len(), 15);
+    assert_eq!(st.lines_captured, 15);
+    let last = st.stderr_tail.last().unwrap();
+    assert!(last.ends_with("INFO Detaching kprobes..."), "{last}");
+    no_progress_bars(&st);
+}
+
+#[tokio::test]
+async fn all_ignored_is_failed_despite_exit_0() {
+    let rig = Rig::new("all-ignored", "tcp612.jsonl");
+    let (st, lines) = run(&rig.manager(), request("web", 9000, 1000, 100)).await;
+    assert_eq!(st.state, SessionState::Failed, "{st:#?}");
+    assert_eq!(st.exit_code, Some(0));
+    assert!(st.ready.is_some());
+    assert!(st.attach.all_ignored());
+    // The default function list has 12 names; the stand-in reports them all ignored.
+    assert_eq!(
+        (st.attach.attempted, st.attach.ignored),
+        (Some(12), Some(12))
+    );
+    assert_eq!(st.attach.backend.as_deref(), Some("kprobe"));
+    assert!(
+        st.reason
+            .starts_with("pwru attached with all 12 functions ignored"),
+        "{}",
+        st.reason
+    );
+    assert!(lines.is_empty());
+}
+
+#[tokio::test]
+async fn no_kprobes_fails_to_start() {
+    let rig = Rig::new("no-kprobes", "tcp612.jsonl");
+    let (st, lines) = run(&rig.manager(), request("web", 9000, 5000, 100)).await;
+    assert_eq!(st.state, SessionState::Failed, "{st:#?}");
+    assert_eq!(st.exit_code, Some(1));
+    assert_eq!(st.ready, None);
+    assert_eq!(
+        st.reason,
+        "pwru failed to start: it ended with exit status 1 before becoming ready: \
+         ERROR Failed to run pwru error=\"Cannot find a matching kernel function\""
+    );
+    assert_eq!(st.stderr_tail.len(), 2);
+    assert!(lines.is_empty());
+    assert!(st.sigterm.is_none());
+}
+
+#[tokio::test]
+async fn bad_filter_fails_to_start() {
+    let rig = Rig::new("bad-filter", "tcp612.jsonl");
+    let (st, _) = run(&rig.manager(), request("web", 9000, 5000, 100)).await;
+    assert_eq!(st.state, SessionState::Failed, "{st:#?}");
+    assert_eq!(st.exit_code, Some(1));
+    assert!(
+        st.reason
+            .contains("pcap_compile 'tcp and port 9000 and host 127.0.0.1'"),
+        "{}",
+        st.reason
+    );
+}
+
+#[tokio::test]
+async fn hang_on_term_is_killed_and_reaped() {
+    let rig = Rig::new("hang-on-term", "tcp612.jsonl");
+    let (st, lines) = run(&rig.manager(), request("web", 9000, 1000, 5000)).await;
+    assert_eq!(st.state, SessionState::Timeout, "{st:#?}");
+    assert_eq!((st.exit_code, st.signal), (None, Some(9)));
+    assert!(st.sigterm.is_some() && st.sigkill.is_some());
+    assert!(st.sigterm < st.sigkill);
+    assert_eq!(
+        st.reason,
+        format!(
+            "pwru ignored SIGTERM for 500ms and was killed; {} lines captured",
+            lines.len()
+        )
+    );
+    assert!(!lines.is_empty());
+    assert!(st
+        .stderr_tail
+        .iter()
+        .any(|l| l.ends_with("INFO Received signal, exiting program..")));
+}
+
+#[tokio::test]
+async fn not_ready_by_deadline_is_timeout() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    // Startup takes 0.2 s in the stand-in; a 100 ms deadline stops it mid-attach, where
+    // pwru still creates its ready file (early612.stderr) but too late to count.
+    let (st, lines) = run(&rig.manager(), request("web", 9000, 100, 5000)).await;
+    assert_eq!(st.state, SessionState::Timeout, "{st:#?}");
+    assert!(
+        st.reason
+            .starts_with("pwru was not ready (probes not attached) within the 100ms deadline"),
+        "{}",
+        st.reason
+    );
+    assert!(
+        st.ready.is_some(),
+        "the stand-in creates its ready file on the way out"
+    );
+    assert!(lines.is_empty());
+}
+
+#[tokio::test]
+async fn one_at_a_time_and_stop() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let mgr = rig.manager();
+    let first = {
+        let mgr = mgr.clone();
+        tokio::spawn(async move { run(&mgr, request("web", 9000, 60_000, 5000)).await })
+    };
+    while !mgr.is_busy() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Let it attach and print, then try a second session for another service.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (busy, _) = run(&mgr, request("api", 8080, 5000, 10)).await;
+    assert_eq!(busy.state, SessionState::SkippedBusy);
+    assert!(busy.argv.is_empty() && busy.started.is_none());
+
+    assert!(mgr.stop());
+    let (st, lines) = first.await.unwrap();
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    assert_eq!(
+        st.reason,
+        format!(
+            "stopped by tailtrap; pwru exited cleanly after {} lines",
+            lines.len()
+        )
+    );
+    assert!(!mgr.is_busy());
+    assert!(!mgr.stop());
+}
+
+#[tokio::test]
+async fn cooldown_is_per_service() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let mgr = rig.manager();
+    let (st, _) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    assert_eq!(st.state, SessionState::Ok);
+    let (again, _) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    assert_eq!(again.state, SessionState::SkippedCooldown);
+    assert!(
+        again.reason.starts_with(
+            "cooldown: the last session for \"web\" started 0s ago; next allowed in 9m"
+        ),
+        "{}",
+        again.reason
+    );
+    let (other, _) = run(&mgr, request("api", 8080, 5000, 2)).await;
+    assert_eq!(other.state, SessionState::Ok);
+
+    // A zero cooldown lets the same service run again at once.
+    let mgr = SessionManager::new(
+        rig.dir.path().join("pwru"),
+        ManagerConfig {
+            cooldown: Duration::ZERO,
+            ..rig.config()
+        },
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            run(&mgr, request("web", 9000, 5000, 2)).await.0.state,
+            SessionState::Ok
+        );
+    }
+}
+
+#[tokio::test]
+async fn unavailable_on_this_kernel() {
+    // The real prerequisite check on this host, with the stand-in as binary.
+    let prereq = Prerequisites::check(Some(&fake_pwru())).await;
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let mgr = SessionManager::from_prerequisites(&prereq, rig.config());
+    let (st, lines) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    if prereq.is_usable() {
+        assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    } else {
+        assert_eq!(st.state, SessionState::Unavailable);
+        assert_eq!(st.reason, prereq.summary);
+        assert!(lines.is_empty() && st.argv.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn missing_binary_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mgr = SessionManager::new(
+        dir.path().join("no-such-pwru"),
+        ManagerConfig {
+            runtime_dir: dir.path().join("run"),
+            ..ManagerConfig::default()
+        },
+    );
+    let (st, _) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    assert_eq!(st.state, SessionState::Failed);
+    assert!(st.reason.starts_with("cannot start "), "{}", st.reason);
+    assert!(
+        st.reason.contains("No such file or directory"),
+        "{}",
+        st.reason
+    );
+    assert!(!mgr.is_busy());
+}
+
+#[tokio::test]
+async fn output_is_drained_when_nobody_listens() {
+    let rig = Rig::new("ok", "tcp61.jsonl");
+    let (tx, rx) = mpsc::channel(1);
+    drop(rx);
+    let st = rig
+        .manager()
+        .run(request("web", 9000, 20_000, 52), tx)
+        .await;
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    assert_eq!(st.lines_captured, 52);
+}
+
+#[tokio::test]
+async fn netns_and_functions_reach_pwru() {
+    let rig = Rig::new("ok", "udp61.jsonl");
+    let filter = PcapFilter::new(Protocol::Udp, &[9001, 53], &[]).unwrap();
+    let req = SessionRequest::new("dns", filter)
+        .with_netns(NetnsFilter::of_pid(std::process::id()))
+        .with_filter_funcs(FilterFuncs::new(["udp_rcv", "skb_consume_udp"]).unwrap())
+        .with_limits(
+            SessionLimits::new(Duration::from_secs(10), Duration::from_secs(1), 3).unwrap(),
+        );
+    let (st, lines) = run(&rig.manager(), req).await;
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    assert_eq!(lines.len(), 3);
+    let log = rig.argv_log();
+    let ready = log[4].clone();
+    assert!(ready.starts_with(&rig.dir.path().join("run").display().to_string()));
+    let expected = [
+        "--output-json",
+        "--output-limit-lines",
+        "3",
+        "--ready-file",
+        &ready,
+        "--filter-func",
+        "^(udp_rcv|skb_consume_udp)$",
+        "--filter-netns",
+        &format!("/proc/{}/ns/net", std::process::id()),
+        "--timestamp",
+        "current",
+        "--output-meta",
+        "--output-tuple",
+        "--output-caller",
+        "udp and (port 9001 or port 53)",
+    ];
+    assert_eq!(log, expected);
+    // The stand-in counts the functions it was given as attempted.
+    assert_eq!(st.attach.attempted, Some(2));
+}
+
+#[tokio::test]
+async fn every_capture_replays_and_parses() {
+    let dir = std::fs::read_dir(testdata("")).unwrap();
+    let mut files: Vec<PathBuf> = dir
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 10);
+    for file in files {
+        let name = file.file_name().unwrap().to_str().unwrap().to_owned();
+        let expected = std::fs::read_to_string(&file).unwrap();
+        let n = expected.lines().count() as u64;
+        let rig = Rig::new("ok", &name);
+        let (st, lines) = run(&rig.manager(), request("web", 9000, 20_000, n)).await;
+        assert_eq!(st.state, SessionState::Ok, "{name}: {st:#?}");
+        assert_eq!((st.lines_captured, st.lines_unparsed), (n, 0), "{name}");
+        for (l, raw) in lines.iter().zip(expected.lines()) {
+            assert_eq!(l.raw, raw);
+            let e = l
+                .event
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name}: {:?}", l.error));
+            assert!(e.skb > 0 && !e.func.is_empty());
+            // The meta captures carry time and caller on every line, the others on none.
+            assert_eq!(e.time_ns.is_some(), name.contains("meta"), "{name}: {raw}");
+            assert_eq!(e.caller.is_some(), name.contains("meta"), "{name}: {raw}");
+        }
+    }
+}
+
+/// Set by `pwru_dies_with_tailtrap` for the child process it kills.
+const ORPHAN_DIR_ENV: &str = "TAILTRAP_TEST_ORPHAN_DIR";
+
+/// The "tailtrap" that gets SIGKILLed: run only by `pwru_dies_with_tailtrap`, as a child.
+#[tokio::test]
+#[ignore = "run as a child process by pwru_dies_with_tailtrap"]
+async fn session_in_doomed_process() {
+    let dir =
+        PathBuf::from(std::env::var_os(ORPHAN_DIR_ENV).expect("run by pwru_dies_with_tailtrap"));
+    // Inside the parent's directory, which the parent removes: this process dies uncleanly.
+    // A pwru that prints nothing (no traffic): a closed pipe would not stop it either.
+    let rig = Rig::new_in("all-ignored", "tcp612.jsonl", &dir);
+    let mgr = SessionManager::new(
+        rig.dir.path().join("pwru"),
+        ManagerConfig {
+            runtime_dir: dir.join("run"),
+            ..ManagerConfig::default()
+        },
+    );
+    // Tell the parent where the stand-in's pid will appear, then run until killed.
+    std::fs::write(
+        dir.join("rig"),
+        rig.dir.path().as_os_str().as_encoded_bytes(),
+    )
+    .unwrap();
+    let (st, _) = run(&mgr, request("web", 9000, 60_000, 5000)).await;
+    panic!("the session should not have ended: {st:#?}");
+}
+
+/// If tailtrap is SIGKILLed mid-session (outside a systemd unit), pwru must not run on:
+/// the parent-death signal delivers SIGTERM to it.
+#[test]
+fn pwru_dies_with_tailtrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "session_in_doomed_process",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(ORPHAN_DIR_ENV, dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready_dir = dir.path().join("run");
+    let child_id = child.id();
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        for _ in 0..500 {
+            if cond() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        kill_pid(child_id);
+        panic!("gave up waiting for {what}");
+    };
+    // pwru is attached once its ready file exists.
+    wait_for("the ready file", &|| {
+        std::fs::read_dir(&ready_dir).is_ok_and(|mut d| d.next().is_some())
+    });
+    let rig = PathBuf::from(std::fs::read_to_string(dir.path().join("rig")).unwrap());
+    let pid: i32 = std::fs::read_to_string(rig.join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(pid));
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for _ in 0..250 {
+        if !alive(pid) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_pid(pid.unsigned_abs());
+    panic!("pwru (pid {pid}) still runs 5 s after tailtrap died");
+}
+
+fn kill_pid(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+}
+
+/// Running (not gone, not a zombie waiting for its new parent to reap it).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
