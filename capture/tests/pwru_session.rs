@@ -123,6 +123,13 @@ async fn ok_stops_at_output_limit() {
     assert!(st.ready.is_some() && st.sigterm.is_none() && st.sigkill.is_none());
     assert!(st.started <= st.ready && st.ready <= st.ended);
     assert_eq!(st.attach.ignored, Some(0));
+    let rows = st.rows();
+    assert_eq!(rows[0], ("state", "ok".to_owned()));
+    assert_eq!(rows[2], ("exit", "exit status 0".to_owned()));
+    assert!(rows[4].1.contains("(+"), "ready row {:?}", rows[4]);
+    assert_eq!(rows[5], ("SIGTERM", "-".to_owned()));
+    assert_eq!(rows[8], ("lines", "5 (0 unparsed)".to_owned()));
+    assert_eq!(rows[9].1, st.argv.join(" "));
     assert!(st
         .stderr_tail
         .iter()
@@ -241,6 +248,9 @@ async fn hang_on_term_is_killed_and_reaped() {
     assert_eq!((st.exit_code, st.signal), (None, Some(9)));
     assert!(st.sigterm.is_some() && st.sigkill.is_some());
     assert!(st.sigterm < st.sigkill);
+    let rows = st.rows();
+    assert_eq!(rows[2], ("exit", "signal 9".to_owned()));
+    assert!(rows[6].1.contains("(+"), "SIGKILL row {:?}", rows[6]);
     assert_eq!(
         st.reason,
         format!(
@@ -268,10 +278,8 @@ async fn not_ready_by_deadline_is_timeout() {
         "{}",
         st.reason
     );
-    assert!(
-        st.ready.is_some(),
-        "the stand-in creates its ready file on the way out"
-    );
+    // The stand-in creates its ready file on the way out; too late to count.
+    assert_eq!(st.ready, None);
     assert!(lines.is_empty());
 }
 

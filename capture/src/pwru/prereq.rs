@@ -156,6 +156,46 @@ impl Prerequisites {
     pub fn is_usable(&self) -> bool {
         self.status == PrereqStatus::Usable
     }
+
+    /// `(item, value)` rows for the pwru part of `tailtrap status`.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let yes_no = |b: bool| if b { "yes" } else { "no" }.to_owned();
+        vec![
+            ("pwru", self.status.name().to_owned()),
+            (
+                "pwru binary",
+                self.binary
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |b| b.display().to_string()),
+            ),
+            (
+                "pwru version",
+                self.version.clone().unwrap_or_else(|| "-".into()),
+            ),
+            ("kprobes", yes_no(self.kprobes)),
+            (
+                "kprobe-multi",
+                match self.kprobe_multi {
+                    KprobeMulti::Likely => "likely",
+                    KprobeMulti::No => "no",
+                    KprobeMulti::Unknown => "unknown",
+                }
+                .to_owned(),
+            ),
+            (
+                "tracefs functions",
+                match &self.tracefs {
+                    TracefsState::Readable { path } => format!("readable ({})", path.display()),
+                    TracefsState::Unreadable { path, error } => {
+                        format!("unreadable ({}: {error})", path.display())
+                    }
+                    TracefsState::NotMounted => "not mounted".to_owned(),
+                },
+            ),
+            ("root", yes_no(self.root)),
+            ("pwru verdict", self.summary.clone()),
+        ]
+    }
 }
 
 pub(crate) async fn check_with(
@@ -440,6 +480,17 @@ mod tests {
             p.summary
         );
         assert!(p.is_usable());
+        let rows = p.rows();
+        assert_eq!(rows[0], ("pwru", "usable".to_owned()));
+        assert_eq!(rows[2], ("pwru version", "v1.0.12".to_owned()));
+        assert_eq!(rows[3], ("kprobes", "yes".to_owned()));
+        assert_eq!(
+            rows[5],
+            (
+                "tracefs functions",
+                format!("readable ({})", dir.path().join("aff").display())
+            )
+        );
     }
 
     #[tokio::test]

@@ -106,7 +106,8 @@ pub struct SessionStatus {
     /// When pwru was started.
     #[serde(with = "humantime_serde::option")]
     pub started: Option<SystemTime>,
-    /// When pwru created its ready file (its probes attached).
+    /// When pwru created its ready file, i.e. had attached its probes (to the clock tick).
+    /// None when it never did before being stopped.
     #[serde(with = "humantime_serde::option")]
     pub ready: Option<SystemTime>,
     /// When tailtrap sent SIGTERM (deadline or stop request).
@@ -125,6 +126,45 @@ pub struct SessionStatus {
 }
 
 impl SessionStatus {
+    /// `(item, value)` rows for `tailtrap incidents show` / `tailtrap pwru`.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let time = |t: Option<SystemTime>| {
+            t.map_or_else(
+                || "-".to_owned(),
+                |t| humantime::format_rfc3339_millis(t).to_string(),
+            )
+        };
+        // Offsets from the start make the timeline readable at a glance.
+        let at = |t: Option<SystemTime>| match (self.started, t) {
+            (Some(s), Some(t)) => {
+                let d = t.duration_since(s).unwrap_or_default();
+                let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                format!("{} (+{})", time(Some(t)), humantime::format_duration(ms))
+            }
+            _ => time(t),
+        };
+        let exit = match (self.exit_code, self.signal) {
+            (Some(c), _) => format!("exit status {c}"),
+            (None, Some(s)) => format!("signal {s}"),
+            (None, None) => "-".to_owned(),
+        };
+        vec![
+            ("state", self.state.name().to_owned()),
+            ("reason", self.reason.clone()),
+            ("exit", exit),
+            ("started", time(self.started)),
+            ("ready", at(self.ready)),
+            ("SIGTERM", at(self.sigterm)),
+            ("SIGKILL", at(self.sigkill)),
+            ("ended", at(self.ended)),
+            (
+                "lines",
+                format!("{} ({} unparsed)", self.lines_captured, self.lines_unparsed),
+            ),
+            ("command", self.argv.join(" ")),
+        ]
+    }
+
     fn not_run(service: &str, state: SessionState, reason: String) -> Self {
         SessionStatus {
             service: service.to_owned(),
@@ -363,14 +403,14 @@ async fn supervise(
     // Nor if tailtrap itself dies (SIGKILL, OOM) outside a systemd unit whose cgroup would
     // take pwru down with it: pwru with sparse traffic never reaches its output limit.
     let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and only makes two
-    // async-signal-safe system calls (prctl, getppid); it allocates nothing on success.
+    // SAFETY: the closure runs in the forked child before exec; it only makes two
+    // async-signal-safe system calls (prctl, getppid) and allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
             // The parent may have died between fork and prctl.
             if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
-                return Err(std::io::Error::other("tailtrap exited before pwru started"));
+                return Err(nix::errno::Errno::ESRCH.into());
             }
             Ok(())
         });
@@ -433,13 +473,13 @@ async fn supervise(
         .await
         .ok()
         .and_then(|m| m.modified().ok());
-    status.ready = ready;
     // pwru creates the file even when stopped mid-attach, so with a SIGTERM only a file
     // that existed when it was sent counts.
     let ready_in_time = match ending.cause {
         Some(_) => ending.ready_before_term,
         None => ready.is_some(),
     };
+    status.ready = ready.filter(|_| ready_in_time);
     if let Err(e) = tokio::fs::remove_file(&ready_file).await {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(file = %ready_file.display(), error = %e, "cannot remove pwru ready file");
