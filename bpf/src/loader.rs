@@ -255,7 +255,7 @@ impl ProbeSet {
             .collect();
         set_autoload(&mut open, &chosen);
         configure(&mut open, config, &plans, &service_cgroups, &filter_cgroups)?;
-        let mut skel = open.load().map_err(bpf_err("loading the BPF programs"))?;
+        let mut skel = load_final(open)?;
         fill_maps(&skel, config, &service_cgroups, &filter_cgroups)?;
         let tai = crate::clock::tai_offset_ns().map_err(|source| LoadError::System {
             stage: "reading the TAI offset (adjtimex)",
@@ -615,6 +615,9 @@ fn resolve_service_cgroups(
         .collect()
 }
 
+/// libbpf's printer is process-wide: one loader at a time captures it.
+static PLANNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// libbpf's messages while trial loads run: failures are expected there, so they are kept
 /// for the reasons given to the operator instead of being printed.
 static TRIAL_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -664,6 +667,7 @@ impl Drop for CaptureLibbpf {
 /// Decide each probe's attach method by trial loads: every probe's preferred variant at
 /// once first (the common case costs one load), else probe by probe in preference order.
 fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
+    let _one_at_a_time = PLANNING.lock().unwrap_or_else(|e| e.into_inner());
     let capture = CaptureLibbpf::new();
     let enabled: Vec<Probe> = Probe::ALL
         .into_iter()
@@ -730,6 +734,19 @@ fn explain(e: &libbpf_rs::Error, verifier: Option<String>) -> String {
         },
         _ => text,
     }
+}
+
+/// The real load; a verifier rejection carries the verifier's complaint.
+fn load_final(open: OpenProbesSkel<'static>) -> Result<ProbesSkel<'static>, LoadError> {
+    let _one_at_a_time = PLANNING.lock().unwrap_or_else(|e| e.into_inner());
+    let capture = CaptureLibbpf::new();
+    open.load().map_err(|source| LoadError::Bpf {
+        stage: match capture.take_verifier_complaint() {
+            Some(why) => format!("loading the BPF programs (verifier: {why})"),
+            None => "loading the BPF programs".into(),
+        },
+        source,
+    })
 }
 
 /// Load the object with only `programs` (maps at their 1-entry defaults); drop it again.

@@ -70,13 +70,14 @@ static __always_inline __u32 service_of_cgroup(const struct sock *sk)
 	struct cgroup *cg = sock_cgroup(sk);
 
 	for (int depth = 0; depth < TT_MAX_CGROUP_DEPTH && cg; depth++) {
-		__u64 id = cgroup_id(cg);
+		/* Probe reads: the verifier types the parent as a css, not the cgroup it is. */
+		__u64 id = BPF_CORE_READ(cg, kn, id);
 		__u32 *slot = bpf_map_lookup_elem(&service_cgroups, &id);
 
 		if (slot)
 			return *slot;
 		/* css "self" is the first member of struct cgroup. */
-		cg = (struct cgroup *)cg->self.parent;
+		cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
 	}
 	return TT_SERVICE_HOST;
 }

@@ -1,0 +1,312 @@
+//! The probes against real traffic on the running kernel (tp_btf on the development host,
+//! fentry/fexit on stock kernels under qemu; `TAILTRAP_EXPECT_ATTACH` says which). Root.
+
+// Tests may unwrap: a panic with the error is the report.
+#![allow(clippy::unwrap_used)]
+
+mod probes_support;
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Command;
+use std::time::Duration;
+
+use bpf::{AttachMethod, LoadError, ProbeConfig};
+use detector::Probe;
+use probes_support::{all_services, attached, client, hist, load, q, server, service};
+use tailtrap_tests::{
+    run_client, tailtrap_bin, Cgroup, Netns, Proto, TcpServer, UdpServer, VethPair,
+};
+
+const MS: u64 = 1_000_000;
+
+/// TCP and UDP to `peers` (servers in `netns`), then every attached probe must have samples.
+fn every_attached_probe_sees(peers: &[SocketAddr], netns: Option<&Netns>) {
+    let mut probes = load(&ProbeConfig::default());
+    for &peer in peers {
+        let tcp = TcpServer::spawn(server(peer, netns, None, Duration::ZERO)).unwrap();
+        let udp = UdpServer::spawn(server(peer, netns, None, Duration::ZERO)).unwrap();
+        let t = run_client(client(tcp.addr(), None, Proto::Tcp, 100)).unwrap();
+        let u = run_client(client(udp.addr(), None, Proto::Udp, 100)).unwrap();
+        assert_eq!(
+            (t.replies, u.replies),
+            (100, 100),
+            "traffic to {peer} failed"
+        );
+    }
+    let snapshot = probes.snapshot().unwrap();
+    let attached = attached(&probes);
+    assert!(
+        attached.contains(&Probe::IpStart),
+        "{:?}",
+        probes.attachments()
+    );
+    for probe in attached {
+        let h = all_services(&snapshot, probe);
+        assert!(h.count() > 0, "{probe}: no samples; {snapshot:#?}");
+        // Receive-path latencies of an idle test machine are far below a second: a wrong
+        // clock or layout would show seconds or years.
+        assert!(
+            q(&h, 0.5).upper_ns < 1_000 * MS,
+            "{probe}: p50 {:?}",
+            q(&h, 0.5)
+        );
+    }
+}
+
+#[test]
+fn loopback_tcp_and_udp_v4_and_v6_reach_every_attached_probe() {
+    every_attached_probe_sees(
+        &[
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            SocketAddr::from((Ipv6Addr::LOCALHOST, 0)),
+        ],
+        None,
+    );
+}
+
+#[test]
+fn veth_into_a_netns_v4_and_v6_reaches_every_attached_probe() {
+    let ns = Netns::new("tt-probes").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    every_attached_probe_sees(
+        &[
+            SocketAddr::from((veth.peer_v4, 0)),
+            SocketAddr::from((veth.peer_v6, 0)),
+        ],
+        Some(&ns),
+    );
+}
+
+#[test]
+fn a_reader_sleeping_20ms_shows_in_tcp_socket_read_but_not_tcp_start() {
+    let tcp = TcpServer::spawn(server(
+        (Ipv4Addr::LOCALHOST, 0).into(),
+        None,
+        None,
+        Duration::from_millis(20),
+    ))
+    .unwrap();
+    let config = ProbeConfig {
+        services: vec![service("slow", None, &[tcp.addr().port()])],
+        ..ProbeConfig::default()
+    };
+    let mut probes = load(&config);
+    let stats = run_client(client(tcp.addr(), None, Proto::Tcp, 40)).unwrap();
+    assert_eq!(stats.replies, 40);
+    let snapshot = probes.snapshot().unwrap();
+
+    let read = hist(&snapshot, "slow", Probe::TcpSocketRead);
+    assert!(read.count() >= 40, "{read:?}");
+    let p50 = q(&read, 0.5);
+    assert!(
+        p50.lower_ns >= 18 * MS && p50.upper_ns <= 40 * MS,
+        "tcp-socket-read p50 {p50:?}"
+    );
+    let start = hist(&snapshot, "slow", Probe::TcpStart);
+    assert!(start.count() >= 40, "{start:?}");
+    assert!(
+        q(&start, 0.5).upper_ns <= MS,
+        "tcp-start p50 {:?}",
+        q(&start, 0.5)
+    );
+}
+
+#[test]
+fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
+    let cg_slow = Cgroup::create("tt-svc-slow").unwrap();
+    let cg_fast = Cgroup::create("tt-svc-fast").unwrap();
+    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let slow = TcpServer::spawn(server(
+        localhost,
+        None,
+        Some(&cg_slow),
+        Duration::from_millis(5),
+    ))
+    .unwrap();
+    let fast = TcpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+    // "slow" is matched by its cgroup only, "fast" by its port only.
+    let config = ProbeConfig {
+        services: vec![
+            service("slow", Some(&cg_slow), &[]),
+            service("fast", None, &[fast.addr().port()]),
+        ],
+        ..ProbeConfig::default()
+    };
+    let mut probes = load(&config);
+    run_client(client(slow.addr(), None, Proto::Tcp, 30)).unwrap();
+    run_client(client(fast.addr(), None, Proto::Tcp, 30)).unwrap();
+    let snapshot = probes.snapshot().unwrap();
+
+    let slow_read = hist(&snapshot, "slow", Probe::TcpSocketRead);
+    let fast_read = hist(&snapshot, "fast", Probe::TcpSocketRead);
+    assert!(
+        slow_read.count() >= 30 && fast_read.count() >= 30,
+        "{snapshot:#?}"
+    );
+    assert!(
+        q(&slow_read, 0.5).lower_ns >= 4 * MS,
+        "{:?}",
+        q(&slow_read, 0.5)
+    );
+    assert!(
+        q(&fast_read, 0.5).upper_ns <= MS,
+        "{:?}",
+        q(&fast_read, 0.5)
+    );
+    // Before socket lookup only ports identify a service: "fast" has a port rule there.
+    if attached(&probes).contains(&Probe::IpStart) {
+        assert!(hist(&snapshot, "fast", Probe::IpStart).count() >= 30);
+        assert_eq!(hist(&snapshot, "slow", Probe::IpStart).count(), 0);
+    }
+}
+
+#[test]
+fn without_services_sockets_group_by_their_cgroup_up_to_the_limit() {
+    let cg_a = Cgroup::create("tt-auto-a").unwrap();
+    let cg_b = Cgroup::create("tt-auto-b").unwrap();
+    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let a = TcpServer::spawn(server(localhost, None, Some(&cg_a), Duration::ZERO)).unwrap();
+    let b = TcpServer::spawn(server(localhost, None, Some(&cg_b), Duration::ZERO)).unwrap();
+
+    let mut probes = load(&ProbeConfig::default());
+    run_client(client(a.addr(), None, Proto::Tcp, 20)).unwrap();
+    run_client(client(b.addr(), None, Proto::Tcp, 20)).unwrap();
+    let snapshot = probes.snapshot().unwrap();
+    for cg in [&cg_a, &cg_b] {
+        let h = hist(&snapshot, cg.rel_path(), Probe::TcpSocketRead);
+        assert!(h.count() >= 20, "{}: {snapshot:#?}", cg.rel_path());
+    }
+    drop(probes);
+
+    // A limit of one: whichever socket cgroup comes first gets the slot, the rest "other".
+    let mut probes = load(&ProbeConfig {
+        auto_service_limit: 1,
+        ..ProbeConfig::default()
+    });
+    run_client(client(a.addr(), None, Proto::Tcp, 20)).unwrap();
+    run_client(client(b.addr(), None, Proto::Tcp, 20)).unwrap();
+    let snapshot = probes.snapshot().unwrap();
+    let named: std::collections::BTreeSet<&str> = snapshot
+        .hists
+        .iter()
+        .map(|h| h.service.as_str())
+        .filter(|s| *s != "host" && *s != "other")
+        .collect();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert!(hist(&snapshot, "other", Probe::TcpSocketRead).count() > 0);
+    assert!(snapshot.counters.auto_overflow > 0);
+}
+
+#[test]
+fn a_tiny_histogram_map_reports_drops() {
+    let mut probes = load(&ProbeConfig {
+        hist_map_entries: Some(1),
+        ..ProbeConfig::default()
+    });
+    let tcp = TcpServer::spawn(server(
+        (Ipv4Addr::LOCALHOST, 0).into(),
+        None,
+        None,
+        Duration::ZERO,
+    ))
+    .unwrap();
+    run_client(client(tcp.addr(), None, Proto::Tcp, 50)).unwrap();
+    let snapshot = probes.snapshot().unwrap();
+    assert!(snapshot.hists.len() <= 1, "{snapshot:#?}");
+    assert!(
+        snapshot.counters.map_full_drops > 0,
+        "{:?}",
+        snapshot.counters
+    );
+}
+
+#[test]
+fn disabled_probes_stay_off_and_all_disabled_is_an_error() {
+    let mut config = ProbeConfig::default();
+    config.enabled.insert(Probe::TcpSocketRead, false);
+    let probes = load(&config);
+    let read = probes
+        .attachments()
+        .iter()
+        .find(|a| a.probe == Probe::TcpSocketRead)
+        .unwrap();
+    assert_eq!(read.method, AttachMethod::Disabled);
+    drop(probes);
+
+    let config = ProbeConfig {
+        enabled: Probe::ALL.iter().map(|p| (*p, false)).collect(),
+        ..ProbeConfig::default()
+    };
+    let err = bpf::ProbeSet::load(&config, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, LoadError::NothingAttached(_)), "{err}");
+    assert!(
+        err.to_string().contains("tcp-socket-read: disabled"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_service_cgroup_is_named_in_the_error() {
+    let config = ProbeConfig {
+        services: vec![bpf::ServiceSpec {
+            name: "web".into(),
+            cgroup: Some("tailtrap-no-such/cgroup".into()),
+            ports: vec![],
+        }],
+        ..ProbeConfig::default()
+    };
+    let err = bpf::ProbeSet::load(&config, &mut |_| {}).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, LoadError::Cgroup { .. }), "{text}");
+    assert!(
+        text.contains("service \"web\"") && text.contains("tailtrap-no-such/cgroup"),
+        "{text}"
+    );
+}
+
+#[test]
+fn tailtrap_hist_prints_one_json_object_per_interval() {
+    let out = Command::new(tailtrap_bin())
+        .args(["hist", "--json", "--count", "2", "--interval", "300ms"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for line in &lines {
+        let attachments = line["attachments"].as_array().unwrap();
+        assert_eq!(attachments.len(), Probe::ALL.len());
+        assert!(attachments
+            .iter()
+            .any(|a| a["method"] == "fentry" || a["method"] == "tp_btf"));
+        assert!(line["hists"].is_array() && line["counters"]["map_full_drops"].is_u64());
+    }
+}
+
+#[test]
+fn tailtrap_hist_rejects_a_bad_config_with_its_place() {
+    let dir = std::env::temp_dir().join(format!("tt-hist-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tailtrap.toml");
+    std::fs::write(&file, "[probes]\nhol_filter = true\nsample_one = 3\n").unwrap();
+    let out = Command::new(tailtrap_bin())
+        .args(["hist", "--count", "1", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}, line 3", file.display())) && stderr.contains("sample_one"),
+        "{stderr}"
+    );
+}
