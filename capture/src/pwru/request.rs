@@ -41,6 +41,9 @@ pub enum RequestError {
     /// The list of filter functions is empty.
     #[error("the filter function list is empty")]
     NoFunctions,
+    /// An `inode:` netns filter whose number is not a 32-bit inode.
+    #[error("netns {0:?} is not inode:<number>")]
+    BadNetnsInode(String),
     /// A network namespace path pwru could not be given safely.
     #[error("netns path {0:?} must be absolute, UTF-8 and without `..`")]
     BadNetnsPath(PathBuf),
@@ -82,8 +85,9 @@ const MAX_PORTS: usize = 16;
 const MAX_ADDRS: usize = 16;
 
 /// The pcap filter of a session: the service's protocol and local port(s), optionally
-/// narrowed to the top remote addresses. Built only from typed values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// narrowed to the top remote addresses. Built only from typed values (and therefore
+/// serialisable for the record, but not deserialisable around [`PcapFilter::new`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PcapFilter {
     protocol: Protocol,
     local_ports: Vec<u16>,
@@ -192,39 +196,72 @@ fn push_alternatives<T: std::fmt::Display>(s: &mut String, kw: &str, values: &[T
 
 /// Which network namespace pwru filters on (`--filter-netns`), in the two forms pwru
 /// 1.0.12 accepts: `inode:<inode>` or a namespace file path such as `/proc/<pid>/ns/net`.
+/// Written and parsed (also in configuration) in that same form.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NetnsFilter {
-    /// The namespace's inode number (as in `ls -L -i /proc/<pid>/ns/net`).
+#[serde(try_from = "String", into = "String")]
+pub struct NetnsFilter(Netns);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Netns {
     Inode(u32),
-    /// A namespace file (`/proc/<pid>/ns/net`, `/run/netns/<name>`).
     Path(PathBuf),
 }
 
 impl NetnsFilter {
-    /// The namespace of process `pid`.
-    pub fn of_pid(pid: u32) -> Self {
-        NetnsFilter::Path(PathBuf::from(format!("/proc/{pid}/ns/net")))
+    /// The namespace with this inode number (as in `ls -L -i /proc/<pid>/ns/net`).
+    pub fn inode(inode: u32) -> Self {
+        NetnsFilter(Netns::Inode(inode))
     }
 
-    /// A namespace file path; must be absolute, UTF-8 and free of `..`.
+    /// The namespace of process `pid`.
+    pub fn of_pid(pid: u32) -> Self {
+        NetnsFilter(Netns::Path(PathBuf::from(format!("/proc/{pid}/ns/net"))))
+    }
+
+    /// A namespace file (`/run/netns/<name>`, ...); must be absolute, UTF-8 and free of `..`.
     pub fn path(path: impl Into<PathBuf>) -> Result<Self, RequestError> {
         let path = path.into();
         let ok = path.is_absolute()
             && path.to_str().is_some()
             && !path.components().any(|c| c == Component::ParentDir);
         if ok {
-            Ok(NetnsFilter::Path(path))
+            Ok(NetnsFilter(Netns::Path(path)))
         } else {
             Err(RequestError::BadNetnsPath(path))
         }
     }
 
     fn arg(&self) -> OsString {
-        match self {
-            NetnsFilter::Inode(ino) => format!("inode:{ino}").into(),
-            NetnsFilter::Path(p) => p.clone().into_os_string(),
+        match &self.0 {
+            Netns::Inode(ino) => format!("inode:{ino}").into(),
+            Netns::Path(p) => p.clone().into_os_string(),
         }
+    }
+}
+
+impl std::str::FromStr for NetnsFilter {
+    type Err = RequestError;
+    fn from_str(s: &str) -> Result<Self, RequestError> {
+        match s.strip_prefix("inode:") {
+            Some(n) => n
+                .parse()
+                .map(NetnsFilter::inode)
+                .map_err(|_| RequestError::BadNetnsInode(s.to_owned())),
+            None => NetnsFilter::path(s),
+        }
+    }
+}
+
+impl TryFrom<String> for NetnsFilter {
+    type Error = RequestError;
+    fn try_from(s: String) -> Result<Self, RequestError> {
+        s.parse()
+    }
+}
+
+impl From<NetnsFilter> for String {
+    fn from(n: NetnsFilter) -> String {
+        n.arg().to_string_lossy().into_owned()
     }
 }
 
@@ -462,7 +499,7 @@ impl SessionLimits {
 }
 
 /// Everything one pwru session needs, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SessionRequest {
     service: String,
     filter: PcapFilter,
@@ -644,11 +681,25 @@ mod tests {
 
     #[test]
     fn netns_forms() {
-        assert_eq!(NetnsFilter::Inode(4026531840).arg(), "inode:4026531840");
+        assert_eq!(NetnsFilter::inode(4026531840).arg(), "inode:4026531840");
         assert_eq!(NetnsFilter::of_pid(42).arg(), "/proc/42/ns/net");
         assert!(NetnsFilter::path("/run/netns/blue").is_ok());
         for bad in ["run/netns/x", "/proc/../etc/passwd", ""] {
             assert!(NetnsFilter::path(bad).is_err(), "{bad:?} accepted");
+        }
+        let n: NetnsFilter = serde_json::from_str(r#""inode:4026532000""#).unwrap();
+        assert_eq!(n, NetnsFilter::inode(4026532000));
+        assert_eq!(serde_json::to_string(&n).unwrap(), r#""inode:4026532000""#);
+        let n: NetnsFilter = "/run/netns/blue".parse().unwrap();
+        assert_eq!(n.arg(), "/run/netns/blue");
+        for bad in [
+            "inode:",
+            "inode:-1",
+            "inode:4294967296",
+            "blue",
+            "--filter-func=x",
+        ] {
+            assert!(bad.parse::<NetnsFilter>().is_err(), "{bad:?} accepted");
         }
     }
 
@@ -671,7 +722,7 @@ mod tests {
     fn argv_exact() {
         let filter = PcapFilter::new(Protocol::Tcp, &[9000], &[ip("10.1.2.3")]).unwrap();
         let req = SessionRequest::new("web", filter)
-            .with_netns(NetnsFilter::Inode(4026532000))
+            .with_netns(NetnsFilter::inode(4026532000))
             .with_filter_funcs(FilterFuncs::new(["tcp_v4_rcv", "tcp_queue_rcv"]).unwrap())
             .with_limits(
                 SessionLimits::new(Duration::from_secs(30), Duration::from_secs(5), 200).unwrap(),
