@@ -1,0 +1,165 @@
+//! Probe cases that only make sense inside the qemu guests of the VM runner
+//! (`TAILTRAP_IN_VM=1`): they change guest-wide clock and qdisc state, or depend on a stock
+//! kernel's layout. On the host every case prints that it is skipped and passes.
+
+// Tests may unwrap: a panic with the error is the report.
+#![allow(clippy::unwrap_used)]
+
+mod probes_support;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use bpf::ProbeConfig;
+use detector::Probe;
+use probes_support::{all_services, attached, client, load, q, server};
+use tailtrap_tests::{run_client, vm_kernel, Netns, Proto, TcpServer, UdpServer, VethPair};
+
+const MS: u64 = 1_000_000;
+
+/// The guest's kernel release, or `None` after printing why the case is skipped.
+fn in_vm(case: &str) -> Option<String> {
+    let kernel = vm_kernel();
+    if kernel.is_none() {
+        println!("{case}: skipped (runs only in the VM runner, TAILTRAP_IN_VM=1)");
+    }
+    kernel
+}
+
+/// Loopback and veth TCP/UDP, then every attached probe must report sub-second latencies
+/// and almost no future stamps.
+fn traffic_gives_sane_latencies(context: &str) {
+    let mut probes = load(&ProbeConfig::default());
+    let ns = Netns::new("tt-vm").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    for (peer, netns) in [
+        (SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), None),
+        (SocketAddr::from((veth.peer_v4, 0)), Some(&ns)),
+    ] {
+        let tcp = TcpServer::spawn(server(peer, netns, None, Duration::ZERO)).unwrap();
+        let udp = UdpServer::spawn(server(peer, netns, None, Duration::ZERO)).unwrap();
+        run_client(client(tcp.addr(), None, Proto::Tcp, 50)).unwrap();
+        run_client(client(udp.addr(), None, Proto::Udp, 50)).unwrap();
+    }
+    let snapshot = probes.snapshot().unwrap();
+    let mut samples = 0;
+    for probe in attached(&probes) {
+        let h = all_services(&snapshot, probe);
+        assert!(h.count() > 0, "{context}: {probe} has no samples");
+        // Under software emulation the guest is slow, but not 100 ms per packet; a wrong
+        // clock shows up as seconds (a TAI offset) or decades (REALTIME vs MONOTONIC).
+        let p99 = q(&h, 0.99);
+        assert!(p99.upper_ns <= 100 * MS, "{context}: {probe} p99 {p99:?}");
+        samples += h.count();
+    }
+    let future = snapshot.counters.future_tstamp;
+    assert!(
+        future * 100 <= samples,
+        "{context}: {future} future stamps against {samples} samples"
+    );
+    println!(
+        "{context}: {samples} samples, counters {:?}",
+        snapshot.counters
+    );
+}
+
+#[test]
+fn the_kernels_timestamp_layout_gives_sane_latencies() {
+    let Some(kernel) = in_vm("timestamp layout") else {
+        return;
+    };
+    // 6.1 has the 1-bit mono_delivery_time, 6.12 the 2-bit tstamp_type.
+    traffic_gives_sane_latencies(&format!("kernel {kernel}"));
+}
+
+/// Sets the kernel's TAI offset (whole seconds) and returns the previous one.
+fn set_tai_offset(seconds: i32) -> i32 {
+    // SAFETY: timex is plain data; reading first, then ADJ_TAI with `constant` set.
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    assert!(unsafe { libc::adjtimex(&mut tx) } >= 0);
+    let previous = tx.tai;
+    let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+    tx.modes = libc::ADJ_TAI;
+    tx.constant = libc::c_long::from(seconds);
+    assert!(
+        unsafe { libc::adjtimex(&mut tx) } >= 0,
+        "adjtimex(ADJ_TAI): {}",
+        std::io::Error::last_os_error()
+    );
+    previous
+}
+
+/// Puts the TAI offset back when the test ends, even by panic.
+struct RestoreTai(i32);
+
+impl Drop for RestoreTai {
+    fn drop(&mut self) {
+        set_tai_offset(self.0);
+    }
+}
+
+#[test]
+fn a_tai_offset_of_37s_keeps_latencies_sane() {
+    if in_vm("TAI offset").is_none() {
+        return;
+    }
+    let _restore = RestoreTai(set_tai_offset(37));
+    traffic_gives_sane_latencies("TAI offset 37 s");
+}
+
+/// Bulk TCP across a veth whose host end reorders, with the HOL filter on or off; returns
+/// the tcp-socket-read histogram and the excluded-read count.
+fn reordered_bulk_tcp(hol_filter: bool) -> (detector::Histogram, u64) {
+    let ns = Netns::new("tt-hol").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    // A quarter of the packets go at once, the rest 10 ms later: later segments overtake.
+    veth.add_netem(&["delay", "10ms", "reorder", "25%", "50%"])
+        .unwrap();
+    let tcp = TcpServer::spawn(server(
+        (veth.peer_v4, 0).into(),
+        Some(&ns),
+        None,
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let config = ProbeConfig {
+        hol_filter,
+        services: vec![probes_support::service("bulk", None, &[tcp.addr().port()])],
+        ..ProbeConfig::default()
+    };
+    let mut probes = load(&config);
+    let mut opts = client(tcp.addr(), None, Proto::Tcp, 40);
+    // Several segments per message, so several are in flight to be reordered.
+    opts.size = 60_000;
+    run_client(opts).unwrap();
+    let snapshot = probes.snapshot().unwrap();
+    (
+        probes_support::hist(&snapshot, "bulk", Probe::TcpSocketRead),
+        snapshot.counters.hol_excluded,
+    )
+}
+
+#[test]
+fn netem_reordering_is_excluded_from_tcp_socket_read_only_with_the_hol_filter() {
+    if in_vm("HOL filter").is_none() {
+        return;
+    }
+    let (on, excluded_on) = reordered_bulk_tcp(true);
+    let (off, excluded_off) = reordered_bulk_tcp(false);
+    println!(
+        "filter on: {} reads, {excluded_on} excluded, p99 {:?}; off: {} reads, p99 {:?}",
+        on.count(),
+        on.quantile(0.99),
+        off.count(),
+        off.quantile(0.99)
+    );
+    assert!(excluded_on > 0, "no read was judged head-of-line blocked");
+    assert_eq!(excluded_off, 0);
+    // Blocked reads waited for the segment netem held back 10 ms: with the filter off they
+    // are in the histogram.
+    assert!(off.exceedances(8 * MS) > 0, "{off:?}");
+    assert!(
+        on.exceedances(8 * MS) < off.exceedances(8 * MS),
+        "on {on:?} off {off:?}"
+    );
+}
