@@ -298,6 +298,7 @@ async fn one_at_a_time_and_stop() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let (busy, _) = run(&mgr, request("api", 8080, 5000, 10)).await;
     assert_eq!(busy.state, SessionState::SkippedBusy);
+    assert_eq!(busy.reason, "the pwru session for \"web\" is still running");
     assert!(busy.argv.is_empty() && busy.started.is_none());
 
     assert!(mgr.stop());

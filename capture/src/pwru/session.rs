@@ -204,8 +204,8 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct Slot {
-    /// The running session's stop signal.
-    running: Option<Arc<Notify>>,
+    /// The running session's service and stop signal.
+    running: Option<(String, Arc<Notify>)>,
     /// Last start per service.
     last_start: HashMap<String, Instant>,
 }
@@ -264,7 +264,7 @@ impl SessionManager {
     /// was running.
     pub fn stop(&self) -> bool {
         match &lock(&self.inner.slot).running {
-            Some(n) => {
+            Some((_, n)) => {
                 n.notify_one();
                 true
             }
@@ -274,8 +274,11 @@ impl SessionManager {
 
     /// Run one session for `request`, sending each stdout line to `lines` as it arrives,
     /// and return its status once pwru has been reaped. Returns at once with a skipped or
-    /// unavailable status when the session may not run. If `lines`' receiver is gone, the
-    /// output is still read (so pwru never blocks) and counted.
+    /// unavailable status when the session may not run.
+    ///
+    /// Keep draining `lines`: a full channel stalls the reading, then pwru's writes, and a
+    /// stalled pwru may only end at the deadline with SIGKILL. If the receiver is dropped
+    /// instead, the output is still read (so pwru never blocks) and counted.
     pub async fn run(
         &self,
         request: SessionRequest,
@@ -314,11 +317,11 @@ impl SessionManager {
     fn claim(&self, service: &str) -> Result<(SlotGuard, Arc<Notify>), Box<SessionStatus>> {
         let cooldown = self.inner.config.cooldown;
         let mut slot = lock(&self.inner.slot);
-        if slot.running.is_some() {
+        if let Some((busy_with, _)) = &slot.running {
             return Err(Box::new(SessionStatus::not_run(
                 service,
                 SessionState::SkippedBusy,
-                "another pwru session is running".into(),
+                format!("the pwru session for {busy_with:?} is still running"),
             )));
         }
         let now = Instant::now();
@@ -337,7 +340,7 @@ impl SessionManager {
             )));
         }
         let stop = Arc::new(Notify::new());
-        slot.running = Some(stop.clone());
+        slot.running = Some((service.to_owned(), stop.clone()));
         // The cooldown counts from the start, so failing starts are not retried in a loop.
         slot.last_start.insert(service.to_owned(), now);
         Ok((
