@@ -59,7 +59,11 @@ fn accepts_every_real_option() {
             String::from_utf8_lossy(&out.stderr)
         );
         // --help wins over --version and prints the usage instead.
-        let expected = if flag == "--help" { "" } else { "pwru v1.0.12\n" };
+        let expected = if flag == "--help" {
+            ""
+        } else {
+            "pwru v1.0.12\n"
+        };
         assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "{args:?}");
     }
     // The hidden flag tailtrap relies on, in both pflag forms.
