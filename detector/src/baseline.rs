@@ -5,9 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::hist::{
-    bucket_lower, bucket_upper, Histogram, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS,
-};
+use crate::hist::{bucket_lower, bucket_upper, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS};
 
 /// Version byte in front of every saved baseline; bump when the layout changes.
 const FORMAT_VERSION: u8 = 1;
@@ -50,8 +48,14 @@ impl Baseline {
         }
     }
 
-    /// Decay by the time elapsed since the last update, then add the interval.
-    pub(crate) fn learn(&mut self, now: SystemTime, interval: &Histogram, half_life: Duration) {
+    /// Decay by the time elapsed since the last update, then add the interval's
+    /// `(bucket, count)` pairs.
+    pub(crate) fn learn(
+        &mut self,
+        now: SystemTime,
+        interval: impl Iterator<Item = (usize, u64)>,
+        half_life: Duration,
+    ) {
         let dt = now
             .duration_since(self.last_update)
             .unwrap_or(Duration::ZERO)
@@ -63,10 +67,12 @@ impl Baseline {
             }
             self.total *= keep;
         }
-        for (w, &c) in self.weights.iter_mut().zip(interval.buckets().iter()) {
-            *w += c as f64;
+        for (i, c) in interval {
+            if let Some(w) = self.weights.get_mut(i) {
+                *w += c as f64;
+                self.total += c as f64;
+            }
         }
-        self.total += interval.count() as f64;
         self.last_update = self.last_update.max(now);
     }
 
@@ -216,7 +222,7 @@ impl Cumulative {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hist::bucket_index;
+    use crate::hist::{bucket_index, Histogram};
 
     fn t(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
@@ -231,8 +237,16 @@ mod tests {
     #[test]
     fn old_data_weighs_half_per_half_life() {
         let mut b = Baseline::new(t(0));
-        b.learn(t(0), &hist_at(100_000, 1000), Duration::from_secs(60));
-        b.learn(t(60), &hist_at(400_000, 1000), Duration::from_secs(60));
+        b.learn(
+            t(0),
+            hist_at(100_000, 1000).nonzero(),
+            Duration::from_secs(60),
+        );
+        b.learn(
+            t(60),
+            hist_at(400_000, 1000).nonzero(),
+            Duration::from_secs(60),
+        );
         // 500 decayed samples at 100 µs against 1000 fresh ones at 400 µs
         assert!((b.weight() - 1500.0).abs() < 1e-6);
         let median = b.quantile(0.5).unwrap();
@@ -244,16 +258,28 @@ mod tests {
     #[test]
     fn hold_does_not_decay() {
         let mut b = Baseline::new(t(0));
-        b.learn(t(0), &hist_at(100_000, 1000), Duration::from_secs(60));
+        b.learn(
+            t(0),
+            hist_at(100_000, 1000).nonzero(),
+            Duration::from_secs(60),
+        );
         b.hold(t(600));
-        b.learn(t(600), &hist_at(100_000, 10), Duration::from_secs(60));
+        b.learn(
+            t(600),
+            hist_at(100_000, 10).nonzero(),
+            Duration::from_secs(60),
+        );
         assert!((b.weight() - 1010.0).abs() < 1e-6);
     }
 
     #[test]
     fn warm_up_needs_weight_and_age() {
         let mut b = Baseline::new(t(0));
-        b.learn(t(1), &hist_at(1000, 100), Duration::from_secs(3600));
+        b.learn(
+            t(1),
+            hist_at(1000, 100).nonzero(),
+            Duration::from_secs(3600),
+        );
         assert!(!b.is_warm(t(1), 50, Duration::from_secs(10)));
         assert!(b.is_warm(t(10), 50, Duration::from_secs(10)));
         assert!(!b.is_warm(t(10), 500, Duration::from_secs(10)));
@@ -281,7 +307,11 @@ mod tests {
     #[test]
     fn bytes_round_trip_and_reject_damage() {
         let mut b = Baseline::new(t(5));
-        b.learn(t(9), &hist_at(123_456, 77), Duration::from_secs(3600));
+        b.learn(
+            t(9),
+            hist_at(123_456, 77).nonzero(),
+            Duration::from_secs(3600),
+        );
         let bytes = b.to_bytes();
         let back = Baseline::from_bytes(&bytes).unwrap();
         assert_eq!(back.weights, b.weights);

@@ -51,9 +51,10 @@ struct ServiceState {
 #[derive(Debug)]
 struct KeyState {
     baseline: Baseline,
+    /// Recent intervals; `observe` adds to it directly.
     window: Window,
-    /// This interval's histogram, until `end_interval`.
-    pending: Option<Histogram>,
+    /// The window as last evaluated (kept for stage attribution).
+    snapshot: Option<Snapshot>,
 }
 
 /// One test of one (service, probe, quantile) in the current interval.
@@ -75,34 +76,27 @@ impl Detector {
     /// Record the histogram of one (service, probe) for the current interval (the interval
     /// ending at `ts`). Several calls for the same key in one interval add up.
     pub fn observe(&mut self, ts: SystemTime, service: &str, probe: Probe, interval: &Histogram) {
-        let key = self.key_mut(service, probe, ts);
-        match &mut key.pending {
-            Some(h) => h.merge(interval),
-            None => key.pending = Some(interval.clone()),
-        }
+        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
+        self.key_mut(service, probe, ts)
+            .window
+            .push(start, ts, interval);
     }
 
     /// Close the interval ending at `ts`: test every window, advance every service's state
     /// machine and learn. Returns the incident changes, in service order.
     pub fn end_interval(&mut self, ts: SystemTime) -> Vec<Event> {
-        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
         self.last_end = Some(ts);
 
         // 1. Windows and tests.
         let mut tests: Vec<Test> = Vec::new();
         let mut slo_hits: Vec<Test> = Vec::new();
-        let mut snapshots: Vec<Vec<(Probe, Option<Snapshot>)>> = Vec::new();
         for (si, (name, svc)) in self.services.iter_mut().enumerate() {
             let t = &svc.thresholds;
-            let mut snaps = Vec::with_capacity(svc.keys.len());
             for (&probe, key) in svc.keys.iter_mut() {
-                if let Some(h) = &key.pending {
-                    key.window.push(start, ts, h);
-                }
-                let snap = key
+                key.snapshot = key
                     .window
                     .evaluate(ts, t.window, t.max_window, t.min_samples);
-                if let Some(snap) = &snap {
+                if let Some(snap) = &key.snapshot {
                     let window_cum = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
                     for slo in self.config.slo.iter().filter(|s| applies(s, name, probe)) {
                         if let Some(e) = slo_evidence(slo, snap, &window_cum, &key.baseline) {
@@ -116,7 +110,7 @@ impl Detector {
                         let base_cum = key.baseline.cumulative();
                         for &q in &t.quantiles {
                             if let Some(e) =
-                                shift_test(probe, q, snap, &window_cum, &base_cum, &key.baseline)
+                                shift_test(t, probe, q, snap, &window_cum, &base_cum, &key.baseline)
                             {
                                 tests.push(Test {
                                     service: si,
@@ -126,9 +120,7 @@ impl Detector {
                         }
                     }
                 }
-                snaps.push((probe, snap));
             }
-            snapshots.push(snaps);
         }
 
         // 2. Significance over the whole interval, then the size of the shift.
@@ -160,16 +152,16 @@ impl Detector {
 
         // 3. State machines and learning.
         let mut events = Vec::new();
-        let per_service = hot.into_iter().zip(holding).zip(snapshots);
-        for ((name, svc), ((hot, holding), snaps)) in self.services.iter_mut().zip(per_service) {
-            if let Some(ev) = svc.step(name, ts, hot, holding, &snaps) {
+        let per_service = hot.into_iter().zip(holding);
+        for ((name, svc), (hot, holding)) in self.services.iter_mut().zip(per_service) {
+            if let Some(ev) = svc.step(name, ts, hot, holding) {
                 events.push(ev);
             }
             let frozen = svc.incident.is_some() || svc.recent.last().is_some_and(|&(_, h)| h);
             let half_life = svc.thresholds.half_life;
             for key in svc.keys.values_mut() {
-                match key.pending.take() {
-                    Some(h) if !frozen => key.baseline.learn(ts, &h, half_life),
+                match key.window.interval_ending(ts) {
+                    Some(buckets) if !frozen => key.baseline.learn(ts, buckets, half_life),
                     _ => key.baseline.hold(ts),
                 }
             }
@@ -251,10 +243,7 @@ impl Detector {
                 keys += 1;
                 bytes += std::mem::size_of::<KeyState>()
                     + std::mem::size_of::<[f64; crate::hist::NUM_BUCKETS]>()
-                    + key.window.heap_bytes()
-                    + key.pending.as_ref().map_or(0, |_| {
-                        std::mem::size_of::<[u64; crate::hist::NUM_BUCKETS]>()
-                    });
+                    + key.window.heap_bytes();
             }
         }
         bytes.checked_div(keys).unwrap_or(0)
@@ -269,7 +258,7 @@ impl Detector {
         svc.keys.entry(probe).or_insert_with(|| KeyState {
             baseline: Baseline::new(now),
             window: Window::default(),
-            pending: None,
+            snapshot: None,
         })
     }
 }
@@ -294,7 +283,6 @@ impl ServiceState {
         ts: SystemTime,
         mut hot: Vec<Evidence>,
         holding: bool,
-        snaps: &[(Probe, Option<Snapshot>)],
     ) -> Option<Event> {
         let t = &self.thresholds;
         let window_start = hot.iter().map(|e| e.window_start).min().unwrap_or(ts);
@@ -339,7 +327,7 @@ impl ServiceState {
             inc.probes = probes.into_iter().collect();
             inc.updated_at = ts;
             if grew || stronger {
-                inc.stage = self.stage(&headline, snaps);
+                inc.stage = self.stage(&headline);
                 inc.headline = headline;
                 inc.evidence = hot;
                 self.reported_ratio = inc.headline.ratio;
@@ -370,7 +358,7 @@ impl ServiceState {
             opened_at: ts,
             updated_at: ts,
             closed_at: None,
-            stage: self.stage(&headline, snaps),
+            stage: self.stage(&headline),
             headline,
             evidence: hot,
         };
@@ -382,18 +370,15 @@ impl ServiceState {
 
     /// Stage attribution at the headline's quantile along the headline probe's path, up to
     /// the deepest probe of that path the service has data for.
-    fn stage(
-        &self,
-        headline: &Evidence,
-        snaps: &[(Probe, Option<Snapshot>)],
-    ) -> Option<crate::event::StageAttribution> {
+    fn stage(&self, headline: &Evidence) -> Option<crate::event::StageAttribution> {
         let q = headline.quantile;
         let deepest = Probe::ALL
             .iter()
             .rev()
             .copied()
             .find(|&p| {
-                on_path(p, headline.probe) && snaps.iter().any(|(sp, s)| *sp == p && s.is_some())
+                on_path(p, headline.probe)
+                    && self.keys.get(&p).is_some_and(|k| k.snapshot.is_some())
             })
             .unwrap_or(headline.probe);
         let mut chain = vec![deepest];
@@ -403,9 +388,7 @@ impl ServiceState {
         chain.reverse();
         let mut path = Vec::new();
         for p in chain {
-            let (Some(key), Some((_, Some(snap)))) =
-                (self.keys.get(&p), snaps.iter().find(|(sp, _)| *sp == p))
-            else {
+            let Some((key, Some(snap))) = self.keys.get(&p).map(|k| (k, &k.snapshot)) else {
                 continue;
             };
             let window = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
@@ -445,6 +428,7 @@ fn estimate(bucket: usize, value_ns: f64) -> Estimate {
 /// The exact binomial test of quantile `q`: how many window samples lie above the baseline's
 /// q-bucket, against the share of baseline weight above it.
 fn shift_test(
+    t: &Thresholds,
     probe: Probe,
     q: f64,
     snap: &Snapshot,
@@ -458,14 +442,25 @@ fn shift_test(
     // infinitely surprising.
     let p0 = (base.above(b_bucket) + 0.5) / (base.total() + 1.0);
     let exceedances = window.above(b_bucket).round() as u64;
-    let p_value = binomial_upper_tail(snap.count, p0, exceedances);
+    let ratio = o_value / b_value.max(1.0);
+    // The exact test is the costly part; when the shift is too small to count even for an
+    // open incident, or there are no more exceedances than expected, p = 1 stands in. That
+    // is an upper bound of the true p-value, so Holm's guarantee still holds.
+    let could_matter = ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
+        && o_value - b_value >= t.min_delta.as_nanos() as f64 * HOLD_FRACTION
+        && exceedances as f64 > p0 * snap.count as f64;
+    let p_value = if could_matter {
+        binomial_upper_tail(snap.count, p0, exceedances)
+    } else {
+        1.0
+    };
     Some(Evidence {
         probe,
         quantile: q,
         kind: EvidenceKind::Shift,
         baseline: estimate(b_bucket, b_value),
         observed: estimate(o_bucket, o_value),
-        ratio: o_value / b_value.max(1.0),
+        ratio,
         p_value: Some(p_value),
         window_samples: snap.count,
         exceedances,

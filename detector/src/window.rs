@@ -20,6 +20,7 @@ struct Interval {
 }
 
 /// A window summed up for testing.
+#[derive(Debug)]
 pub(crate) struct Snapshot {
     /// Dense bucket counts over the window.
     pub buckets: [u64; NUM_BUCKETS],
@@ -36,7 +37,19 @@ pub(crate) struct Window {
 }
 
 impl Window {
+    /// Add an interval; a second histogram for the same interval end adds up with the first.
     pub(crate) fn push(&mut self, start: SystemTime, end: SystemTime, hist: &Histogram) {
+        if let Some(last) = self.intervals.back_mut().filter(|iv| iv.end == end) {
+            let mut merged = Histogram::new();
+            for &(i, c) in last.buckets.iter() {
+                merged.record_n(crate::hist::bucket_lower(usize::from(i)), u64::from(c));
+            }
+            merged.merge(hist);
+            let start = last.start;
+            self.intervals.pop_back();
+            self.push(start, end, &merged);
+            return;
+        }
         let mut buckets = Vec::new();
         for (i, c) in hist.nonzero() {
             let mut left = c;
@@ -105,6 +118,18 @@ impl Window {
         })
     }
 
+    /// `(bucket, count)` of the interval ending at `end`, if it was pushed.
+    pub(crate) fn interval_ending(
+        &self,
+        end: SystemTime,
+    ) -> Option<impl Iterator<Item = (usize, u64)> + '_> {
+        self.intervals.back().filter(|iv| iv.end == end).map(|iv| {
+            iv.buckets
+                .iter()
+                .map(|&(i, c)| (usize::from(i), u64::from(c)))
+        })
+    }
+
     /// Approximate heap bytes held, for the memory figure of the benchmark.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.intervals.capacity() * std::mem::size_of::<Interval>()
@@ -157,6 +182,23 @@ mod tests {
         assert!(w
             .evaluate(t(100), Duration::from_secs(5), Duration::from_secs(30), 500)
             .is_none());
+    }
+
+    #[test]
+    fn two_pushes_for_one_interval_add_up() {
+        let mut w = Window::default();
+        w.push(t(0), t(1), &hist(300));
+        w.push(t(0), t(1), &hist(200));
+        let snap = w
+            .evaluate(t(1), Duration::from_secs(5), Duration::from_secs(60), 1)
+            .unwrap();
+        assert_eq!(snap.count, 500);
+        assert_eq!(
+            w.interval_ending(t(1))
+                .map(|it| it.map(|(_, c)| c).sum::<u64>()),
+            Some(500)
+        );
+        assert!(w.interval_ending(t(2)).is_none());
     }
 
     #[test]
