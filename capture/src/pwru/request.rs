@@ -4,6 +4,7 @@
 //! value (ports are `u16`, addresses `IpAddr`, function names checked identifiers), so no
 //! text from configuration, the kernel or the network is ever pasted into the argv.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use detector::Probe;
 use serde::{Deserialize, Serialize};
+
+use crate::sample::{Flow, Transport};
 
 /// Why a session request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -145,6 +148,38 @@ impl PcapFilter {
             local_ports: ports,
             remote_addrs: addrs,
         })
+    }
+
+    /// A filter for the dominant flows among an incident's samples: `protocol` traffic on
+    /// `local_ports`, narrowed to the `max_peers` remote addresses that sent the most
+    /// samples to those ports (ties go to the lower address, so the choice is stable).
+    /// Flows of other protocols or ports are ignored; with none left, the filter is the
+    /// ports alone.
+    pub fn from_flows<'a>(
+        protocol: Protocol,
+        local_ports: &[u16],
+        flows: impl IntoIterator<Item = &'a Flow>,
+        max_peers: usize,
+    ) -> Result<Self, RequestError> {
+        let transport = match protocol {
+            Protocol::Tcp => Transport::Tcp,
+            Protocol::Udp => Transport::Udp,
+        };
+        let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+        for f in flows {
+            if f.transport == transport && local_ports.contains(&f.dport) && !f.src.is_unspecified()
+            {
+                *counts.entry(f.src.to_canonical()).or_default() += 1;
+            }
+        }
+        let mut peers: Vec<(IpAddr, u64)> = counts.into_iter().collect();
+        peers.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let top: Vec<IpAddr> = peers
+            .into_iter()
+            .take(max_peers.min(MAX_ADDRS))
+            .map(|(a, _)| a)
+            .collect();
+        PcapFilter::new(protocol, local_ports, &top)
     }
 
     /// The protocol.
@@ -612,6 +647,51 @@ mod tests {
         );
         let f = PcapFilter::new(Protocol::Tcp, &[443], &[ip("::ffff:192.0.2.7")]).unwrap();
         assert_eq!(f.expression(), "tcp and port 443 and host 192.0.2.7");
+    }
+
+    fn flow(t: Transport, src: &str, dport: u16) -> Flow {
+        Flow {
+            transport: t,
+            src: ip(src),
+            sport: 40000,
+            dst: ip("10.0.0.1"),
+            dport,
+        }
+    }
+
+    #[test]
+    fn filter_from_dominant_flows() {
+        let mut flows = Vec::new();
+        for (src, n) in [
+            ("10.0.0.9", 2),
+            ("10.0.0.5", 5),
+            ("::ffff:10.0.0.7", 3),
+            ("10.0.0.8", 3),
+        ] {
+            flows.extend(std::iter::repeat_n(flow(Transport::Tcp, src, 9000), n));
+        }
+        // Other ports and protocols do not count, however many.
+        flows.extend(std::iter::repeat_n(
+            flow(Transport::Udp, "10.9.9.9", 9000),
+            50,
+        ));
+        flows.extend(std::iter::repeat_n(
+            flow(Transport::Tcp, "10.9.9.8", 22),
+            50,
+        ));
+        let f = PcapFilter::from_flows(Protocol::Tcp, &[9000], &flows, 3).unwrap();
+        // 10.0.0.7 and 10.0.0.8 tie at 3: the lower address first.
+        assert_eq!(
+            f.expression(),
+            "tcp and port 9000 and (host 10.0.0.5 or host 10.0.0.7 or host 10.0.0.8)"
+        );
+        let f = PcapFilter::from_flows(Protocol::Udp, &[53], &flows, 3).unwrap();
+        assert_eq!(f.expression(), "udp and port 53");
+        let many: Vec<Flow> = (1..=40u8)
+            .map(|i| flow(Transport::Tcp, &format!("10.1.0.{i}"), 9000))
+            .collect();
+        let f = PcapFilter::from_flows(Protocol::Tcp, &[9000], &many, 100).unwrap();
+        assert_eq!(f.remote_addrs().len(), MAX_ADDRS);
     }
 
     #[test]
