@@ -161,7 +161,7 @@ impl SessionStatus {
                 "lines",
                 format!("{} ({} unparsed)", self.lines_captured, self.lines_unparsed),
             ),
-            ("command", self.argv.join(" ")),
+            ("command", shell_words(&self.argv)),
         ]
     }
 
@@ -350,6 +350,26 @@ impl SessionManager {
             stop,
         ))
     }
+}
+
+/// The argv as one line an operator can paste into a shell (for display only: tailtrap
+/// itself never runs pwru through a shell).
+fn shell_words(argv: &[String]) -> String {
+    let plain = |a: &str| {
+        !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c))
+    };
+    argv.iter()
+        .map(|a| {
+            if plain(a) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Whole seconds are enough for humans reading a reason.
@@ -787,6 +807,23 @@ mod tests {
         assert_eq!(buf.len(), MAX_LINE_BYTES);
         assert!(read_line_bounded(&mut input, &mut buf).await.unwrap());
         assert_eq!(buf, b"next");
+    }
+
+    #[test]
+    fn command_row_is_shell_quoted() {
+        let argv = [
+            "pwru",
+            "--filter-func",
+            "^(a|b)$",
+            "tcp and port 1",
+            "it's",
+            "/r/x.ready",
+        ]
+        .map(String::from);
+        assert_eq!(
+            shell_words(&argv),
+            r"pwru --filter-func '^(a|b)$' 'tcp and port 1' 'it'\''s' /r/x.ready"
+        );
     }
 
     #[test]
