@@ -592,7 +592,7 @@ impl SessionRequest {
     /// pwru's arguments (without the program name). JSON events on stdout, one per line,
     /// with boot-time timestamps and callers so they can be lined up with the samples;
     /// the ready file tells when the probes are attached; the pcap filter goes last as a
-    /// single argument (pwru joins its trailing arguments with spaces).
+    /// single argument (pwru reads the expression from its positional arguments).
     pub fn argv(&self, ready_file: &Path) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec![
             "--output-json".into(),
