@@ -33,16 +33,17 @@ struct Rig {
 
 impl Rig {
     fn new(mode: &str, fixture: &str) -> Rig {
-        Rig::new_in(mode, fixture, &std::env::temp_dir())
+        Rig::new_in(mode, fixture, &std::env::temp_dir(), "")
     }
 
-    fn new_in(mode: &str, fixture: &str, parent: &Path) -> Rig {
+    /// `extra` is more shell `export` lines for the stand-in.
+    fn new_in(mode: &str, fixture: &str, parent: &Path, extra: &str) -> Rig {
         let dir = tempfile::tempdir_in(parent).unwrap();
         let wrapper = dir.path().join("pwru");
         let script = format!(
             "#!/bin/sh\necho $$ >'{}'\nexport FAKE_PWRU_MODE={mode}\nexport FAKE_PWRU_FIXTURE='{}'\n\
              export FAKE_PWRU_STARTUP=0.2\nexport FAKE_PWRU_LINE_DELAY=0.002\n\
-             export FAKE_PWRU_ARGV_LOG='{}'\nexec '{}' \"$@\"\n",
+             export FAKE_PWRU_ARGV_LOG='{}'\n{extra}exec '{}' \"$@\"\n",
             dir.path().join("pid").display(),
             testdata(fixture).display(),
             dir.path().join("argv.log").display(),
@@ -213,6 +214,26 @@ async fn all_ignored_is_failed_despite_exit_0() {
         st.reason
     );
     assert!(lines.is_empty());
+}
+
+#[tokio::test]
+async fn all_ignored_without_progress_bar() {
+    let parent = tempfile::tempdir().unwrap();
+    let rig = Rig::new_in(
+        "all-ignored",
+        "tcp612.jsonl",
+        parent.path(),
+        "export FAKE_PWRU_NO_BAR=1\n",
+    );
+    let req = request("web", 9000, 1000, 100)
+        .with_filter_funcs(FilterFuncs::new(["tcp_v4_rcv", "tcp_queue_rcv", "udp_rcv"]).unwrap());
+    let (st, _) = run(&rig.manager(), req).await;
+    assert_eq!(st.state, SessionState::Failed, "{st:#?}");
+    assert_eq!((st.attach.attempted, st.attach.ignored), (Some(3), Some(3)));
+    assert!(st
+        .stderr_tail
+        .iter()
+        .any(|l| l.ends_with("INFO Attached ignored=3")));
 }
 
 #[tokio::test]
@@ -485,7 +506,7 @@ async fn session_in_doomed_process() {
         PathBuf::from(std::env::var_os(ORPHAN_DIR_ENV).expect("run by pwru_dies_with_tailtrap"));
     // Inside the parent's directory, which the parent removes: this process dies uncleanly.
     // A pwru that prints nothing (no traffic): a closed pipe would not stop it either.
-    let rig = Rig::new_in("all-ignored", "tcp612.jsonl", &dir);
+    let rig = Rig::new_in("all-ignored", "tcp612.jsonl", &dir, "");
     let mgr = SessionManager::new(
         rig.dir.path().join("pwru"),
         ManagerConfig {

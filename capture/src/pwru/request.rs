@@ -584,6 +584,11 @@ impl SessionRequest {
         &self.filter
     }
 
+    /// The kernel functions.
+    pub fn filter_funcs(&self) -> &FilterFuncs {
+        &self.funcs
+    }
+
     /// The limits.
     pub fn limits(&self) -> SessionLimits {
         self.limits

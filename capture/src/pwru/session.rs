@@ -487,6 +487,11 @@ async fn supervise(
         status.stderr_tail = log.tail();
         status.attach = log.attach().clone();
     }
+    // Without a progress bar to count them (stderr cut, another pwru version), the
+    // functions asked for bound what pwru can have tried: ignoring that many is all.
+    if status.attach.attempted.is_none() && status.attach.ignored.is_some() {
+        status.attach.attempted = u32::try_from(request.filter_funcs().names().len()).ok();
+    }
     status.lines_captured = counts.read.load(Ordering::Relaxed);
     status.lines_unparsed = counts.unparsed.load(Ordering::Relaxed);
 

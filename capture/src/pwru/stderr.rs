@@ -32,7 +32,8 @@ static BAR: LazyLock<Regex> = LazyLock::new(|| {
 pub struct AttachReport {
     /// `kprobe` or `kprobe-multi`, from `Attaching kprobes via=…`.
     pub backend: Option<String>,
-    /// Functions pwru tried to attach (the attach progress bar's total).
+    /// Functions pwru tried to attach: the attach progress bar's total or, when stderr
+    /// showed no bar, the number of functions requested.
     pub attempted: Option<u32>,
     /// Functions it skipped, from `Attached ignored=N`.
     pub ignored: Option<u32>,
