@@ -26,7 +26,7 @@ impl std::fmt::Display for LockHolder {
 pub enum StoreError {
     /// Another process (normally the running daemon) has the database open.
     #[error(
-        "database {} is in use by {}; while the daemon runs, query through it \
+        "database {} is locked by {}, normally the running daemon: query through the daemon \
          (e.g. `tailtrap incidents`) instead of opening the database directly",
         path.display(),
         holder.as_ref().map_or_else(|| "another process".to_string(), |h| h.to_string())

@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use capture::sample::Sample;
 use serde::{de::DeserializeOwned, Serialize};
@@ -71,12 +71,17 @@ const META_SCHEMA: &[u8] = b"schema";
 const META_NEXT_INCIDENT: &[u8] = b"next_incident";
 const META_MOVED_ASIDE: &[u8] = b"moved_aside";
 pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
+const META_GENERATION: &[u8] = b"flush_generation";
+/// File inside the database directory recording the last flush generation sled confirmed.
+const WITNESS_FILE: &str = "tailtrap-flushed";
 
 pub(crate) struct Engine {
     pub(crate) db: sled::Db,
     trees: Vec<sled::Tree>,
     /// Live bytes per tree found when it was opened.
     pub(crate) live: [u64; 6],
+    /// Flush generation stored in the database when it was opened.
+    generation: u64,
 }
 
 impl Engine {
@@ -134,6 +139,9 @@ pub struct Store {
     live: [AtomicU64; 6],
     /// Serialises incident id allocation.
     id_lock: Mutex<()>,
+    /// Serialises flushes, so generations reach the witness file in order.
+    flush_lock: Mutex<()>,
+    generation: AtomicU64,
     report: OpenReport,
     pid_file: Option<PathBuf>,
 }
@@ -158,7 +166,7 @@ impl Store {
                 .map_err(|e| StoreError::io(format!("creating {}", parent.display()), e))?;
         }
         let (engine, moved_aside) = open_engine(&path, &cfg, OnCorrupt::MoveAside)?;
-        let mut store = Store::assemble(path, cfg, engine)?;
+        let mut store = Store::assemble(path, cfg, engine, true)?;
         if let Some(aside) = &moved_aside {
             store.note_moved_aside(aside)?;
         }
@@ -178,11 +186,12 @@ impl Store {
         }
         let cfg = StoreConfig::default();
         let (engine, _) = open_engine(&path, &cfg, OnCorrupt::Fail)?;
-        Store::assemble(path, cfg, engine)
+        Store::assemble(path, cfg, engine, false)
     }
 
-    fn assemble(path: PathBuf, cfg: StoreConfig, engine: Engine) -> Result<Store> {
+    fn assemble(path: PathBuf, cfg: StoreConfig, engine: Engine, writable: bool) -> Result<Store> {
         let live = engine.live.map(AtomicU64::new);
+        let generation = AtomicU64::new(engine.generation);
         let store = Store {
             path,
             cfg,
@@ -190,10 +199,12 @@ impl Store {
             counters: Counters::default(),
             live,
             id_lock: Mutex::new(()),
+            flush_lock: Mutex::new(()),
+            generation,
             report: OpenReport::default(),
             pid_file: None,
         };
-        store.check_schema()?;
+        store.check_schema(writable)?;
         Ok(store)
     }
 
@@ -215,9 +226,22 @@ impl Store {
     /// Make everything written so far durable. Opening and closing incidents flush by
     /// themselves; sample, pwru and history writes are flushed by the engine every
     /// `flush_every` (≤ 1 s) or by this call.
+    ///
+    /// Each flush also bumps a generation number in the database and, once the engine
+    /// confirms, records it in a small file beside the engine's own. sled 0.34 can come
+    /// back from damaged log segments silently missing data; finding a generation lower
+    /// than the file's at the next open exposes that as damage.
     pub fn flush(&self) -> Result<()> {
+        let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = self.generation.load(Ordering::Relaxed) + 1;
+        self.meta_put(META_GENERATION, &generation)?;
         let r = self.engine().db.flush().map(|_| ());
-        self.counted(r.map_err(StoreError::from))
+        self.counted(r.map_err(StoreError::from))?;
+        self.generation.store(generation, Ordering::Relaxed);
+        if let Err(e) = write_witness(&self.path, generation) {
+            tracing::warn!(error = %e, "could not record the flush generation");
+        }
+        Ok(())
     }
 
     /// Current counters.
@@ -522,14 +546,15 @@ impl Store {
         self.put(T::Meta, key, value)
     }
 
-    fn check_schema(&self) -> Result<()> {
+    fn check_schema(&self, write_if_missing: bool) -> Result<()> {
         match self.meta_get::<u32>(META_SCHEMA)? {
             Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
             Some(_) => Ok(()),
-            None => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
+            None if write_if_missing => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
+            None => Ok(()),
         }
     }
 
@@ -563,6 +588,7 @@ impl Store {
             db,
             trees,
             live: [0; 6],
+            generation: 0,
         })
     }
 
@@ -636,10 +662,26 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
                 *slot += (k.len() + v.len()) as u64;
             }
         }
-        Ok(Engine { db, trees, live })
+        let generation = match trees[T::Meta.index()].get(META_GENERATION)? {
+            Some(v) => codec::decode::<u64>(&v).unwrap_or(0),
+            None => 0,
+        };
+        Ok(Engine {
+            db,
+            trees,
+            live,
+            generation,
+        })
     }));
     match opened {
-        Ok(Ok(engine)) => Ok(engine),
+        Ok(Ok(engine)) => match read_witness(path) {
+            Some(w) if w > engine.generation => Err(OpenFailure::Damaged(format!(
+                "records acknowledged as durable are missing (flush generation {w} was \
+                 confirmed, the database holds {})",
+                engine.generation
+            ))),
+            _ => Ok(engine),
+        },
         Ok(Err(e)) => Err(classify(e)),
         Err(panic) => {
             let msg = panic
@@ -652,12 +694,30 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
     }
 }
 
+/// Open, waiting briefly when the lock holder is this very process: sled's I/O threads
+/// release a dropped database's file a moment after the drop returns.
+fn try_open_patiently(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenFailure> {
+    let mut waited = Duration::ZERO;
+    loop {
+        match try_open(path, cfg) {
+            Err(OpenFailure::Locked)
+                if waited < Duration::from_secs(3)
+                    && lock::holder(path).is_some_and(|h| h.pid == std::process::id()) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+                waited += Duration::from_millis(20);
+            }
+            other => return other,
+        }
+    }
+}
+
 fn open_engine(
     path: &Path,
     cfg: &StoreConfig,
     on_corrupt: OnCorrupt,
 ) -> Result<(Engine, Option<PathBuf>)> {
-    match try_open(path, cfg) {
+    match try_open_patiently(path, cfg) {
         Ok(e) => Ok((e, None)),
         Err(OpenFailure::Locked) => Err(StoreError::Locked {
             path: path.to_path_buf(),
@@ -685,7 +745,7 @@ fn open_engine(
                 "DATABASE DAMAGED: moved aside, starting a fresh one; the old data is kept there for inspection"
             );
             // A second failure on a fresh directory is not corruption: report it, do not loop.
-            match try_open(path, cfg) {
+            match try_open_patiently(path, cfg) {
                 Ok(e) => Ok((e, Some(aside))),
                 Err(OpenFailure::Other(e)) => Err(e),
                 Err(OpenFailure::Locked) => Err(StoreError::Locked {
@@ -699,6 +759,22 @@ fn open_engine(
             }
         }
     }
+}
+
+fn write_witness(db: &Path, generation: u64) -> io::Result<()> {
+    let tmp = db.join(format!("{WITNESS_FILE}.tmp"));
+    fs::write(&tmp, format!("{generation}\n"))?;
+    fs::rename(tmp, db.join(WITNESS_FILE))
+}
+
+/// The generation recorded beside the database; `None` when absent or unreadable (a torn
+/// write of the file itself must not condemn the database).
+fn read_witness(db: &Path) -> Option<u64> {
+    fs::read_to_string(db.join(WITNESS_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// `<path>.<suffix>` beside the database directory.

@@ -49,9 +49,12 @@ fn incident_listing_filters_and_pages_newest_first() {
     let mut ids = Vec::new();
     for i in 0..7u64 {
         let svc = if i % 2 == 0 { "web" } else { "db" };
-        let mut inc = s.open_incident(&new_incident(svc, T0 + i * 100 * SEC)).unwrap();
+        let mut inc = s
+            .open_incident(&new_incident(svc, T0 + i * 100 * SEC))
+            .unwrap();
         if i < 5 {
-            s.close_incident(&mut inc, T0 + i * 100 * SEC + 10 * SEC).unwrap();
+            s.close_incident(&mut inc, T0 + i * 100 * SEC + 10 * SEC)
+                .unwrap();
         }
         ids.push(inc.id);
     }
@@ -118,7 +121,9 @@ fn samples_filter_page_and_summarise() {
     let s = open(&dir);
     let inc = s.open_incident(&new_incident("web", T0)).unwrap();
     let other = s.open_incident(&new_incident("db", T0)).unwrap();
-    let batch: Vec<_> = (0..1000).map(|i| sample(inc.id, i, T0 + i * 1_000_000)).collect();
+    let batch: Vec<_> = (0..1000)
+        .map(|i| sample(inc.id, i, T0 + i * 1_000_000))
+        .collect();
     s.put_samples(&batch).unwrap();
     s.put_samples(&[sample(other.id, 0, T0)]).unwrap();
 
@@ -160,7 +165,10 @@ fn samples_filter_page_and_summarise() {
         assert_eq!(got.tcp_seq, Some(*i as u32));
         assert!(f.matches(got));
     }
-    assert_eq!(s.sample_summary(inc.id, &f).unwrap().count, expect.len() as u64);
+    assert_eq!(
+        s.sample_summary(inc.id, &f).unwrap().count,
+        expect.len() as u64
+    );
 
     // Paging returns every sample once, in time order.
     let mut n = 0;
@@ -237,7 +245,8 @@ fn export_bundle_holds_everything_about_one_incident() {
     let inc = s.open_incident(&new_incident("web", T0)).unwrap();
     let batch: Vec<_> = (0..30).map(|i| sample(inc.id, i, T0 + i)).collect();
     s.put_samples(&batch).unwrap();
-    s.put_pwru(&[pwru_record(inc.id, 0), pwru_record(inc.id, 1)]).unwrap();
+    s.put_pwru(&[pwru_record(inc.id, 0), pwru_record(inc.id, 1)])
+        .unwrap();
     let bundle = s.export_incident(inc.id).unwrap();
     assert_eq!(bundle.samples, batch);
     assert_eq!(bundle.pwru.len(), 2);
@@ -266,10 +275,16 @@ fn history_is_downsampled_by_merging_and_read_at_the_best_resolution() {
     // 120 one-second intervals starting on a minute boundary.
     let start = T0 - T0 % (60 * SEC);
     for i in 0..120u64 {
-        s.record_history("web", Probe::TcpSocketRead, start + i * SEC, &hist(&[1000 + i, 5000]))
-            .unwrap();
+        s.record_history(
+            "web",
+            Probe::TcpSocketRead,
+            start + i * SEC,
+            &hist(&[1000 + i, 5000]),
+        )
+        .unwrap();
     }
-    s.record_history("db", Probe::TcpSocketRead, start, &hist(&[1])).unwrap();
+    s.record_history("db", Probe::TcpSocketRead, start, &hist(&[1]))
+        .unwrap();
     let now = start + 120 * SEC;
 
     // Recent range: finest level.
