@@ -10,13 +10,16 @@
 //!   into pwru's argv; nothing from outside is pasted into a shell or a string.
 //! - [`SessionManager::run`] supervises the process (readiness, deadline, SIGTERM, SIGKILL,
 //!   reaping), streams each stdout line as a [`PwruLine`] and returns a [`SessionStatus`].
+//! - [`PwruConfig`] is the `[pwru]` configuration table, checked when loaded.
 
+mod config;
 mod event;
 mod prereq;
 mod request;
 mod session;
 mod stderr;
 
+pub use config::PwruConfig;
 pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
 pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};
 pub use request::{

@@ -85,7 +85,7 @@ impl Protocol {
 /// Most local ports one filter carries (a service listens on a handful at most).
 const MAX_PORTS: usize = 16;
 /// Most remote addresses: the top talkers among the incident's samples, not every peer.
-const MAX_ADDRS: usize = 16;
+pub(crate) const MAX_ADDRS: usize = 16;
 
 /// The pcap filter of a session: the service's protocol and local port(s), optionally
 /// narrowed to the top remote addresses. Built only from typed values (and therefore
@@ -480,6 +480,46 @@ impl Default for SessionLimits {
     }
 }
 
+/// 100 ms..=10 min. Separate checks so configuration can name the offending key.
+pub(crate) fn check_deadline(d: Duration) -> Result<Duration, RequestError> {
+    check_duration(d, "deadline", Duration::from_secs(600), "100ms..=10min")
+}
+
+/// 100 ms..=60 s.
+pub(crate) fn check_kill_grace(d: Duration) -> Result<Duration, RequestError> {
+    check_duration(d, "kill grace", Duration::from_secs(60), "100ms..=60s")
+}
+
+fn check_duration(
+    d: Duration,
+    what: &'static str,
+    max: Duration,
+    range: &'static str,
+) -> Result<Duration, RequestError> {
+    if (Duration::from_millis(100)..=max).contains(&d) {
+        Ok(d)
+    } else {
+        Err(RequestError::LimitOutOfRange {
+            what,
+            got: humantime::format_duration(d).to_string(),
+            range,
+        })
+    }
+}
+
+/// 1..=1 000 000 lines.
+pub(crate) fn check_output_limit(n: u64) -> Result<u64, RequestError> {
+    if (1..=1_000_000).contains(&n) {
+        Ok(n)
+    } else {
+        Err(RequestError::LimitOutOfRange {
+            what: "output limit",
+            got: n.to_string(),
+            range: "1..=1000000 lines",
+        })
+    }
+}
+
 impl SessionLimits {
     /// Checked limits: deadline 100 ms..=10 min, kill grace 100 ms..=60 s,
     /// output limit 1..=1 000 000 lines.
@@ -488,33 +528,20 @@ impl SessionLimits {
         kill_grace: Duration,
         output_limit_lines: u64,
     ) -> Result<Self, RequestError> {
-        let ms = Duration::from_millis;
-        if !(ms(100)..=Duration::from_secs(600)).contains(&deadline) {
-            return Err(RequestError::LimitOutOfRange {
-                what: "deadline",
-                got: humantime::format_duration(deadline).to_string(),
-                range: "100ms..=10min",
-            });
-        }
-        if !(ms(100)..=Duration::from_secs(60)).contains(&kill_grace) {
-            return Err(RequestError::LimitOutOfRange {
-                what: "kill grace",
-                got: humantime::format_duration(kill_grace).to_string(),
-                range: "100ms..=60s",
-            });
-        }
-        if !(1..=1_000_000).contains(&output_limit_lines) {
-            return Err(RequestError::LimitOutOfRange {
-                what: "output limit",
-                got: output_limit_lines.to_string(),
-                range: "1..=1000000 lines",
-            });
-        }
         Ok(SessionLimits {
+            deadline: check_deadline(deadline)?,
+            kill_grace: check_kill_grace(kill_grace)?,
+            output_limit_lines: check_output_limit(output_limit_lines)?,
+        })
+    }
+
+    /// Limits whose values went through the `check_*` functions one by one.
+    pub(crate) fn from_checked(deadline: Duration, kill_grace: Duration, lines: u64) -> Self {
+        SessionLimits {
             deadline,
             kill_grace,
-            output_limit_lines,
-        })
+            output_limit_lines: lines,
+        }
     }
 
     /// When SIGTERM is sent, counted from the start.
