@@ -10,7 +10,7 @@ use crate::event::{attribute, Estimate, Event, Evidence, EvidenceKind, Incident}
 use crate::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
 use crate::probe::Probe;
 use crate::stats::{binomial_upper_tail, holm};
-use crate::window::{Snapshot, Window};
+use crate::window::{Reach, Snapshot, Window};
 
 /// An Updated event is sent when the headline ratio grows by this factor since the last event.
 const UPDATE_RATIO_STEP: f64 = 1.5;
@@ -53,8 +53,8 @@ struct KeyState {
     baseline: Baseline,
     /// Recent intervals; `observe` adds to it directly.
     window: Window,
-    /// The window as last evaluated (kept for stage attribution).
-    snapshot: Option<Snapshot>,
+    /// Whether the window held enough samples at the last evaluation.
+    evaluated: bool,
 }
 
 /// One test of one (service, probe, quantile) in the current interval.
@@ -90,13 +90,13 @@ impl Detector {
         // 1. Windows and tests.
         let mut tests: Vec<Test> = Vec::new();
         let mut slo_hits: Vec<Test> = Vec::new();
+        let mut snap = Snapshot::empty();
         for (si, (name, svc)) in self.services.iter_mut().enumerate() {
             let t = &svc.thresholds;
             for (&probe, key) in svc.keys.iter_mut() {
-                key.snapshot = key
-                    .window
-                    .evaluate(ts, t.window, t.max_window, t.min_samples);
-                if let Some(snap) = &key.snapshot {
+                key.evaluated = key.window.evaluate(ts, reach(t), &mut snap);
+                if key.evaluated {
+                    let snap = &snap;
                     let window_cum = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
                     for slo in self.config.slo.iter().filter(|s| applies(s, name, probe)) {
                         if let Some(e) = slo_evidence(slo, snap, &window_cum, &key.baseline) {
@@ -258,7 +258,7 @@ impl Detector {
         svc.keys.entry(probe).or_insert_with(|| KeyState {
             baseline: Baseline::new(now),
             window: Window::default(),
-            snapshot: None,
+            evaluated: false,
         })
     }
 }
@@ -327,7 +327,7 @@ impl ServiceState {
             inc.probes = probes.into_iter().collect();
             inc.updated_at = ts;
             if grew || stronger {
-                inc.stage = self.stage(&headline);
+                inc.stage = self.stage(ts, &headline);
                 inc.headline = headline;
                 inc.evidence = hot;
                 self.reported_ratio = inc.headline.ratio;
@@ -358,7 +358,7 @@ impl ServiceState {
             opened_at: ts,
             updated_at: ts,
             closed_at: None,
-            stage: self.stage(&headline),
+            stage: self.stage(ts, &headline),
             headline,
             evidence: hot,
         };
@@ -370,16 +370,13 @@ impl ServiceState {
 
     /// Stage attribution at the headline's quantile along the headline probe's path, up to
     /// the deepest probe of that path the service has data for.
-    fn stage(&self, headline: &Evidence) -> Option<crate::event::StageAttribution> {
+    fn stage(&self, ts: SystemTime, headline: &Evidence) -> Option<crate::event::StageAttribution> {
         let q = headline.quantile;
         let deepest = Probe::ALL
             .iter()
             .rev()
             .copied()
-            .find(|&p| {
-                on_path(p, headline.probe)
-                    && self.keys.get(&p).is_some_and(|k| k.snapshot.is_some())
-            })
+            .find(|&p| on_path(p, headline.probe) && self.keys.get(&p).is_some_and(|k| k.evaluated))
             .unwrap_or(headline.probe);
         let mut chain = vec![deepest];
         while let Some(prev) = chain.last().and_then(|p| p.previous()) {
@@ -387,10 +384,14 @@ impl ServiceState {
         }
         chain.reverse();
         let mut path = Vec::new();
+        let mut snap = Snapshot::empty();
         for p in chain {
-            let Some((key, Some(snap))) = self.keys.get(&p).map(|k| (k, &k.snapshot)) else {
+            let Some(key) = self.keys.get(&p) else {
                 continue;
             };
+            if !key.window.sum(ts, reach(&self.thresholds), &mut snap) {
+                continue;
+            }
             let window = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
             let base = key.baseline.cumulative();
             if let (Some((_, b)), Some((_, o))) = (base.quantile(q), window.quantile(q)) {
@@ -405,6 +406,14 @@ impl ServiceState {
 fn on_path(p: Probe, of: Probe) -> bool {
     use crate::probe::Path;
     p.path() == of.path() || p.path() == Path::Ip
+}
+
+fn reach(t: &Thresholds) -> Reach {
+    Reach {
+        window: t.window,
+        max_window: t.max_window,
+        min_samples: t.min_samples,
+    }
 }
 
 fn strongest(hot: &[Evidence]) -> Option<Evidence> {

@@ -2,7 +2,7 @@
 //! and [`Replayer`], which feeds such a series through the same [`Detector`] API the daemon
 //! uses. Format reference: docs/replay-format.md.
 
-use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -167,7 +167,8 @@ pub fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
 pub struct Replayer {
     detector: Detector,
     current: Option<SystemTime>,
-    seen: BTreeSet<(String, Probe)>,
+    /// Probes seen per service in the current interval (bit `probe.id()`).
+    seen: HashMap<String, u8>,
     incidents: Vec<Incident>,
 }
 
@@ -177,7 +178,7 @@ impl Replayer {
         Replayer {
             detector,
             current: None,
-            seen: BTreeSet::new(),
+            seen: HashMap::new(),
             incidents: Vec::new(),
         }
     }
@@ -195,17 +196,23 @@ impl Replayer {
             Some(cur) if rec.ts > cur => {
                 let events = self.detector.end_interval(cur);
                 self.absorb(events);
-                self.seen.clear();
+                self.seen.values_mut().for_each(|bits| *bits = 0);
             }
             _ => {}
         }
-        if !self.seen.insert((rec.service.clone(), rec.probe)) {
+        let bit = 1u8 << rec.probe.id();
+        let bits = match self.seen.get_mut(rec.service.as_str()) {
+            Some(bits) => bits,
+            None => self.seen.entry(rec.service.clone()).or_default(),
+        };
+        if *bits & bit != 0 {
             return Err(RecordError::Duplicate {
                 service: rec.service.clone(),
                 probe: rec.probe,
                 ts: format_time(rec.ts),
             });
         }
+        *bits |= bit;
         self.current = Some(rec.ts);
         self.detector
             .observe(rec.ts, &rec.service, rec.probe, &rec.hist);

@@ -5,7 +5,7 @@
 //! short windows (fast detection) and quiet ones long windows (enough samples for a test).
 
 use std::collections::VecDeque;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::hist::{Histogram, NUM_BUCKETS};
 
@@ -16,11 +16,11 @@ struct Interval {
     end: SystemTime,
     count: u64,
     /// `(bucket, count)`; a count above `u32::MAX` is split over repeated entries.
-    buckets: Box<[(u16, u32)]>,
+    buckets: Vec<(u16, u32)>,
 }
 
 /// A window summed up for testing.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
     /// Dense bucket counts over the window.
     pub buckets: [u64; NUM_BUCKETS],
@@ -30,10 +30,31 @@ pub(crate) struct Snapshot {
     pub start: SystemTime,
 }
 
+impl Snapshot {
+    /// A buffer to sum windows into.
+    pub(crate) fn empty() -> Self {
+        Snapshot {
+            buckets: [0; NUM_BUCKETS],
+            count: 0,
+            start: UNIX_EPOCH,
+        }
+    }
+}
+
+/// How far a window reaches: `window`, grown towards `max_window` to hold `min_samples`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reach {
+    pub window: Duration,
+    pub max_window: Duration,
+    pub min_samples: u64,
+}
+
 /// Recent intervals, newest last.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Window {
     intervals: VecDeque<Interval>,
+    /// The bucket buffer of the last dropped interval, reused by the next push.
+    spare: Vec<(u16, u32)>,
 }
 
 impl Window {
@@ -50,7 +71,8 @@ impl Window {
             self.push(start, end, &merged);
             return;
         }
-        let mut buckets = Vec::new();
+        let mut buckets = std::mem::take(&mut self.spare);
+        buckets.clear();
         for (i, c) in hist.nonzero() {
             let mut left = c;
             while left > 0 {
@@ -63,59 +85,63 @@ impl Window {
             start,
             end,
             count: hist.count(),
-            buckets: buckets.into_boxed_slice(),
+            buckets,
         });
     }
 
-    /// Sum the window ending at `now`, dropping intervals no later window can need. `None`
-    /// when the window holds fewer than `min_samples`.
-    pub(crate) fn evaluate(
-        &mut self,
-        now: SystemTime,
-        window: Duration,
-        max_window: Duration,
-        min_samples: u64,
-    ) -> Option<Snapshot> {
-        let age = |iv: &Interval| now.duration_since(iv.end).unwrap_or(Duration::ZERO);
-        while self
-            .intervals
-            .front()
-            .is_some_and(|iv| age(iv) >= max_window)
-        {
-            self.intervals.pop_front();
+    /// Drop intervals no window ending at `now` or later can need, then sum the window
+    /// ending at `now` into `out`. False when it holds fewer than `min_samples`.
+    pub(crate) fn evaluate(&mut self, now: SystemTime, reach: Reach, out: &mut Snapshot) -> bool {
+        let (first, complete) = self.reach_back(now, reach);
+        // A later window never reaches further back than a complete one (it only gains
+        // samples and time), so everything before it can go; past max_window always can.
+        let drop = if complete {
+            first
+        } else {
+            self.intervals
+                .iter()
+                .take_while(|iv| age(now, iv) >= reach.max_window)
+                .count()
+        };
+        for iv in self.intervals.drain(..drop) {
+            self.spare = iv.buckets;
         }
-        // Walk back from the newest interval: take everything younger than `window`, then
-        // older intervals only while samples are still short.
+        self.sum(now, reach, out)
+    }
+
+    /// Sum the window ending at `now` into `out` without changing anything.
+    pub(crate) fn sum(&self, now: SystemTime, reach: Reach, out: &mut Snapshot) -> bool {
+        let (first, complete) = self.reach_back(now, reach);
+        if !complete {
+            return false;
+        }
+        out.buckets = [0; NUM_BUCKETS];
+        out.count = 0;
+        for iv in self.intervals.iter().skip(first) {
+            for &(i, c) in &iv.buckets {
+                out.buckets[usize::from(i)] += u64::from(c);
+            }
+            out.count += iv.count;
+        }
+        out.start = self.intervals.get(first).map_or(now, |iv| iv.start);
+        true
+    }
+
+    /// Index of the oldest interval in the window ending at `now`, and whether the window
+    /// holds `min_samples`. Takes everything younger than `window`, then older intervals
+    /// (younger than `max_window`) only while samples are short.
+    fn reach_back(&self, now: SystemTime, reach: Reach) -> (usize, bool) {
         let mut count = 0u64;
         let mut first = self.intervals.len();
         for (i, iv) in self.intervals.iter().enumerate().rev() {
-            if age(iv) >= window && count >= min_samples {
+            let a = age(now, iv);
+            if a >= reach.max_window || (a >= reach.window && count >= reach.min_samples) {
                 break;
             }
             count += iv.count;
             first = i;
         }
-        // A later window never reaches further back than this one (it only gains samples
-        // and time), so older intervals can go when this one is complete.
-        if count >= min_samples {
-            self.intervals.drain(..first);
-            first = 0;
-        }
-        if count < min_samples {
-            return None;
-        }
-        let mut buckets = [0u64; NUM_BUCKETS];
-        for iv in self.intervals.iter().skip(first) {
-            for &(i, c) in iv.buckets.iter() {
-                buckets[usize::from(i)] += u64::from(c);
-            }
-        }
-        let start = self.intervals.get(first).map_or(now, |iv| iv.start);
-        Some(Snapshot {
-            buckets,
-            count,
-            start,
-        })
+        (first, count >= reach.min_samples)
     }
 
     /// `(bucket, count)` of the interval ending at `end`, if it was pushed.
@@ -132,19 +158,37 @@ impl Window {
 
     /// Approximate heap bytes held, for the memory figure of the benchmark.
     pub(crate) fn heap_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(u16, u32)>();
         self.intervals.capacity() * std::mem::size_of::<Interval>()
             + self
                 .intervals
                 .iter()
-                .map(|iv| iv.buckets.len() * std::mem::size_of::<(u16, u32)>())
+                .map(|iv| iv.buckets.capacity() * entry)
                 .sum::<usize>()
+            + self.spare.capacity() * entry
     }
+}
+
+fn age(now: SystemTime, iv: &Interval) -> Duration {
+    now.duration_since(iv.end).unwrap_or(Duration::ZERO)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::UNIX_EPOCH;
+
+    fn reach(window: u64, max_window: u64, min_samples: u64) -> Reach {
+        Reach {
+            window: Duration::from_secs(window),
+            max_window: Duration::from_secs(max_window),
+            min_samples,
+        }
+    }
+
+    fn eval(w: &mut Window, now: SystemTime, r: Reach) -> Option<Snapshot> {
+        let mut s = Snapshot::empty();
+        w.evaluate(now, r, &mut s).then_some(s)
+    }
 
     fn t(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
@@ -162,9 +206,7 @@ mod tests {
         for s in 1..=20 {
             w.push(t(s - 1), t(s), &hist(1000));
         }
-        let snap = w
-            .evaluate(t(20), Duration::from_secs(5), Duration::from_secs(60), 500)
-            .unwrap();
+        let snap = eval(&mut w, t(20), reach(5, 60, 500)).unwrap();
         assert_eq!(snap.count, 5000);
         assert_eq!(snap.start, t(15));
         assert_eq!(w.intervals.len(), 5, "older intervals are dropped");
@@ -173,15 +215,11 @@ mod tests {
         for s in 1..=100 {
             w.push(t(s - 1), t(s), &hist(10));
         }
-        let snap = w
-            .evaluate(t(100), Duration::from_secs(5), Duration::from_secs(60), 500)
-            .unwrap();
+        let snap = eval(&mut w, t(100), reach(5, 60, 500)).unwrap();
         assert_eq!(snap.count, 500, "grows to 50 intervals of 10 samples");
         assert_eq!(snap.start, t(50));
         // max_window caps it: 30 s hold only 300 samples
-        assert!(w
-            .evaluate(t(100), Duration::from_secs(5), Duration::from_secs(30), 500)
-            .is_none());
+        assert!(eval(&mut w, t(100), reach(5, 30, 500)).is_none());
     }
 
     #[test]
@@ -189,9 +227,7 @@ mod tests {
         let mut w = Window::default();
         w.push(t(0), t(1), &hist(300));
         w.push(t(0), t(1), &hist(200));
-        let snap = w
-            .evaluate(t(1), Duration::from_secs(5), Duration::from_secs(60), 1)
-            .unwrap();
+        let snap = eval(&mut w, t(1), reach(5, 60, 1)).unwrap();
         assert_eq!(snap.count, 500);
         assert_eq!(
             w.interval_ending(t(1))
@@ -206,9 +242,7 @@ mod tests {
         let mut w = Window::default();
         let n = u64::from(u32::MAX) * 2 + 7;
         w.push(t(0), t(1), &hist(n));
-        let snap = w
-            .evaluate(t(1), Duration::from_secs(5), Duration::from_secs(60), 1)
-            .unwrap();
+        let snap = eval(&mut w, t(1), reach(5, 60, 1)).unwrap();
         assert_eq!(snap.count, n);
         assert_eq!(snap.buckets.iter().sum::<u64>(), n);
     }
