@@ -249,9 +249,21 @@ pub(crate) async fn check_with(
             }
         }
     }
-    let kprobes = sys.kprobe_pmu.exists();
-    let kprobe_multi = kprobe_multi_hint(&sys.kallsyms);
-    let tracefs = tracefs_state(&sys.tracefs_lists);
+    // Scanning kallsyms reads ~10 MB: off the async workers.
+    let facts = sys.clone();
+    let kernel = tokio::task::spawn_blocking(move || {
+        (
+            facts.kprobe_pmu.exists(),
+            kprobe_multi_hint(&facts.kallsyms),
+            tracefs_state(&facts.tracefs_lists),
+        )
+    })
+    .await;
+    let (kprobes, kprobe_multi, tracefs) = match kernel {
+        Ok(k) => k,
+        // Only a panic in the closure gets here; report nothing as available.
+        Err(_) => (false, KprobeMulti::Unknown, TracefsState::NotMounted),
+    };
     let root = nix::unistd::geteuid().is_root();
 
     let (status, summary) = match (&located, &binary_problem) {
