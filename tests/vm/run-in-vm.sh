@@ -116,7 +116,7 @@ mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w overlay /
 R=/newroot
 mount -t proc proc $R/proc; mount -t sysfs sys $R/sys; mount -t devtmpfs dev $R/dev
 mkdir -p $R/dev/pts $R/dev/shm; mount -t devpts -o newinstance,ptmxmode=666 devpts $R/dev/pts
-mount -t tmpfs tmpfs $R/dev/shm; mount -t tmpfs tmpfs $R/run; mount -t tmpfs tmpfs $R/tmp
+mount -t tmpfs tmpfs $R/dev/shm; mount -t tmpfs tmpfs $R/run
 mount -t bpf bpf $R/sys/fs/bpf; mount -t tracefs tracefs $R/sys/kernel/tracing
 mount -t debugfs debugfs $R/sys/kernel/debug; mount -t securityfs securityfs $R/sys/kernel/security
 mount -t cgroup2 cgroup2 $R/sys/fs/cgroup

@@ -5,7 +5,7 @@
 # where fentry/fexit and kprobes work (the development kernel refuses them).
 #   1. fetch-kernels.sh (a no-op when the kernels are cached),
 #   2. builds on the host: `cargo build --bins` (the e2e tests run the tailtrap binary) and
-#      `cargo test -p tailtrap-tests --no-run`, taking the test executables from cargo's JSON,
+#      `cargo test --workspace --no-run`, taking tailtrap-tests' executables from cargo's JSON,
 #   3. per kernel and test executable: one VM boot (run-in-vm.sh) running the executable with
 #      --test-threads=1 and TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry
 #      TAILTRAP_KERNEL=<release>, so a hang or crash affects that executable only.
@@ -49,12 +49,14 @@ for s in "${series[@]}"; do [ -n "${KDIR[$s]:-}" ] || die "no kernel for $s"; do
 
 # ---- build on the host, once
 cd "$ROOT" || die "cannot enter $ROOT"
-echo "$PROG: building (cargo build --bins; cargo test -p tailtrap-tests --no-run)" >&2
+echo "$PROG: building (cargo build --bins; cargo test --workspace --no-run)" >&2
 cargo build --bins >&2 || die "cargo build --bins failed"
-json=$(cargo test -p tailtrap-tests --no-run --message-format=json) || die "building the tests failed"
-# Integration test executables: artifacts of target kind "test" built in test mode.
+# The same build as `cargo test --workspace` (a -p build would unify features differently and
+# rebuild dependencies); only tailtrap-tests' executables run in the VM.
+json=$(cargo test --workspace --no-run --message-format=json) || die "building the tests failed"
+# Integration test executables of tailtrap-tests: artifacts of target kind "test" in test mode.
 mapfile -t executables < <(printf '%s\n' "$json" |
-    grep '"reason":"compiler-artifact"' | grep '"kind":\["test"\]' | grep '"test":true' |
+    grep '"reason":"compiler-artifact"' | grep '#tailtrap-tests@' | grep '"kind":\["test"\]' | grep '"test":true' |
     grep -o '"executable":"[^"]*"' | sed 's/^"executable":"//; s/"$//' | sort)
 [ ${#executables[@]} -gt 0 ] || die "cargo reported no test executables"
 tests=()
