@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const HEADERS: [&str; 9] = [
+const SOURCES: [&str; 10] = [
     "tailtrap.h",
     "bucket.h",
     "hist.bpf.h",
@@ -17,17 +17,21 @@ const HEADERS: [&str; 9] = [
     "hol.bpf.h",
     "vmlinux.h",
     "probes.bpf.c",
+    "floor.bpf.c",
 ];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
 
-    SkeletonBuilder::new()
-        .source(format!("{BPF_DIR}/probes.bpf.c"))
-        // cpu v3: atomic fetch-and-add with a result (auto-service slots); kernels >= 5.12.
-        .clang_args(["-I", BPF_DIR, "-mcpu=v3", "-Wall", "-Werror"])
-        .build_and_generate(out.join("probes.skel.rs"))
-        .expect("building the BPF skeleton (needs clang and libelf; see docs/probes.md)");
+    // probes: the product; floor: empty programs for the probe-cost benchmark.
+    for name in ["probes", "floor"] {
+        SkeletonBuilder::new()
+            .source(format!("{BPF_DIR}/{name}.bpf.c"))
+            // cpu v3: atomic fetch-and-add with a result (auto-service slots); kernels >= 5.12.
+            .clang_args(["-I", BPF_DIR, "-mcpu=v3", "-Wall", "-Werror"])
+            .build_and_generate(out.join(format!("{name}.skel.rs")))
+            .expect("building a BPF skeleton (needs clang and libelf; see docs/probes.md)");
+    }
 
     // Only the bucket agreement test links this (by name); nothing else references it.
     cc::Build::new()
@@ -37,7 +41,7 @@ fn main() {
         .compile("tailtrap_bucket_shim");
     println!("cargo:rustc-link-search=native={}", out.display());
 
-    for f in HEADERS {
+    for f in SOURCES {
         println!("cargo:rerun-if-changed={BPF_DIR}/{f}");
     }
     println!("cargo:rerun-if-changed=tests/shim/bucket_shim.c");

@@ -87,6 +87,9 @@ pub struct Attachment {
 pub struct ProgStats {
     /// BPF program name.
     pub program: String,
+    /// Where it is attached, as its ELF section names it (`tp_btf/tcp_probe`,
+    /// `fentry/tcp_v4_rcv`, ...).
+    pub attach_point: String,
     /// Probes the program serves.
     pub probes: Vec<Probe>,
     /// Total run time, ns.
@@ -411,7 +414,7 @@ impl ProbeSet {
     /// BPF run-time statistics of the attached programs (run_time_ns stays 0 unless
     /// `kernel.bpf_stats_enabled` is on).
     pub fn prog_stats(&self) -> Vec<ProgStats> {
-        let ids: HashMap<u32, String> = self
+        let ids: HashMap<u32, (String, String)> = self
             .skel
             .object()
             .progs()
@@ -422,12 +425,14 @@ impl ProbeSet {
             })
             .filter_map(|p| {
                 let id = libbpf_rs::Program::id_from_fd(p.as_fd()).ok()?;
-                Some((id, p.name().to_string_lossy().into_owned()))
+                let name = p.name().to_string_lossy().into_owned();
+                let section = p.section().to_string_lossy().into_owned();
+                Some((id, (name, section)))
             })
             .collect();
         let mut stats: Vec<ProgStats> = libbpf_rs::query::ProgInfoIter::default()
             .filter_map(|info| {
-                let program = ids.get(&info.id)?.clone();
+                let (program, attach_point) = ids.get(&info.id)?.clone();
                 let probes = self
                     .attachments
                     .iter()
@@ -436,6 +441,7 @@ impl ProbeSet {
                     .collect();
                 Some(ProgStats {
                     program,
+                    attach_point,
                     probes,
                     run_time_ns: info.run_time_ns,
                     run_cnt: info.run_cnt,
