@@ -120,7 +120,7 @@ fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
         localhost,
         None,
         Some(&cg_slow),
-        Duration::from_millis(5),
+        Duration::from_millis(20),
     ))
     .unwrap();
     let fast = TcpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
@@ -143,16 +143,10 @@ fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
         slow_read.count() >= 30 && fast_read.count() >= 30,
         "{snapshot:#?}"
     );
-    assert!(
-        q(&slow_read, 0.5).lower_ns >= 4 * MS,
-        "{:?}",
-        q(&slow_read, 0.5)
-    );
-    assert!(
-        q(&fast_read, 0.5).upper_ns <= MS,
-        "{:?}",
-        q(&fast_read, 0.5)
-    );
+    // Far apart, so neither can hide the other's samples (10 ms leaves room for slow VMs).
+    let (slow_p50, fast_p50) = (q(&slow_read, 0.5), q(&fast_read, 0.5));
+    assert!(slow_p50.lower_ns >= 18 * MS, "{slow_p50:?}");
+    assert!(fast_p50.upper_ns <= 10 * MS, "{fast_p50:?}");
     // Before socket lookup only ports identify a service: "fast" has a port rule there.
     if attached(&probes).contains(&Probe::IpStart) {
         assert!(hist(&snapshot, "fast", Probe::IpStart).count() >= 30);
