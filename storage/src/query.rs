@@ -35,7 +35,7 @@ pub struct IncidentQuery {
 }
 
 /// One page of incidents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IncidentPage {
     /// The incidents, newest first.
     pub incidents: Vec<Incident>,
@@ -140,7 +140,7 @@ pub struct SampleCursor {
 }
 
 /// One page of samples, in time order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplePage {
     /// The samples.
     pub samples: Vec<Sample>,
@@ -149,7 +149,7 @@ pub struct SamplePage {
 }
 
 /// Exact latency quantiles over a set of samples, ns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencyQuantiles {
     /// Median.
     pub p50: u64,
@@ -162,7 +162,7 @@ pub struct LatencyQuantiles {
 }
 
 /// A flow and how many samples it had.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlowCount {
     /// The flow.
     pub flow: Flow,
@@ -173,7 +173,7 @@ pub struct FlowCount {
 }
 
 /// A process and how many samples were read in its context.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessCount {
     /// Process id.
     pub pid: u32,
@@ -184,7 +184,7 @@ pub struct ProcessCount {
 }
 
 /// What the samples of an incident say at a glance.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleSummary {
     /// Samples matching the filter.
     pub count: u64,

@@ -6,7 +6,7 @@ use std::fs;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
@@ -142,6 +142,9 @@ pub struct Store {
     /// Serialises flushes, so generations reach the witness file in order.
     flush_lock: Mutex<()>,
     generation: AtomicU64,
+    /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
+    /// flush reopens the engine.
+    engine_failed: AtomicBool,
     report: OpenReport,
     pid_file: Option<PathBuf>,
 }
@@ -201,6 +204,7 @@ impl Store {
             id_lock: Mutex::new(()),
             flush_lock: Mutex::new(()),
             generation,
+            engine_failed: AtomicBool::new(false),
             report: OpenReport::default(),
             pid_file: None,
         };
@@ -231,8 +235,14 @@ impl Store {
     /// confirms, records it in a small file beside the engine's own. sled 0.34 can come
     /// back from damaged log segments silently missing data; finding a generation lower
     /// than the file's at the next open exposes that as damage.
+    ///
+    /// After an engine I/O failure (a full disk), sled refuses all further work; the next
+    /// flush reopens it from its files, so the store recovers once space is back.
     pub fn flush(&self) -> Result<()> {
         let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.engine_failed.load(Ordering::Relaxed) {
+            self.reopen_engine()?;
+        }
         let generation = self.generation.load(Ordering::Relaxed) + 1;
         self.meta_put(META_GENERATION, &generation)?;
         let r = self.engine().db.flush().map(|_| ());
@@ -431,8 +441,27 @@ impl Store {
             if e.is_disk_full() {
                 self.counters.disk_full.fetch_add(1, Ordering::Relaxed);
             }
+            if matches!(e, StoreError::Io { .. } | StoreError::Engine(_)) {
+                self.engine_failed.store(true, Ordering::Relaxed);
+            }
         }
         r
+    }
+
+    /// Replace a failed engine by a freshly opened one on the same files.
+    fn reopen_engine(&self) -> Result<()> {
+        let mut guard = self.engine_mut();
+        let placeholder = Store::temporary_engine()?;
+        // The failed engine must be gone (its lock released) before the files reopen.
+        drop(Store::replace_engine(&mut guard, placeholder));
+        let engine = Store::open_engine_at(&self.path, &self.cfg)?;
+        self.reset_live(engine.live);
+        self.generation
+            .fetch_max(engine.generation, Ordering::Relaxed);
+        drop(Store::replace_engine(&mut guard, engine));
+        self.engine_failed.store(false, Ordering::Relaxed);
+        tracing::warn!(path = %self.path.display(), "storage engine reopened after an I/O failure");
+        Ok(())
     }
 
     pub(crate) fn encode<V: Serialize>(

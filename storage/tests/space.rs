@@ -1,0 +1,343 @@
+//! Space management: retention by age, the size budget, rotation, and a full disk.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{new_incident, sample, SEC, T0};
+use detector::{Histogram, Probe};
+use storage::{
+    HistoryLevel, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig, StoreError,
+};
+
+const DAY: u64 = 86_400 * SEC;
+
+fn pwru(incident: u64, seq: u64) -> PwruRecord {
+    PwruRecord {
+        incident,
+        seq,
+        received_ns: T0,
+        pwru_time_ns: None,
+        func: "ip_rcv_core".into(),
+        skb: 1,
+        flow: None,
+        raw: format!(r#"{{"func":"ip_rcv_core","n":{seq}}}"#),
+    }
+}
+
+fn count(s: &Store, id: u64) -> u64 {
+    s.sample_summary(id, &SampleFilter::default())
+        .unwrap()
+        .count
+}
+
+#[test]
+fn retention_by_age_per_kind_never_touches_open_incidents() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        incident_keep: Duration::from_secs(30 * 86_400),
+        sample_keep: Duration::from_secs(7 * 86_400),
+        pwru_keep: Duration::from_secs(7 * 86_400),
+        ..StoreConfig::default()
+    };
+    let s = Store::open(dir.path().join("db"), cfg).unwrap();
+    let now = T0 + 100 * DAY;
+    let mk = |opened: u64, closed: Option<u64>| {
+        let mut inc = s.open_incident(&new_incident("web", opened)).unwrap();
+        let batch: Vec<_> = (0..50).map(|i| sample(inc.id, i, opened + i)).collect();
+        s.put_samples(&batch).unwrap();
+        s.put_pwru(&[pwru(inc.id, 0), pwru(inc.id, 1)]).unwrap();
+        if let Some(c) = closed {
+            s.close_incident(&mut inc, c).unwrap();
+        }
+        inc.id
+    };
+    let ancient_closed = mk(now - 40 * DAY, Some(now - 39 * DAY));
+    let ancient_open = mk(now - 40 * DAY, None);
+    let week_old = mk(now - 10 * DAY, Some(now - 9 * DAY));
+    let fresh = mk(now - DAY, Some(now - DAY + SEC));
+
+    // History: points at 1 s resolution reaching back 8 h; the 1 s level keeps 6 h.
+    let h = {
+        let mut h = Histogram::new();
+        h.record(1000);
+        h
+    };
+    for hours_ago in [8u64, 7, 5, 1] {
+        s.record_history("web", Probe::IpStart, now - hours_ago * 3600 * SEC, &h)
+            .unwrap();
+    }
+
+    let rep = s.enforce_retention(now).unwrap();
+    assert_eq!(rep.incidents, 1);
+    assert!(s.incident(ancient_closed).unwrap().is_none());
+    assert_eq!(
+        s.incident(ancient_open).unwrap().unwrap().state,
+        IncidentState::Open
+    );
+    assert_eq!(count(&s, ancient_open), 50);
+    assert_eq!(s.pwru_records(ancient_open, None, 0).unwrap().len(), 2);
+    // Week-old incident: kept, its samples and pwru lines past their 7 days are gone.
+    assert!(s.incident(week_old).unwrap().is_some());
+    assert_eq!(count(&s, week_old), 0);
+    assert!(s.pwru_records(week_old, None, 0).unwrap().is_empty());
+    assert_eq!(count(&s, fresh), 50);
+    assert_eq!(rep.samples, 100);
+    assert_eq!(rep.pwru, 4);
+
+    let fine = s
+        .history("web", Probe::IpStart, now - 6 * 3600 * SEC, now, now)
+        .unwrap();
+    assert_eq!(fine.resolution, Duration::from_secs(1));
+    assert_eq!(
+        fine.points.len(),
+        2,
+        "the 8 h and 7 h old 1 s points are gone"
+    );
+    let coarse = s
+        .history("web", Probe::IpStart, now - 9 * 3600 * SEC, now, now)
+        .unwrap();
+    assert_eq!(coarse.points.len(), 4, "the 10 s level keeps all four");
+    assert_eq!(rep.history_points, 2);
+
+    // Nothing left to delete: a second pass is a no-op.
+    let again = s.enforce_retention(now).unwrap();
+    assert_eq!(
+        (again.incidents, again.samples, again.history_points),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        max_bytes: 1 << 20,
+        ..StoreConfig::default()
+    };
+    let s = Store::open(dir.path().join("db"), cfg).unwrap();
+    let now = T0 + DAY;
+    // The oldest incident stays open: it must survive whatever the budget says.
+    let open = s.open_incident(&new_incident("web", T0)).unwrap();
+    s.put_samples(
+        &(0..2000)
+            .map(|i| sample(open.id, i, T0 + i))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let mut closed = Vec::new();
+    for k in 0..8u64 {
+        let mut inc = s.open_incident(&new_incident("web", T0 + k * SEC)).unwrap();
+        s.put_samples(
+            &(0..2000)
+                .map(|i| sample(inc.id, i, T0 + i))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        s.close_incident(&mut inc, T0 + k * SEC + 1).unwrap();
+        closed.push(inc.id);
+    }
+    let live_before = s.stats().live_bytes;
+    assert!(
+        live_before > 1 << 20,
+        "test needs to start over budget: {live_before}"
+    );
+
+    let rep = s.enforce_retention(now).unwrap();
+    assert!(!rep.still_over_budget);
+    assert!(s.stats().live_bytes <= 1 << 20);
+    assert!(rep.incidents >= 1);
+    // Oldest first: the deleted ones are a prefix of the closed list.
+    let gone: Vec<bool> = closed
+        .iter()
+        .map(|id| s.incident(*id).unwrap().is_none())
+        .collect();
+    let n_gone = gone.iter().filter(|g| **g).count();
+    assert_eq!(n_gone as u64, rep.incidents);
+    assert!(gone[..n_gone].iter().all(|g| *g) && gone[n_gone..].iter().all(|g| !*g));
+    assert_eq!(count(&s, open.id), 2000);
+
+    // Now history pushes it over: with no closed incidents worth deleting first... the
+    // remaining closed ones go, then the oldest history.
+    let mut h = Histogram::new();
+    for v in 0..200u64 {
+        h.record(v * 7919 % 100_000_000);
+    }
+    let mut i = 0u64;
+    while s.stats().live_bytes < 5 << 19 {
+        s.record_history(
+            "web",
+            Probe::TcpSocketRead,
+            now - 20_000 * SEC + i * SEC,
+            &h,
+        )
+        .unwrap();
+        i += 1;
+    }
+    assert!(i < 20_000);
+    let rep = s.enforce_retention(now).unwrap();
+    assert!(rep.history_points > 0);
+    assert!(closed.iter().all(|id| s.incident(*id).unwrap().is_none()));
+    assert_eq!(count(&s, open.id), 2000);
+    // What history is left is the newest.
+    let left = s
+        .history("web", Probe::TcpSocketRead, now - 20_000 * SEC, now, now)
+        .unwrap();
+    assert!(!left.points.is_empty());
+    assert_eq!(
+        left.points.last().unwrap().0,
+        now - 20_000 * SEC + (i - 1) * SEC
+    );
+    assert!(left.points[0].0 > now - 20_000 * SEC);
+    assert_eq!(rep.still_over_budget, s.stats().live_bytes > 1 << 20);
+}
+
+#[test]
+fn rotation_keeps_every_record_and_shrinks_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let cfg = StoreConfig {
+        rotate_min_bytes: 2 << 20,
+        history: vec![HistoryLevel {
+            resolution: Duration::from_secs(1),
+            keep: Duration::from_secs(3600),
+        }],
+        ..StoreConfig::default()
+    };
+    let s = Store::open(&path, cfg.clone()).unwrap();
+    let keep = s.open_incident(&new_incident("web", T0)).unwrap();
+    s.put_samples(
+        &(0..500)
+            .map(|i| sample(keep.id, i, T0 + i))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    s.put_baseline("web", Probe::TcpSocketRead, b"baseline")
+        .unwrap();
+    // Churn: lots written, then deleted by age, leaves sled's files bloated.
+    for k in 0..20u64 {
+        let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
+        s.put_samples(
+            &(0..2000)
+                .map(|i| sample(inc.id, i, T0 + i))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        s.close_incident(&mut inc, T0 + k).unwrap();
+    }
+    s.flush().unwrap();
+    s.enforce_retention(T0 + 31 * DAY).unwrap();
+    let before = s.stats();
+    let rep = s
+        .maybe_rotate()
+        .unwrap()
+        .expect("amplified enough to rotate");
+    assert_eq!(rep.size_before, before.size_on_disk);
+    assert!(rep.size_after < rep.size_before, "{rep:?}");
+    assert_eq!(rep.dropped_records, 0);
+    assert_eq!(s.stats().rotations, 1);
+    assert_eq!(count(&s, keep.id), 500);
+    assert_eq!(
+        s.baseline("web", Probe::TcpSocketRead).unwrap(),
+        Some(b"baseline".to_vec())
+    );
+    // Still writable, and it survives a reopen.
+    let next = s.open_incident(&new_incident("web", T0)).unwrap();
+    assert!(next.id > keep.id);
+    assert!(
+        s.maybe_rotate().unwrap().is_none(),
+        "no bloat right after rotating"
+    );
+    drop(s);
+    let s = Store::open(&path, cfg).unwrap();
+    assert_eq!(s.open_report().moved_aside, None);
+    assert_eq!(count(&s, keep.id), 500);
+    assert_eq!(s.stats().rotations, 1);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("rotat"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// A small tmpfs, unmounted when dropped.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(dir: &Path, size: &str) -> SmallFs {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mounting a tmpfs (needs root)");
+        SmallFs(dir.to_path_buf())
+    }
+}
+
+impl SmallFs {
+    fn grow(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "growing the tmpfs");
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let _fs = SmallFs::mount(dir.path(), "6m");
+    let s = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+    let first = s.open_incident(&new_incident("web", T0)).unwrap();
+    s.put_samples(
+        &(0..100)
+            .map(|i| sample(first.id, i, T0 + i))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    s.flush().unwrap();
+
+    let inc = s.open_incident(&new_incident("web", T0)).unwrap();
+    let mut failure = None;
+    for round in 0..2000u64 {
+        let batch: Vec<_> = (0..500)
+            .map(|i| sample(inc.id, round * 500 + i, T0 + i))
+            .collect();
+        if let Err(e) = s.put_samples(&batch).and_then(|()| s.flush()) {
+            failure = Some(e);
+            break;
+        }
+    }
+    let err: StoreError = failure.expect("a 6 MiB file system fills up");
+    assert!(err.is_disk_full(), "not recognised as disk full: {err}");
+    let stats = s.stats();
+    assert!(
+        stats.write_errors >= 1 && stats.disk_full_errors >= 1,
+        "{stats:?}"
+    );
+    // While the disk stays full, writes keep failing with counted errors, no panic.
+    assert!(s.put_samples(&[sample(first.id, 1000, T0)]).is_err());
+    assert!(s.stats().write_errors > stats.write_errors);
+
+    // Space comes back: the next flush (the daemon flushes every interval) reopens the
+    // engine, and everything flushed before the disk filled is there.
+    _fs.grow("64m");
+    s.flush().unwrap();
+    assert_eq!(count(&s, first.id), 100);
+    assert_eq!(s.incident(first.id).unwrap().unwrap().service, "web");
+    s.put_samples(&[sample(first.id, 1000, T0 + 1000)]).unwrap();
+    s.flush().unwrap();
+    assert_eq!(count(&s, first.id), 101);
+}
