@@ -77,14 +77,13 @@ pub struct ProbeSpec {
 
 /// A mixture component of a latency distribution.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(try_from = "RawComponent")]
 pub enum Component {
     /// Log-normal: `median` and `sigma` (of the log).
     LogNormal {
         /// Relative weight in the mixture.
         weight: f64,
         /// Median latency.
-        #[serde(with = "humantime_serde")]
         median: Duration,
         /// Standard deviation of ln(latency).
         sigma: f64,
@@ -94,11 +93,56 @@ pub enum Component {
         /// Relative weight in the mixture.
         weight: f64,
         /// Smallest value.
-        #[serde(with = "humantime_serde")]
         scale: Duration,
         /// Tail index (smaller is heavier).
         alpha: f64,
     },
+}
+
+/// [`Component`] as written, checked by `TryFrom` so errors carry the line.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+enum RawComponent {
+    LogNormal {
+        weight: f64,
+        #[serde(with = "humantime_serde")]
+        median: Duration,
+        sigma: f64,
+    },
+    Pareto {
+        weight: f64,
+        #[serde(with = "humantime_serde")]
+        scale: Duration,
+        alpha: f64,
+    },
+}
+
+impl TryFrom<RawComponent> for Component {
+    type Error = String;
+    fn try_from(raw: RawComponent) -> Result<Self, String> {
+        let c = match raw {
+            RawComponent::LogNormal {
+                weight,
+                median,
+                sigma,
+            } => Component::LogNormal {
+                weight,
+                median,
+                sigma,
+            },
+            RawComponent::Pareto {
+                weight,
+                scale,
+                alpha,
+            } => Component::Pareto {
+                weight,
+                scale,
+                alpha,
+            },
+        };
+        c.check()?;
+        Ok(c)
+    }
 }
 
 /// What an anomaly does over time.
@@ -237,9 +281,6 @@ impl Scenario {
                 }
                 if p.latency.is_empty() {
                     return Err((format!("{at}.latency"), "at least one component".into()));
-                }
-                for (ci, c) in p.latency.iter().enumerate() {
-                    c.check().map_err(|r| (format!("{at}.latency[{ci}]"), r))?;
                 }
             }
         }
