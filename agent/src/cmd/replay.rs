@@ -80,31 +80,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         (Box::new(f), len)
     };
     let progress = progress_bar(len);
-    let reader = BufReader::new(progress.wrap_read(input));
-
-    let mut replayer = Replayer::new(Detector::new(config));
-    let mut lines = 0u64;
-    let mut bad = 0u64;
-    let mut first_bad: Option<String> = None;
-    for (n, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("reading {name} at line {}", n + 1))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        lines += 1;
-        let fed = Record::parse(&line).and_then(|rec| replayer.push(&rec));
-        if let Err(e) = fed {
-            let msg = format!("{name}:{}: {e}", n + 1);
-            if !args.skip_bad {
-                progress.finish_and_clear();
-                bail!("{msg} (use --skip-bad to skip bad lines)");
-            }
-            bad += 1;
-            first_bad.get_or_insert(msg);
-        }
-    }
+    let replayed = replay(
+        BufReader::new(progress.wrap_read(input)),
+        &name,
+        config,
+        args.skip_bad,
+    );
     progress.finish_and_clear();
-    let (incidents, _) = replayer.finish();
+    let Replayed {
+        incidents,
+        lines,
+        bad,
+        first_bad,
+    } = replayed?;
 
     let stdout = io::stdout();
     let mut out = stdout.lock();
@@ -128,6 +116,54 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What a replay found.
+struct Replayed {
+    incidents: Vec<Incident>,
+    /// Non-blank lines read.
+    lines: u64,
+    /// Lines skipped as bad (only with `skip_bad`).
+    bad: u64,
+    /// The first bad line's message.
+    first_bad: Option<String>,
+}
+
+/// Feed every line of `input` through a detector built from `config`. A bad line stops the
+/// replay with `name:line: reason`, or with `skip_bad` is counted and skipped.
+fn replay(
+    input: impl BufRead,
+    name: &str,
+    config: DetectorConfig,
+    skip_bad: bool,
+) -> anyhow::Result<Replayed> {
+    let mut replayer = Replayer::new(Detector::new(config));
+    let mut lines = 0u64;
+    let mut bad = 0u64;
+    let mut first_bad: Option<String> = None;
+    for (n, line) in input.lines().enumerate() {
+        let line = line.with_context(|| format!("reading {name} at line {}", n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        lines += 1;
+        let fed = Record::parse(&line).and_then(|rec| replayer.push(&rec));
+        if let Err(e) = fed {
+            let msg = format!("{name}:{}: {e}", n + 1);
+            if !skip_bad {
+                bail!("{msg} (use --skip-bad to skip bad lines)");
+            }
+            bad += 1;
+            first_bad.get_or_insert(msg);
+        }
+    }
+    let (incidents, _) = replayer.finish();
+    Ok(Replayed {
+        incidents,
+        lines,
+        bad,
+        first_bad,
+    })
+}
+
 fn incident_table(incidents: &[Incident]) -> comfy_table::Table {
     let mut t = table([
         "service", "probes", "opened", "closed", "quantile", "baseline", "observed", "ratio",
@@ -148,7 +184,7 @@ fn incident_table(incidents: &[Incident]) -> comfy_table::Table {
             fmt_ns(h.baseline.value_ns),
             fmt_ns(h.observed.value_ns),
             format!("x{:.2}", h.ratio),
-            h.p_value.map_or("SLO".into(), |p| format!("{p:.1e}")),
+            h.p_value.map_or("SLO".into(), fmt_p),
             i.stage.as_ref().map_or("-".into(), |s| s.verdict.clone()),
         ]);
     }
@@ -170,4 +206,112 @@ fn progress_bar(len: Option<u64>) -> ProgressBar {
     .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
+}
+
+/// p-values below f64's range print as a bound rather than a misleading 0.
+fn fmt_p(p: f64) -> String {
+    if p < f64::MIN_POSITIVE {
+        "<1e-308".into()
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use detector::scenario::Scenario;
+
+    const SCENARIO: &str = r#"
+seed = 11
+start = "2026-01-05T00:00:00Z"
+duration = "25m"
+
+[[services]]
+name = "web"
+rate = 2000
+
+[[services.probes]]
+probe = "tcp-socket-read"
+latency = [{ kind = "log-normal", weight = 1, median = "100us", sigma = 0.4 }]
+
+[[anomalies]]
+service = "web"
+kind = "step"
+start = "15m"
+duration = "2m"
+factor = 5
+"#;
+
+    fn series() -> String {
+        let sc = Scenario::from_toml_str(SCENARIO, "t.toml").unwrap();
+        let mut text = String::new();
+        for rec in sc.generate().flatten() {
+            text.push_str(&rec.to_json_line());
+            text.push('\n');
+        }
+        text
+    }
+
+    #[test]
+    fn a_simulated_step_comes_back_as_one_incident() {
+        let text = series();
+        let r = replay(text.as_bytes(), "s.jsonl", DetectorConfig::default(), false).unwrap();
+        assert_eq!(r.lines, 1500);
+        assert_eq!(r.incidents.len(), 1);
+        let line = serde_json::to_value(IncidentLine::from(&r.incidents[0])).unwrap();
+        assert_eq!(line["service"], "web");
+        assert_eq!(line["probes"][0], "tcp-socket-read");
+        assert!(line["opened_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-01-05T00:15:0"));
+        assert!(line["closed_at"].as_str().is_some());
+        assert!(
+            line["observed_ns"].as_f64().unwrap() > 3.0 * line["baseline_ns"].as_f64().unwrap()
+        );
+        // Field order as documented in docs/replay-format.md.
+        let text = serde_json::to_string(&IncidentLine::from(&r.incidents[0])).unwrap();
+        let order = [
+            "service",
+            "probes",
+            "opened_at",
+            "closed_at",
+            "quantile",
+            "baseline_ns",
+            "observed_ns",
+            "p_value",
+            "stage",
+        ];
+        let at: Vec<usize> = order
+            .iter()
+            .map(|k| text.find(&format!("\"{k}\":")).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+    }
+
+    #[test]
+    fn bad_lines_stop_the_replay_or_are_counted() {
+        let mut text = series();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.insert(3, "{\"ts\": 1}");
+        lines.insert(7, "");
+        text = lines.join("\n");
+        let err = replay(text.as_bytes(), "s.jsonl", DetectorConfig::default(), false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("s.jsonl:4: "), "{err}");
+        assert!(err.contains("--skip-bad"), "{err}");
+        let r = replay(text.as_bytes(), "s.jsonl", DetectorConfig::default(), true).unwrap();
+        assert_eq!((r.bad, r.lines), (1, 1501));
+        assert_eq!(r.incidents.len(), 1, "the bad line changed nothing");
+        assert!(r.first_bad.unwrap().starts_with("s.jsonl:4: "));
+    }
+
+    #[test]
+    fn tiny_p_values_print_as_a_bound() {
+        assert_eq!(fmt_p(0.0), "<1e-308");
+        assert_eq!(fmt_p(2.5e-7), "2.5e-7");
+    }
 }
