@@ -92,6 +92,7 @@ impl Store {
     }
 
     fn merge_history_point(&self, key: &[u8], hist: &Histogram) -> Result<()> {
+        self.writable()?;
         let mut encode_error = None;
         let mut undecodable = false;
         let mut old_len = None;

@@ -277,7 +277,8 @@ impl Store {
                 drop(Store::replace_engine(&mut guard, engine));
             }
             Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, "reopening the database after rotation failed; writes are not stored until restart");
+                tracing::error!(path = %self.path.display(), error = %e, "reopening the database after rotation failed; writes are refused until a flush reopens it");
+                self.mark_failed();
                 return Err(e);
             }
         }

@@ -285,6 +285,7 @@ impl Store {
     /// Open an incident: allocate its id and store it durably.
     pub fn open_incident(&self, new: &NewIncident) -> Result<Incident> {
         keys::check_service(&new.service)?;
+        self.writable()?;
         let _guard = self.id_lock.lock().unwrap_or_else(|e| e.into_inner());
         let next = self.meta_get::<u64>(META_NEXT_INCIDENT)?.unwrap_or(1);
         // The newest stored id wins if the counter lags (it is written first, but a damaged
@@ -373,6 +374,7 @@ impl Store {
     /// Store a batch of samples atomically. Durable within `flush_every` (or at
     /// [`Store::flush`]). Every sample's incident must exist.
     pub fn put_samples(&self, samples: &[Sample]) -> Result<()> {
+        self.writable()?;
         self.require_incidents(samples.iter().map(|s| s.incident))?;
         let mut batch = sled::Batch::default();
         let mut bytes = 0u64;
@@ -393,6 +395,7 @@ impl Store {
     /// Store pwru lines atomically (keyed by incident and `seq`; a repeated `seq`
     /// replaces). Durable within `flush_every`. Every record's incident must exist.
     pub fn put_pwru(&self, records: &[PwruRecord]) -> Result<()> {
+        self.writable()?;
         self.require_incidents(records.iter().map(|r| r.incident))?;
         let mut batch = sled::Batch::default();
         let mut bytes = 0u64;
@@ -446,6 +449,23 @@ impl Store {
             }
         }
         r
+    }
+
+    /// Refuse writes while the engine is known to have failed: sled would refuse them too,
+    /// and a stand-in engine left by a failed reopen must never take writes that would
+    /// silently vanish.
+    pub(crate) fn writable(&self) -> Result<()> {
+        if self.engine_failed.load(Ordering::Relaxed) {
+            return self.counted(Err(StoreError::Engine(
+                "storage engine unavailable after an I/O failure; it is reopened at the next flush"
+                    .into(),
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn mark_failed(&self) {
+        self.engine_failed.store(true, Ordering::Relaxed);
     }
 
     /// Replace a failed engine by a freshly opened one on the same files.
@@ -526,6 +546,7 @@ impl Store {
 
     /// Insert one value, keeping the live-byte count exact.
     pub(crate) fn put(&self, t: T, key: &[u8], value: Vec<u8>) -> Result<()> {
+        self.writable()?;
         let new_len = (key.len() + value.len()) as u64;
         let r = self.engine().tree(t).insert(key, value);
         let old = self.counted(r.map_err(StoreError::from))?;
@@ -535,6 +556,7 @@ impl Store {
 
     /// Remove one key, keeping the live-byte count exact; returns the bytes freed.
     pub(crate) fn remove(&self, t: T, key: &[u8]) -> Result<u64> {
+        self.writable()?;
         let r = self.engine().tree(t).remove(key);
         let old = self.counted(r.map_err(StoreError::from))?;
         let freed = old.map_or(0, |o| (key.len() + o.len()) as u64);
