@@ -5,8 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use detector::Probe;
-use serde::Deserialize;
+use std::time::Duration;
+
+use capture::pwru::PwruConfig;
+use detector::{DetectorConfig, Probe};
+use serde::{Deserialize, Serialize};
+use storage::StoreConfig;
 
 /// A config error with its place: `FILE, line N: key `a.b`: reason`.
 #[derive(Debug)]
@@ -39,19 +43,19 @@ struct File {
     probes: ProbesTable,
     #[serde(default)]
     services: Vec<ServiceTable>,
-    // Reserved for the detector, storage, capture, pwru, daemon and API settings.
+    // Checked by `DetectorConfig::from_toml_str`, which reads the same text.
     #[serde(default, rename = "detector")]
     _detector: serde::de::IgnoredAny,
-    #[serde(default, rename = "storage")]
-    _storage: serde::de::IgnoredAny,
-    #[serde(default, rename = "capture")]
-    _capture: serde::de::IgnoredAny,
-    #[serde(default, rename = "pwru")]
-    _pwru: serde::de::IgnoredAny,
-    #[serde(default, rename = "daemon")]
-    _daemon: serde::de::IgnoredAny,
-    #[serde(default, rename = "api")]
-    _api: serde::de::IgnoredAny,
+    #[serde(default)]
+    storage: StoreConfig,
+    #[serde(default)]
+    capture: CaptureConfig,
+    #[serde(default)]
+    pwru: PwruConfig,
+    #[serde(default)]
+    daemon: DaemonConfig,
+    #[serde(default)]
+    api: ApiConfig,
 }
 
 #[derive(Deserialize)]
@@ -113,15 +117,209 @@ fn default_auto_limit() -> u32 {
     bpf::DEFAULT_AUTO_SERVICE_LIMIT
 }
 
+/// The whole daemon configuration, every table checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where it came from: the file, or `embedded defaults`.
+    pub origin: String,
+    /// `[probes]` and `[[services]]`.
+    pub probes: bpf::ProbeConfig,
+    /// `[detector]`.
+    pub detector: DetectorConfig,
+    /// `[storage]`.
+    pub storage: StoreConfig,
+    /// `[capture]`.
+    pub capture: CaptureConfig,
+    /// `[pwru]`.
+    pub pwru: PwruConfig,
+    /// `[daemon]`.
+    pub daemon: DaemonConfig,
+    /// `[api]`.
+    pub api: ApiConfig,
+}
+
+/// Where the daemon looks for its configuration when `--config` is not given.
+pub const DEFAULT_PATH: &str = "/etc/tailtrap/tailtrap.toml";
+
+/// The defaults, as a commented configuration file (`tailtrap config defaults`). A test
+/// checks that it parses to exactly the built-in defaults.
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
+/// The `[daemon]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// How often the histograms are read and the detector runs.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The database directory.
+    pub db: PathBuf,
+    /// How often the detector's baselines are saved (also at shutdown).
+    #[serde(with = "humantime_serde")]
+    pub baseline_save_every: Duration,
+    /// How often retention and the size budget are enforced.
+    #[serde(with = "humantime_serde")]
+    pub retention_every: Duration,
+    /// Run the configured pwru binary even when the prerequisite check says pwru cannot work
+    /// here (for a stand-in executable in tests; the real pwru traces nothing then).
+    pub pwru_ignore_prerequisites: bool,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            interval: Duration::from_secs(1),
+            db: PathBuf::from("/var/lib/tailtrap/db"),
+            baseline_save_every: Duration::from_secs(60),
+            retention_every: Duration::from_secs(600),
+            pwru_ignore_prerequisites: false,
+        }
+    }
+}
+
+/// The `[api]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// The unix socket the daemon serves its HTTP/JSON API on (created mode 0600).
+    pub socket: PathBuf,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            socket: PathBuf::from("/run/tailtrap/api.sock"),
+        }
+    }
+}
+
+/// A capture threshold: a quantile of the service's learned baseline at the probe, or a
+/// fixed latency. Written `"p99"`, `"p99.9"` or a duration such as `"2ms"`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Threshold {
+    /// The baseline's value of this quantile, in (0, 1).
+    Quantile(f64),
+    /// A fixed latency.
+    Latency(Duration),
+}
+
+impl std::str::FromStr for Threshold {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Threshold, String> {
+        if let Some(pct) = s.strip_prefix('p') {
+            let q = pct
+                .parse::<f64>()
+                .ok()
+                // Through whole millionths of a percent, so "p99.9" is exactly 0.999.
+                .map(|p| (p * 1e6).round() / 1e8)
+                .filter(|q| *q > 0.0 && *q < 1.0)
+                .ok_or_else(|| format!("{s:?} is not a quantile like \"p99\" or \"p99.9\""))?;
+            return Ok(Threshold::Quantile(q));
+        }
+        match humantime::parse_duration(s) {
+            Ok(d) if !d.is_zero() => Ok(Threshold::Latency(d)),
+            _ => Err(format!(
+                "{s:?} is neither a quantile (\"p99\") nor a latency (\"2ms\")"
+            )),
+        }
+    }
+}
+
+impl TryFrom<String> for Threshold {
+    type Error = String;
+    fn try_from(s: String) -> Result<Threshold, String> {
+        s.parse()
+    }
+}
+
+impl From<Threshold> for String {
+    fn from(t: Threshold) -> String {
+        t.to_string()
+    }
+}
+
+impl std::fmt::Display for Threshold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Threshold::Quantile(q) => write!(f, "p{}", q * 100.0),
+            Threshold::Latency(d) => write!(f, "{}", humantime::format_duration(*d)),
+        }
+    }
+}
+
+/// The `[capture]` table: in-kernel capture of slow SKBs during incidents, and the flight
+/// recorder that keeps the seconds before one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureConfig {
+    /// Arm capture when an incident opens.
+    pub enabled: bool,
+    /// Record SKBs slower than this at the incident's hot probes.
+    pub threshold: Threshold,
+    /// Keep one record in N slow SKBs (1: all).
+    pub sample_one_in: u32,
+    /// In-kernel token bucket: records per second at most, all services together.
+    pub rate_limit: u32,
+    /// Disarm after this long even if the incident is still open.
+    #[serde(with = "humantime_serde")]
+    pub max_time: Duration,
+    /// Disarm after this many samples of one incident.
+    pub max_samples: u64,
+    /// Flight recorder: always on, records SKBs slower than this.
+    pub flight_threshold: Threshold,
+    /// Flight recorder: records per second at most.
+    pub flight_rate: u32,
+    /// Flight recorder: how far back it keeps samples.
+    #[serde(with = "humantime_serde")]
+    pub flight_window: Duration,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            enabled: true,
+            threshold: Threshold::Quantile(0.99),
+            sample_one_in: 1,
+            rate_limit: 2000,
+            max_time: Duration::from_secs(120),
+            max_samples: 20_000,
+            flight_threshold: Threshold::Quantile(0.999),
+            flight_rate: 20,
+            flight_window: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Text of the configuration file at `path`, or the embedded defaults when `path` is the
+/// default location and no file is there.
+pub fn load(path: Option<&Path>) -> anyhow::Result<Config> {
+    let (path, explicit) = match path {
+        Some(p) => (p, true),
+        None => (Path::new(DEFAULT_PATH), false),
+    };
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(parse(&text, &path.display().to_string())?),
+        Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(parse("", "embedded defaults")?)
+        }
+        Err(e) => Err(anyhow::anyhow!("reading config {}: {e}", path.display())),
+    }
+}
+
 /// Read the probe settings of a config file.
 pub fn load_probe_config(path: &Path) -> anyhow::Result<bpf::ProbeConfig> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("reading config {}: {e}", path.display()))?;
-    Ok(parse_probe_config(&text, &path.display().to_string())?)
+    Ok(load(Some(path))?.probes)
 }
 
 /// Parse the probe settings from config text; `origin` names it in errors.
-pub fn parse_probe_config(text: &str, origin: &str) -> Result<bpf::ProbeConfig, ConfigError> {
+#[cfg(test)]
+fn parse_probe_config(text: &str, origin: &str) -> Result<bpf::ProbeConfig, ConfigError> {
+    parse(text, origin).map(|c| c.probes)
+}
+
+/// Parse and check a whole configuration; `origin` names it in errors.
+pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
     let file: File =
         serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
             let path = e.path().to_string();
@@ -135,13 +333,99 @@ pub fn parse_probe_config(text: &str, origin: &str) -> Result<bpf::ProbeConfig, 
                 reason: inner.message().trim().to_owned(),
             }
         })?;
+    let detector = DetectorConfig::from_toml_str(text, origin).map_err(|e| ConfigError {
+        origin: e.origin,
+        line: e.line,
+        key: e.key,
+        reason: e.reason,
+    })?;
     let at_key = |key: String, reason: String| ConfigError {
         origin: origin.to_owned(),
         line: line_of(text, &key),
         key: Some(key),
         reason,
     };
-    let p = file.probes;
+    if let Err(e) = file.storage.validate() {
+        let (key, reason) = match e {
+            storage::StoreError::Config { key, reason } => (format!("storage.{key}"), reason),
+            other => ("storage".to_owned(), other.to_string()),
+        };
+        return Err(at_key(key, reason));
+    }
+    check_daemon(&file.daemon, &file.api).map_err(|(k, r)| at_key(k, r))?;
+    check_capture(&file.capture).map_err(|(k, r)| at_key(k, r))?;
+    let probes = check_probes(file.probes, file.services, &at_key)?;
+    Ok(Config {
+        origin: origin.to_owned(),
+        probes,
+        detector,
+        storage: file.storage,
+        capture: file.capture,
+        pwru: file.pwru,
+        daemon: file.daemon,
+        api: file.api,
+    })
+}
+
+fn check_daemon(d: &DaemonConfig, api: &ApiConfig) -> Result<(), (String, String)> {
+    if d.interval < Duration::from_millis(10) || d.interval > Duration::from_secs(60) {
+        return Err((
+            "daemon.interval".into(),
+            format!(
+                "{} is outside 10ms..=60s",
+                humantime::format_duration(d.interval)
+            ),
+        ));
+    }
+    for (key, v) in [
+        ("daemon.baseline_save_every", d.baseline_save_every),
+        ("daemon.retention_every", d.retention_every),
+    ] {
+        if v < d.interval {
+            return Err((
+                key.into(),
+                "must not be shorter than daemon.interval".into(),
+            ));
+        }
+    }
+    // A root daemon must not write wherever its working directory happens to be.
+    for (key, p) in [("daemon.db", &d.db), ("api.socket", &api.socket)] {
+        if !p.is_absolute() {
+            return Err((key.into(), format!("{p:?} must be an absolute path")));
+        }
+    }
+    Ok(())
+}
+
+fn check_capture(c: &CaptureConfig) -> Result<(), (String, String)> {
+    let positive = [
+        ("capture.sample_one_in", u64::from(c.sample_one_in)),
+        ("capture.rate_limit", u64::from(c.rate_limit)),
+        ("capture.max_samples", c.max_samples),
+        ("capture.flight_rate", u64::from(c.flight_rate)),
+    ];
+    for (key, v) in positive {
+        if v == 0 {
+            return Err((key.into(), "must be at least 1".into()));
+        }
+    }
+    for (key, v) in [
+        ("capture.max_time", c.max_time),
+        ("capture.flight_window", c.flight_window),
+    ] {
+        if v.is_zero() {
+            return Err((key.into(), "must be longer than zero".into()));
+        }
+    }
+    Ok(())
+}
+
+fn check_probes(
+    p: ProbesTable,
+    services: Vec<ServiceTable>,
+    at_key: &dyn Fn(String, String) -> ConfigError,
+) -> Result<bpf::ProbeConfig, ConfigError> {
+    let file_services = services;
     if p.auto_service_limit == 0 {
         return Err(at_key(
             "probes.auto_service_limit".into(),
@@ -150,8 +434,14 @@ pub fn parse_probe_config(text: &str, origin: &str) -> Result<bpf::ProbeConfig, 
     }
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     let mut port_owner: BTreeMap<u16, &str> = BTreeMap::new();
-    for (i, s) in file.services.iter().enumerate() {
+    for (i, s) in file_services.iter().enumerate() {
         let key = |k: &str| format!("services[{i}].{k}");
+        if s.name.len() > storage::MAX_SERVICE_LEN {
+            return Err(at_key(
+                key("name"),
+                format!("longer than {} bytes", storage::MAX_SERVICE_LEN),
+            ));
+        }
         if s.name.is_empty() || s.name == "host" || s.name == "other" {
             return Err(at_key(
                 key("name"),
@@ -187,8 +477,7 @@ pub fn parse_probe_config(text: &str, origin: &str) -> Result<bpf::ProbeConfig, 
     }
     Ok(bpf::ProbeConfig {
         enabled: p.enable,
-        services: file
-            .services
+        services: file_services
             .into_iter()
             .map(|s| bpf::ServiceSpec {
                 name: s.name,
@@ -225,6 +514,8 @@ fn line_of(text: &str, key: &str) -> Option<usize> {
         Some((t, f)) => (t, None, f),
         None => return None,
     };
+    // `history[2]` is written `history = [...]`.
+    let field = field.split('[').next().unwrap_or(field);
     let mut current = String::new();
     let mut services_seen = 0usize;
     let mut block_line = None;
@@ -291,7 +582,7 @@ name = "dns"
 ports = [53]
 
 [detector]
-anything = "is for the detector to judge"
+min_ratio = 1.5
 "#;
         let cfg = parse_probe_config(text, "t.toml").unwrap();
         assert!(!cfg.hol_filter);
@@ -308,6 +599,137 @@ anything = "is for the detector to judge"
             Some(Path::new("system.slice/nginx.service"))
         );
         assert_eq!(cfg.services[1].cgroup, None);
+    }
+
+    #[test]
+    fn embedded_defaults_are_the_built_in_defaults() {
+        let from_text = parse(DEFAULTS_TOML, "defaults.toml").unwrap();
+        let built_in = parse("", "none").unwrap();
+        assert_eq!(
+            Config {
+                origin: String::new(),
+                ..from_text
+            },
+            Config {
+                origin: String::new(),
+                ..built_in.clone()
+            }
+        );
+        assert_eq!(built_in.detector, DetectorConfig::default());
+        assert_eq!(built_in.storage, StoreConfig::default());
+        assert_eq!(built_in.pwru, PwruConfig::default());
+        assert_eq!(built_in.daemon, DaemonConfig::default());
+        assert_eq!(built_in.capture, CaptureConfig::default());
+    }
+
+    #[test]
+    fn every_table_is_read() {
+        let text = r#"
+[daemon]
+interval = "250ms"
+db = "/tmp/tt/db"
+pwru_ignore_prerequisites = true
+
+[api]
+socket = "/tmp/tt/api.sock"
+
+[detector]
+warmup_time = "5s"
+
+[storage]
+flush_every = "200ms"
+
+[capture]
+threshold = "3ms"
+flight_threshold = "p99.5"
+
+[pwru]
+binary = "/opt/pwru"
+deadline = "5s"
+"#;
+        let c = parse(text, "t.toml").unwrap();
+        assert_eq!(c.daemon.interval, Duration::from_millis(250));
+        assert!(c.daemon.pwru_ignore_prerequisites);
+        assert_eq!(c.api.socket, Path::new("/tmp/tt/api.sock"));
+        assert_eq!(c.detector.warmup_time, Duration::from_secs(5));
+        assert_eq!(c.storage.flush_every, Duration::from_millis(200));
+        assert_eq!(
+            c.capture.threshold,
+            Threshold::Latency(Duration::from_millis(3))
+        );
+        assert_eq!(c.capture.flight_threshold, Threshold::Quantile(0.995));
+        assert_eq!(c.pwru.binary(), Some(Path::new("/opt/pwru")));
+        assert_eq!(c.pwru.limits().deadline(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn errors_of_every_table_name_file_line_and_key() {
+        let cases = [
+            (
+                "[daemon]\ninterval = \"1ms\"\n",
+                "c, line 2: key `daemon.interval`: 1ms is outside 10ms..=60s",
+            ),
+            (
+                "[daemon]\ndb = \"var/db\"\n",
+                "c, line 2: key `daemon.db`: \"var/db\" must be an absolute path",
+            ),
+            (
+                "[api]\nsocket = \"api.sock\"\n",
+                "c, line 2: key `api.socket`",
+            ),
+            (
+                "[daemon]\n\n\nintervall = \"1s\"\n",
+                "c, line 4: key `daemon.intervall`: unknown field `intervall`",
+            ),
+            (
+                "[capture]\nthreshold = \"p100\"\n",
+                "c, line 2: key `capture.threshold`: \"p100\" is not a quantile",
+            ),
+            (
+                "[capture]\nmax_samples = 0\n",
+                "c, line 2: key `capture.max_samples`: must be at least 1",
+            ),
+            (
+                "[storage]\nflush_every = \"2s\"\n",
+                "c, line 2: key `storage.flush_every`: 2s is outside (0, 1s]",
+            ),
+            (
+                "[detector]\nmin_ratio = 0.5\n",
+                "c, line 2: key `detector.min_ratio`: ratio 0.5 must be a number >= 1",
+            ),
+            (
+                "[pwru]\nmax_peers = 17\n",
+                "c, line 2: key `pwru.max_peers`: max_peers 17 is out of range",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse(text, "c").unwrap_err().to_string();
+            assert!(err.starts_with(want), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn thresholds_read_and_print() {
+        for (text, t) in [
+            ("p99", Threshold::Quantile(0.99)),
+            ("p99.9", Threshold::Quantile(0.999)),
+            ("2ms", Threshold::Latency(Duration::from_millis(2))),
+        ] {
+            let parsed: Threshold = text.parse().unwrap();
+            match (parsed, t) {
+                (Threshold::Quantile(a), Threshold::Quantile(b)) => {
+                    assert!((a - b).abs() < 1e-12)
+                }
+                (a, b) => assert_eq!(a, b),
+            }
+        }
+        assert!("0ms".parse::<Threshold>().is_err());
+        assert!("p0".parse::<Threshold>().is_err());
+        assert!("soon".parse::<Threshold>().is_err());
+        assert_eq!(
+            Threshold::Latency(Duration::from_millis(2)).to_string(),
+            "2ms"
+        );
     }
 
     #[test]

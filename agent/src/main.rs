@@ -5,10 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod api;
 mod cmd;
 mod config;
-#[allow(dead_code)] // used by the subcommands as they land
+mod daemon;
 mod output;
+mod source;
 
 #[derive(Parser)]
 #[command(
@@ -26,6 +28,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the daemon: measure, detect, capture, serve the local API.
+    Run(cmd::run::Args),
+    /// Check a configuration file, or print the built-in defaults.
+    #[command(subcommand)]
+    Config(cmd::config::Command),
+    /// The daemon's probes, services, latency against baseline, incidents, capture and cost.
+    Status(cmd::status::Args),
+    /// List incidents, or show one (`incidents show ID`).
+    Incidents(cmd::incidents::Args),
+    /// An incident's slow-SKB samples.
+    Samples(cmd::samples::Args),
+    /// An incident's pwru session and output.
+    Pwru(cmd::pwru::Args),
+    /// One incident as a JSON document (`tailtrap export ID > incident.json`).
+    Export(cmd::export::Args),
     /// Load the probes and print live latency histograms per service and probe.
     Hist(cmd::hist::Args),
     /// Run the detector over a recorded histogram series (JSON Lines) and print incidents.
@@ -40,7 +57,16 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    // -v also makes the retrieval commands say whether they used the API or the database.
+    let verbose = cli.verbose > 0;
     let result = match cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Config(c) => cmd::config::run(c),
+        Command::Status(args) => cmd::status::run(args, verbose),
+        Command::Incidents(args) => cmd::incidents::run(args, verbose),
+        Command::Samples(args) => cmd::samples::run(args, verbose),
+        Command::Pwru(args) => cmd::pwru::run(args, verbose),
+        Command::Export(args) => cmd::export::run(args, verbose),
         Command::Hist(args) => cmd::hist::run(args),
         Command::Replay(args) => cmd::replay::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
@@ -63,9 +89,14 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+        .with_target(false);
+    // Under systemd the journal stamps each line itself; colours would end up as escapes.
+    if std::env::var_os("JOURNAL_STREAM").is_some() {
+        fmt.without_time().with_ansi(false).init();
+    } else {
+        fmt.init();
+    }
 }

@@ -1,6 +1,13 @@
 //! One module per subcommand.
 
+pub mod config;
 pub mod db;
+pub mod export;
 pub mod hist;
+pub mod incidents;
+pub mod pwru;
 pub mod replay;
+pub mod run;
+pub mod samples;
 pub mod simulate;
+pub mod status;

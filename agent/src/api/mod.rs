@@ -1,0 +1,231 @@
+//! The daemon's local API: HTTP/JSON on a unix socket. `server` serves it from the daemon,
+//! `client` reads it from the CLI, and `query` answers the read endpoints from a [`Store`],
+//! so the CLI gives the same answers when it opens the database itself. docs/api.md lists
+//! the endpoints.
+
+pub mod client;
+pub mod query;
+pub mod server;
+
+use std::path::PathBuf;
+
+use capture::pwru::Prerequisites;
+use detector::Probe;
+use serde::{Deserialize, Serialize};
+use storage::{Incident, SampleSummary};
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The daemon itself.
+    pub daemon: DaemonInfo,
+    /// Each probe and how it is attached.
+    pub probes: Vec<ProbeRow>,
+    /// Configured services (empty: grouped by cgroup automatically).
+    pub services: Vec<String>,
+    /// Last interval's quantiles per (service, probe) against the learned baseline.
+    pub latency: Vec<LatencyRow>,
+    /// Incidents open now.
+    pub open_incidents: Vec<OpenIncident>,
+    /// In-kernel capture.
+    pub capture: CaptureReport,
+    /// Kernel-side probe counters since the probes were loaded.
+    pub kernel_counters: KernelCounters,
+    /// pwru: what the start-up check found, and whether a session runs now.
+    pub pwru: PwruReport,
+    /// BPF run time per program.
+    pub bpf_cost: Vec<ProgCost>,
+    /// The daemon process's CPU and memory.
+    pub process: ProcessStats,
+    /// The database.
+    pub store: StoreReport,
+}
+
+/// Facts about the running daemon.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    /// tailtrap's version.
+    pub version: String,
+    /// Process id.
+    pub pid: u32,
+    /// Start time, ns since the epoch.
+    pub started_ns: u64,
+    /// The detector interval.
+    #[serde(with = "humantime_serde")]
+    pub interval: std::time::Duration,
+    /// Where the configuration came from.
+    pub config: String,
+    /// Database directory.
+    pub db: PathBuf,
+    /// API socket.
+    pub socket: PathBuf,
+    /// Intervals run since start.
+    pub intervals: u64,
+    /// Intervals whose histograms could not be read or stored.
+    pub interval_errors: u64,
+}
+
+/// One probe's attachment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeRow {
+    /// The probe.
+    pub probe: Probe,
+    /// How it is attached (`tp_btf skb_copy_datagram_iovec`, `disabled`, ...).
+    pub method: String,
+}
+
+/// Quantiles of one (service, probe) in the last interval and in the baseline, ns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LatencyRow {
+    /// Service.
+    pub service: String,
+    /// Probe.
+    pub probe: Probe,
+    /// Samples in the last interval.
+    pub count: u64,
+    /// Interval median.
+    pub p50_ns: Option<f64>,
+    /// Interval p99.
+    pub p99_ns: Option<f64>,
+    /// Baseline median (`None` while warming up).
+    pub baseline_p50_ns: Option<f64>,
+    /// Baseline p99 (`None` while warming up).
+    pub baseline_p99_ns: Option<f64>,
+}
+
+/// An incident that is open now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpenIncident {
+    /// Stored id.
+    pub id: u64,
+    /// Service.
+    pub service: String,
+    /// Hot probes.
+    pub probes: Vec<Probe>,
+    /// When it opened, ns since the epoch.
+    pub opened_ns: u64,
+    /// Headline, e.g. `tcp-socket-read p99 120µs -> 21.0ms (175x)`.
+    pub headline: String,
+    /// Stage verdict, e.g. `application read delay`.
+    pub stage: Option<String>,
+}
+
+/// In-kernel capture state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaptureReport {
+    /// Whether in-kernel capture can be armed by this daemon.
+    pub available: bool,
+    /// One line about the state.
+    pub state: String,
+}
+
+/// The probes' kernel-side counters.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct KernelCounters {
+    /// Samples lost because the histogram map was full.
+    pub map_full_drops: u64,
+    /// skbs without a timestamp.
+    pub zero_tstamp: u64,
+    /// Timestamps in the future.
+    pub future_tstamp: u64,
+    /// Reads skipped as head-of-line blocked.
+    pub hol_excluded: u64,
+    /// Samples counted to `other` over the auto-service limit.
+    pub auto_overflow: u64,
+}
+
+impl From<bpf::Counters> for KernelCounters {
+    fn from(c: bpf::Counters) -> Self {
+        KernelCounters {
+            map_full_drops: c.map_full_drops,
+            zero_tstamp: c.zero_tstamp,
+            future_tstamp: c.future_tstamp,
+            hol_excluded: c.hol_excluded,
+            auto_overflow: c.auto_overflow,
+        }
+    }
+}
+
+/// pwru's state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PwruReport {
+    /// Sessions are switched on in the configuration.
+    pub enabled: bool,
+    /// The start-up prerequisite check.
+    pub prerequisites: Prerequisites,
+    /// The check is overridden by `daemon.pwru_ignore_prerequisites`.
+    pub prerequisites_ignored: bool,
+    /// A session is running now.
+    pub busy: bool,
+}
+
+/// BPF run time of one program.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProgCost {
+    /// Program name.
+    pub program: String,
+    /// Where it is attached.
+    pub attach_point: String,
+    /// Probes it serves.
+    pub probes: Vec<Probe>,
+    /// Runs.
+    pub run_cnt: u64,
+    /// Total run time, ns (0 unless `kernel.bpf_stats_enabled` is 1).
+    pub run_time_ns: u64,
+}
+
+/// CPU and memory of the daemon process.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct ProcessStats {
+    /// User CPU time, seconds.
+    pub cpu_user_s: f64,
+    /// System CPU time, seconds.
+    pub cpu_system_s: f64,
+    /// CPU time over wall time since start, percent of one CPU.
+    pub cpu_percent: f64,
+    /// Resident memory, bytes.
+    pub rss_bytes: u64,
+}
+
+/// Database figures.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct StoreReport {
+    /// Live data, bytes.
+    pub live_bytes: u64,
+    /// Files on disk, bytes.
+    pub size_on_disk: u64,
+    /// Failed writes since start.
+    pub write_errors: u64,
+    /// Of those, full-disk errors.
+    pub disk_full_errors: u64,
+    /// Records skipped as undecodable.
+    pub undecodable_records: u64,
+}
+
+impl From<storage::StoreStats> for StoreReport {
+    fn from(s: storage::StoreStats) -> Self {
+        StoreReport {
+            live_bytes: s.live_bytes,
+            size_on_disk: s.size_on_disk,
+            write_errors: s.write_errors,
+            disk_full_errors: s.disk_full_errors,
+            undecodable_records: s.undecodable_records,
+        }
+    }
+}
+
+/// `GET /v1/incidents/{id}`: the incident and the summary of its samples.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IncidentView {
+    /// The stored incident.
+    pub incident: Incident,
+    /// Its samples, summarised.
+    pub summary: SampleSummary,
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    /// What went wrong, for humans.
+    pub error: String,
+}

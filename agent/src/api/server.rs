@@ -1,0 +1,168 @@
+//! Serving the API on a unix socket (axum over tokio's `UnixListener`).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+use storage::Store;
+use tokio::net::UnixListener;
+
+use super::query::{self, IncidentsParams, PwruParams, QueryError, SamplesParams};
+use super::{ApiError, StatusReport};
+
+/// What the handlers need: the store, and a way to build the status report.
+pub struct AppState {
+    /// The daemon's store.
+    pub store: Arc<Store>,
+    /// Builds `GET /v1/status`.
+    pub status: Box<dyn Fn() -> StatusReport + Send + Sync>,
+}
+
+/// The bound socket; removes its file when dropped.
+pub struct Socket {
+    listener: Option<UnixListener>,
+    path: PathBuf,
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Bind the API socket at `path` (mode 0600; a missing parent is created 0700). A stale
+/// socket file is replaced, but not one a running daemon answers on.
+pub async fn bind(path: &Path) -> anyhow::Result<Socket> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the API socket directory {}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("restricting {}", dir.display()))?;
+        }
+    }
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            anyhow::bail!(
+                "another tailtrap daemon is serving its API on {}: stop it first",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale API socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("binding the API socket {}", path.display()))?;
+    let socket = Socket {
+        listener: Some(listener),
+        path: path.to_path_buf(),
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {} to mode 0600", path.display()))?;
+    Ok(socket)
+}
+
+/// Serve the API on `socket` until the task is dropped or aborted.
+pub async fn serve(mut socket: Socket, state: Arc<AppState>) -> anyhow::Result<()> {
+    let listener = socket
+        .listener
+        .take()
+        .context("the API socket was already served")?;
+    let app = Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/incidents", get(incidents))
+        .route("/v1/incidents/{id}", get(incident))
+        .route("/v1/incidents/{id}/samples", get(samples))
+        .route("/v1/incidents/{id}/pwru", get(pwru))
+        .route("/v1/incidents/{id}/export", get(export))
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "no such endpoint (see docs/api.md)".into(),
+            )
+        })
+        .with_state(state);
+    // The socket file stays owned by `socket` while serving, so it is removed on the way out.
+    let served = axum::serve(listener, app).await;
+    drop(socket);
+    served.context("serving the API")
+}
+
+fn error(code: StatusCode, error: String) -> Response {
+    (code, Json(ApiError { error })).into_response()
+}
+
+impl IntoResponse for QueryError {
+    fn into_response(self) -> Response {
+        let code = match &self {
+            QueryError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            QueryError::NotFound(_) => StatusCode::NOT_FOUND,
+            QueryError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        error(code, self.to_string())
+    }
+}
+
+/// Run a store query off the async workers (sled reads block).
+async fn blocking<T, F>(state: &Arc<AppState>, f: F) -> Result<T, QueryError>
+where
+    T: Send + 'static,
+    F: FnOnce(&Store) -> Result<T, QueryError> + Send + 'static,
+{
+    let store = state.store.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| QueryError::Store(storage::StoreError::Engine(format!("query task: {e}"))))?
+}
+
+fn json<T: Serialize>(r: Result<T, QueryError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn status(State(state): State<Arc<AppState>>) -> Response {
+    Json((state.status)()).into_response()
+}
+
+async fn incidents(
+    State(state): State<Arc<AppState>>,
+    Query(p): Query<IncidentsParams>,
+) -> Response {
+    json(blocking(&state, move |s| query::incidents(s, &p)).await)
+}
+
+async fn incident(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<u64>) -> Response {
+    json(blocking(&state, move |s| query::incident(s, id)).await)
+}
+
+async fn samples(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): UrlPath<u64>,
+    Query(p): Query<SamplesParams>,
+) -> Response {
+    json(blocking(&state, move |s| query::samples(s, id, &p)).await)
+}
+
+async fn pwru(
+    State(state): State<Arc<AppState>>,
+    UrlPath(id): UrlPath<u64>,
+    Query(p): Query<PwruParams>,
+) -> Response {
+    json(blocking(&state, move |s| query::pwru(s, id, &p)).await)
+}
+
+async fn export(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<u64>) -> Response {
+    match blocking(&state, move |s| query::export(s, id)).await {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => e.into_response(),
+    }
+}

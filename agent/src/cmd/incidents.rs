@@ -1,0 +1,361 @@
+//! `tailtrap incidents [--since 6h] [--service S] [--open]` and `tailtrap incidents show ID`.
+
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use storage::{CaptureState, Incident, IncidentState, PwruState, SampleSummary};
+
+use crate::api::query::IncidentsParams;
+use crate::api::IncidentView;
+use crate::daemon::{headline, quantile_name};
+use crate::output::{fmt_ns, fmt_span, fmt_time, print_json, table};
+use crate::source::{block_on, Source, Target};
+
+/// Arguments of `tailtrap incidents`.
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    show: Option<Show>,
+    /// Only incidents going on since this time: a span back from now (`6h`, `2days`) or an
+    /// RFC 3339 time.
+    #[arg(long, value_parser = parse_since)]
+    since: Option<u64>,
+    /// Only this service.
+    #[arg(long)]
+    service: Option<String>,
+    /// Only incidents still open.
+    #[arg(long)]
+    open: bool,
+    /// At most this many (newest first).
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+#[derive(clap::Subcommand)]
+enum Show {
+    /// One incident: evidence, stage attribution, sample summary, capture and pwru status.
+    Show {
+        /// The incident id.
+        id: u64,
+    },
+}
+
+/// `6h` (that long ago) or an RFC 3339 time, as ns since the epoch.
+pub fn parse_since(s: &str) -> Result<u64, String> {
+    let t = match humantime::parse_duration(s) {
+        Ok(d) => SystemTime::now()
+            .checked_sub(d)
+            .ok_or_else(|| format!("{s} reaches before 1970"))?,
+        Err(_) => humantime::parse_rfc3339_weak(s).map_err(|_| {
+            format!("{s:?} is neither a span like `6h` nor a time like `2026-11-21T10:00:00Z`")
+        })?,
+    };
+    Ok(crate::daemon::unix_ns(t))
+}
+
+/// Run `tailtrap incidents`.
+pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let source = Source::open(&args.target, verbose).await?;
+        match args.show {
+            Some(Show::Show { id }) => {
+                let view = source.incident(id).await?;
+                if args.json {
+                    print_json(&view)?;
+                } else {
+                    print_show(&view);
+                }
+            }
+            None => {
+                let params = IncidentsParams {
+                    since_ns: args.since,
+                    service: args.service,
+                    state: args.open.then_some(IncidentState::Open),
+                    before_id: None,
+                    limit: args.limit,
+                };
+                let page = source.incidents(&params).await?;
+                if args.json {
+                    print_json(&page)?;
+                } else {
+                    print_list(&page.incidents);
+                    if page.next_before_id.is_some() {
+                        println!("(more incidents: raise --limit or narrow with --since)");
+                    }
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The detector's incident as stored with the record.
+fn detail(i: &Incident) -> Option<detector::Incident> {
+    serde_json::from_str(&i.evidence_json).ok()
+}
+
+fn lasted(i: &Incident) -> String {
+    match i.closed_ns {
+        Some(c) => fmt_span(c.saturating_sub(i.opened_ns)),
+        None => {
+            let now = crate::daemon::unix_ns(SystemTime::now());
+            format!("{} so far", fmt_span(now.saturating_sub(i.opened_ns)))
+        }
+    }
+}
+
+fn probe_names(i: &Incident) -> String {
+    i.probes
+        .iter()
+        .map(|p| p.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_list(incidents: &[Incident]) {
+    if incidents.is_empty() {
+        println!("no incidents");
+        return;
+    }
+    let mut t = table([
+        "id", "service", "state", "opened", "lasted", "headline", "stage", "pwru",
+    ]);
+    for i in incidents {
+        let d = detail(i);
+        t.add_row([
+            i.id.to_string(),
+            i.service.clone(),
+            i.state.to_string(),
+            fmt_time(i.opened_ns),
+            lasted(i),
+            d.as_ref().map_or_else(|| probe_names(i), headline),
+            d.and_then(|d| d.stage)
+                .map_or_else(|| "-".into(), |s| s.verdict),
+            pwru_state(i.pwru.state).to_owned(),
+        ]);
+    }
+    println!("{t}");
+}
+
+fn pwru_state(s: PwruState) -> &'static str {
+    match s {
+        PwruState::NotRun => "not run",
+        PwruState::Running => "running",
+        PwruState::Done => "done",
+        PwruState::Failed => "failed",
+    }
+}
+
+fn capture_state(s: CaptureState) -> &'static str {
+    match s {
+        CaptureState::NotArmed => "not armed",
+        CaptureState::Armed => "armed",
+        CaptureState::Disarmed => "disarmed",
+        CaptureState::Failed => "failed",
+    }
+}
+
+fn print_show(view: &IncidentView) {
+    let i = &view.incident;
+    let d = detail(i);
+    println!("incident {} — {} — {}", i.id, i.service, i.state);
+    let mut t = table(["item", "value"]);
+    t.add_row(["service".to_owned(), i.service.clone()]);
+    t.add_row(["state".to_owned(), i.state.to_string()]);
+    t.add_row(["opened".to_owned(), fmt_time(i.opened_ns)]);
+    t.add_row([
+        "closed".to_owned(),
+        i.closed_ns.map_or_else(|| "-".into(), fmt_time),
+    ]);
+    t.add_row(["lasted".to_owned(), lasted(i)]);
+    t.add_row(["probes".to_owned(), probe_names(i)]);
+    if let Some(d) = &d {
+        t.add_row(["headline".to_owned(), headline(d)]);
+        t.add_row([
+            "first hot window".to_owned(),
+            humantime::format_rfc3339_seconds(d.first_hot_at).to_string(),
+        ]);
+        if let Some(s) = &d.stage {
+            t.add_row([
+                "stage".to_owned(),
+                format!("{} (at {})", s.verdict, quantile_name(s.quantile)),
+            ]);
+        }
+    }
+    println!("{t}");
+
+    if let Some(d) = &d {
+        println!("\nevidence");
+        let mut t = table([
+            "probe", "quantile", "kind", "baseline", "observed", "ratio", "p-value", "samples",
+        ]);
+        for e in &d.evidence {
+            t.add_row([
+                e.probe.to_string(),
+                quantile_name(e.quantile),
+                format!("{:?}", e.kind).to_lowercase(),
+                fmt_ns(e.baseline.value_ns),
+                fmt_ns(e.observed.value_ns),
+                format!("{:.1}x", e.ratio),
+                e.p_value.map_or_else(|| "-".into(), |p| format!("{p:.1e}")),
+                e.window_samples.to_string(),
+            ]);
+        }
+        println!("{t}");
+        if let Some(s) = &d.stage {
+            println!("\nstage attribution at {}", quantile_name(s.quantile));
+            let mut t = table([
+                "stage",
+                "baseline",
+                "observed",
+                "shift",
+                "stage's own shift",
+            ]);
+            for row in &s.stages {
+                t.add_row([
+                    row.stage.name(),
+                    fmt_ns(row.baseline_ns),
+                    fmt_ns(row.observed_ns),
+                    fmt_ns(row.shift_ns),
+                    fmt_ns(row.stage_shift_ns),
+                ]);
+            }
+            println!("{t}");
+        }
+    }
+
+    print_summary(&view.summary);
+
+    println!("\ncapture");
+    let c = &i.capture;
+    let mut t = table(["item", "value"]);
+    t.add_row(["state".to_owned(), capture_state(c.state).to_owned()]);
+    t.add_row([
+        "records".to_owned(),
+        format!(
+            "{} emitted, {} dropped (ring full), {} rate-limited, {} stored ({} pre-trigger)",
+            c.emitted, c.dropped, c.rate_limited, c.stored, c.pre_trigger
+        ),
+    ]);
+    if !c.message.is_empty() {
+        t.add_row(["note".to_owned(), c.message.clone()]);
+    }
+    println!("{t}");
+
+    print_pwru_status(i);
+}
+
+fn print_summary(s: &SampleSummary) {
+    println!("\nsamples");
+    let mut t = table(["item", "value"]);
+    t.add_row([
+        "count".to_owned(),
+        format!(
+            "{} ({} pre-trigger, {} head-of-line suspects)",
+            s.count, s.pre_trigger, s.hol_suspect
+        ),
+    ]);
+    if let Some(q) = &s.latency {
+        t.add_row([
+            "latency".to_owned(),
+            format!(
+                "p50 {}  p90 {}  p99 {}  max {}",
+                fmt_ns(q.p50 as f64),
+                fmt_ns(q.p90 as f64),
+                fmt_ns(q.p99 as f64),
+                fmt_ns(q.max as f64)
+            ),
+        ]);
+    }
+    if let (Some(a), Some(b)) = (s.first_ns, s.last_ns) {
+        t.add_row([
+            "span".to_owned(),
+            format!("{} .. {}", fmt_time(a), fmt_time(b)),
+        ]);
+    }
+    if !s.probes.is_empty() {
+        t.add_row([
+            "probes".to_owned(),
+            s.probes
+                .iter()
+                .map(|(p, n)| format!("{p} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ]);
+    }
+    if !s.cpus.is_empty() {
+        t.add_row([
+            "CPUs".to_owned(),
+            s.cpus
+                .iter()
+                .map(|(c, n)| format!("cpu{c} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ]);
+    }
+    println!("{t}");
+    if !s.top_flows.is_empty() {
+        let mut t = table(["top flows", "samples", "slowest"]);
+        for f in &s.top_flows {
+            t.add_row([
+                f.flow.to_string(),
+                f.count.to_string(),
+                fmt_ns(f.max_latency_ns as f64),
+            ]);
+        }
+        println!("{t}");
+    }
+    if !s.top_processes.is_empty() {
+        let mut t = table(["top processes", "pid", "samples"]);
+        for p in &s.top_processes {
+            t.add_row([p.comm.clone(), p.pid.to_string(), p.count.to_string()]);
+        }
+        println!("{t}");
+    }
+}
+
+/// The incident's pwru status as rows (also used by `tailtrap pwru`).
+pub fn print_pwru_status(i: &Incident) {
+    println!("\npwru");
+    let p = &i.pwru;
+    let mut t = table(["item", "value"]);
+    t.add_row(["state".to_owned(), pwru_state(p.state).to_owned()]);
+    let exit = match (p.exit_status, p.signal) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        (None, None) => "-".into(),
+    };
+    t.add_row(["exit".to_owned(), exit]);
+    t.add_row([
+        "started".to_owned(),
+        p.started_ns.map_or_else(|| "-".into(), fmt_time),
+    ]);
+    let ended = match (p.started_ns, p.ended_ns) {
+        (Some(a), Some(b)) => format!("{} (after {})", fmt_time(b), fmt_span(b.saturating_sub(a))),
+        (None, Some(b)) => fmt_time(b),
+        _ => "-".into(),
+    };
+    t.add_row(["ended".to_owned(), ended]);
+    t.add_row(["lines stored".to_owned(), p.lines_stored.to_string()]);
+    if !p.message.is_empty() {
+        t.add_row(["message".to_owned(), p.message.clone()]);
+    }
+    let tail: Vec<&str> = p.stderr_tail.lines().collect();
+    if !tail.is_empty() {
+        let last = &tail[tail.len().saturating_sub(5)..];
+        t.add_row(["stderr (last lines)".to_owned(), last.join("\n")]);
+    }
+    if i.counters.store_errors > 0 {
+        t.add_row([
+            "store errors".to_owned(),
+            i.counters.store_errors.to_string(),
+        ]);
+    }
+    println!("{t}");
+}

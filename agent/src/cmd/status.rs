@@ -1,0 +1,218 @@
+//! `tailtrap status`: the daemon's probes, services, latency against baseline, open
+//! incidents, capture, pwru, BPF cost and its own CPU and memory.
+
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use storage::IncidentState;
+
+use crate::api::query::IncidentsParams;
+use crate::api::StatusReport;
+use crate::daemon::unix_ns;
+use crate::output::{fmt_bytes, fmt_ns, fmt_span, fmt_time, print_json, table};
+use crate::source::{block_on, Source, Target};
+
+/// Arguments of `tailtrap status`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Run `tailtrap status`.
+pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let source = Source::open(&args.target, verbose).await?;
+        match source.status().await? {
+            Some(report) if args.json => print_json(&report)?,
+            Some(report) => print_report(&report),
+            None => {
+                // No daemon: what the database says is still open.
+                let open = source
+                    .incidents(&IncidentsParams {
+                        state: Some(IncidentState::Open),
+                        ..IncidentsParams::default()
+                    })
+                    .await?;
+                if args.json {
+                    print_json(&serde_json::json!({
+                        "daemon_running": false,
+                        "open_incidents": open.incidents,
+                    }))?;
+                } else {
+                    println!("daemon: not running (read the database directly)");
+                    println!("open incidents in the database: {}", open.incidents.len());
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+fn opt_ns(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), fmt_ns)
+}
+
+fn print_report(r: &StatusReport) {
+    let now = unix_ns(SystemTime::now());
+    let d = &r.daemon;
+    let mut t = table(["daemon", ""]);
+    t.add_row([
+        "running".to_owned(),
+        format!(
+            "pid {}, version {}, up {} (since {})",
+            d.pid,
+            d.version,
+            fmt_span(now.saturating_sub(d.started_ns)),
+            fmt_time(d.started_ns)
+        ),
+    ]);
+    t.add_row([
+        "interval".to_owned(),
+        format!(
+            "{} ({} run, {} failed)",
+            humantime::format_duration(d.interval),
+            d.intervals,
+            d.interval_errors
+        ),
+    ]);
+    t.add_row(["config".to_owned(), d.config.clone()]);
+    t.add_row(["database".to_owned(), d.db.display().to_string()]);
+    t.add_row([
+        "process".to_owned(),
+        format!(
+            "CPU {:.2}% of one core ({:.1}s user, {:.1}s system), RSS {}",
+            r.process.cpu_percent,
+            r.process.cpu_user_s,
+            r.process.cpu_system_s,
+            fmt_bytes(r.process.rss_bytes)
+        ),
+    ]);
+    t.add_row([
+        "store".to_owned(),
+        format!(
+            "{} live, {} on disk, {} write errors",
+            fmt_bytes(r.store.live_bytes),
+            fmt_bytes(r.store.size_on_disk),
+            r.store.write_errors
+        ),
+    ]);
+    t.add_row([
+        "services".to_owned(),
+        if r.services.is_empty() {
+            "grouped by cgroup automatically".to_owned()
+        } else {
+            r.services.join(", ")
+        },
+    ]);
+    println!("{t}");
+
+    let mut t = table(["probe", "attach method"]);
+    for p in &r.probes {
+        t.add_row([p.probe.to_string(), p.method.clone()]);
+    }
+    println!("{t}");
+
+    if r.latency.is_empty() {
+        println!("no samples in the last interval");
+    } else {
+        let mut t = table([
+            "service",
+            "probe",
+            "count",
+            "p50",
+            "baseline p50",
+            "p99",
+            "baseline p99",
+        ]);
+        for l in &r.latency {
+            t.add_row([
+                l.service.clone(),
+                l.probe.to_string(),
+                l.count.to_string(),
+                opt_ns(l.p50_ns),
+                opt_ns(l.baseline_p50_ns),
+                opt_ns(l.p99_ns),
+                opt_ns(l.baseline_p99_ns),
+            ]);
+        }
+        println!("{t}");
+    }
+
+    if r.open_incidents.is_empty() {
+        println!("open incidents: none");
+    } else {
+        let mut t = table(["open incident", "service", "opened", "headline", "stage"]);
+        for i in &r.open_incidents {
+            t.add_row([
+                i.id.to_string(),
+                i.service.clone(),
+                fmt_time(i.opened_ns),
+                i.headline.clone(),
+                i.stage.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        println!("{t}");
+    }
+
+    let c = &r.kernel_counters;
+    let mut t = table(["capture and counters", ""]);
+    t.add_row(["in-kernel capture".to_owned(), r.capture.state.clone()]);
+    t.add_row([
+        "probe counters".to_owned(),
+        format!(
+            "map-full drops {}, zero stamps {}, future stamps {}, head-of-line excluded {}, auto-service overflow {}",
+            c.map_full_drops, c.zero_tstamp, c.future_tstamp, c.hol_excluded, c.auto_overflow
+        ),
+    ]);
+    println!("{t}");
+
+    let mut t = table(["pwru", ""]);
+    t.add_row([
+        "sessions".to_owned(),
+        match (r.pwru.enabled, r.pwru.busy) {
+            (false, _) => "off in the configuration".to_owned(),
+            (true, true) => "on; one is running now".to_owned(),
+            (true, false) => "on; none running".to_owned(),
+        },
+    ]);
+    for (item, value) in r.pwru.prerequisites.rows() {
+        t.add_row([item.to_owned(), value]);
+    }
+    if r.pwru.prerequisites_ignored {
+        t.add_row([
+            "override".to_owned(),
+            "daemon.pwru_ignore_prerequisites: sessions run whatever the check says".to_owned(),
+        ]);
+    }
+    println!("{t}");
+
+    if !r.bpf_cost.is_empty() {
+        let stats_on = r.bpf_cost.iter().any(|p| p.run_time_ns > 0);
+        let mut t = table(["BPF program", "attached at", "probes", "runs", "ns per run"]);
+        for p in &r.bpf_cost {
+            t.add_row([
+                p.program.clone(),
+                p.attach_point.clone(),
+                p.probes
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                p.run_cnt.to_string(),
+                if stats_on && p.run_cnt > 0 {
+                    format!("{:.0}", p.run_time_ns as f64 / p.run_cnt as f64)
+                } else {
+                    "-".into()
+                },
+            ]);
+        }
+        println!("{t}");
+        if !stats_on {
+            println!("(run time per call: `sysctl kernel.bpf_stats_enabled=1` turns the kernel's accounting on)");
+        }
+    }
+}

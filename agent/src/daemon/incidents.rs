@@ -1,0 +1,394 @@
+//! Acting on the detector's events: incident records in the store, pwru sessions.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use capture::pwru::{NetnsFilter, PcapFilter, Protocol, SessionManager, SessionRequest};
+use detector::{Event, Probe};
+use storage::{IncidentState, NewIncident, PwruState, Store};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::pwru::{self, Finished};
+use super::unix_ns;
+use crate::api::OpenIncident;
+use crate::config::Config;
+
+/// The open incidents, by service, and the pwru sessions running for any incident.
+pub(super) struct Incidents {
+    store: Arc<Store>,
+    open: HashMap<String, Open>,
+    manager: SessionManager,
+    pwru_done: mpsc::Sender<Finished>,
+    sessions: JoinSet<()>,
+}
+
+struct Open {
+    record: storage::Incident,
+    detail: detector::Incident,
+}
+
+impl Incidents {
+    pub(super) fn new(
+        store: Arc<Store>,
+        manager: SessionManager,
+        pwru_done: mpsc::Sender<Finished>,
+    ) -> Incidents {
+        Incidents {
+            store,
+            open: HashMap::new(),
+            manager,
+            pwru_done,
+            sessions: JoinSet::new(),
+        }
+    }
+
+    /// Act on one detector event; one log line each.
+    pub(super) fn handle(&mut self, event: Event, config: &Config) {
+        match event {
+            Event::Opened(inc) => self.opened(inc, config),
+            Event::Updated(inc) => self.updated(inc),
+            Event::Closed(inc) => self.closed(inc),
+        }
+    }
+
+    fn opened(&mut self, inc: detector::Incident, config: &Config) {
+        let new = NewIncident {
+            service: inc.service.clone(),
+            probes: inc.probes.clone(),
+            opened_ns: unix_ns(inc.opened_at),
+            evidence_json: json(&inc),
+            stages_json: json(&inc.stage),
+        };
+        let mut record = match self.store.open_incident(&new) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(service = %inc.service, error = %e, "incident opened but could not be stored");
+                return;
+            }
+        };
+        tracing::info!(
+            incident = record.id,
+            service = %inc.service,
+            probes = %probe_list(&inc.probes),
+            headline = %headline(&inc),
+            stage = %stage(&inc),
+            "incident opened"
+        );
+        record.capture.message =
+            "in-kernel capture of slow SKBs is not part of this build".to_owned();
+        self.start_pwru(&mut record, &inc, config);
+        if let Err(e) = self.store.update_incident(&record) {
+            tracing::error!(incident = record.id, error = %e, "storing the incident's status failed");
+        }
+        self.open.insert(
+            inc.service.clone(),
+            Open {
+                record,
+                detail: inc,
+            },
+        );
+    }
+
+    fn updated(&mut self, inc: detector::Incident) {
+        let Some(open) = self.open.get_mut(&inc.service) else {
+            return;
+        };
+        open.record.probes = inc.probes.clone();
+        open.record.evidence_json = json(&inc);
+        open.record.stages_json = json(&inc.stage);
+        if let Err(e) = self.store.update_incident(&open.record) {
+            tracing::error!(incident = open.record.id, error = %e, "storing the incident's update failed");
+        }
+        tracing::info!(
+            incident = open.record.id,
+            service = %inc.service,
+            probes = %probe_list(&inc.probes),
+            headline = %headline(&inc),
+            "incident updated"
+        );
+        open.detail = inc;
+    }
+
+    fn closed(&mut self, inc: detector::Incident) {
+        let Some(mut open) = self.open.remove(&inc.service) else {
+            return;
+        };
+        let closed_at = inc.closed_at.unwrap_or_else(SystemTime::now);
+        open.record.probes = inc.probes.clone();
+        open.record.evidence_json = json(&inc);
+        open.record.stages_json = json(&inc.stage);
+        open.record.counters.intervals = intervals(inc.opened_at, closed_at);
+        let id = open.record.id;
+        if let Err(e) = self
+            .store
+            .close_incident(&mut open.record, unix_ns(closed_at))
+        {
+            tracing::error!(incident = id, error = %e, "closing the incident in the store failed");
+        }
+        let lasted = closed_at.duration_since(inc.opened_at).unwrap_or_default();
+        tracing::info!(
+            incident = id,
+            service = %inc.service,
+            lasted = %humantime::format_duration(Duration::from_secs(lasted.as_secs())),
+            "incident closed"
+        );
+    }
+
+    /// The open incidents, for the status report.
+    pub(super) fn open_summaries(&self) -> Vec<OpenIncident> {
+        let mut v: Vec<OpenIncident> = self
+            .open
+            .values()
+            .map(|o| OpenIncident {
+                id: o.record.id,
+                service: o.record.service.clone(),
+                probes: o.record.probes.clone(),
+                opened_ns: o.record.opened_ns,
+                headline: headline(&o.detail),
+                stage: o.detail.stage.as_ref().map(|s| s.verdict.clone()),
+            })
+            .collect();
+        v.sort_by_key(|o| o.id);
+        v
+    }
+
+    /// Start the incident's pwru session when the configuration allows one; the outcome
+    /// comes back through [`Incidents::pwru_finished`].
+    fn start_pwru(
+        &mut self,
+        record: &mut storage::Incident,
+        inc: &detector::Incident,
+        config: &Config,
+    ) {
+        if !config.pwru.enabled() {
+            record.pwru.message = "pwru sessions are off ([pwru] enabled = false)".to_owned();
+            return;
+        }
+        let spec = config
+            .probes
+            .services
+            .iter()
+            .find(|s| s.name == inc.service);
+        let ports = spec.map(|s| s.ports.clone()).unwrap_or_default();
+        // Until in-kernel samples name the flows, the filter is the service's ports alone.
+        let filter = match PcapFilter::from_flows(
+            protocol_of(&inc.probes),
+            &ports,
+            std::iter::empty(),
+            config.pwru.max_peers(),
+        ) {
+            Ok(f) => f,
+            Err(e) => {
+                record.pwru.message = format!("no session: {e} (configure the service's ports)");
+                return;
+            }
+        };
+        let mut request = SessionRequest::new(inc.service.clone(), filter.clone())
+            .with_filter_funcs(config.pwru.filter_funcs(&inc.probes))
+            .with_limits(config.pwru.limits());
+        if let Some(ino) = spec
+            .and_then(|s| s.cgroup.as_deref())
+            .and_then(foreign_netns)
+        {
+            request = request.with_netns(NetnsFilter::inode(ino));
+        }
+        record.pwru.state = PwruState::Running;
+        record.pwru.started_ns = Some(unix_ns(SystemTime::now()));
+        record.pwru.message = format!("requested: {}", filter.expression());
+        pwru::spawn(
+            &mut self.sessions,
+            self.manager.clone(),
+            self.store.clone(),
+            record.id,
+            request,
+            self.pwru_done.clone(),
+        );
+    }
+
+    /// A session ended: record its status with its incident (open or not).
+    pub(super) fn pwru_finished(&mut self, done: Finished) {
+        let status = pwru::status_of(&done.status, done.stored);
+        tracing::info!(
+            incident = done.incident,
+            state = %done.status.state,
+            lines = done.stored,
+            reason = %done.status.reason,
+            "pwru session ended"
+        );
+        let open = self
+            .open
+            .values_mut()
+            .find(|o| o.record.id == done.incident);
+        let mut stored;
+        let record = match open {
+            Some(o) => &mut o.record,
+            None => match self.store.incident(done.incident) {
+                Ok(Some(r)) => {
+                    stored = r;
+                    &mut stored
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(incident = done.incident, error = %e, "reading the incident for its pwru status failed");
+                    return;
+                }
+            },
+        };
+        record.pwru = status;
+        record.counters.store_errors += done.store_errors;
+        if let Err(e) = self.store.update_incident(record) {
+            tracing::error!(incident = done.incident, error = %e, "storing the pwru status failed");
+        }
+    }
+
+    /// Shutdown: stop a running session and record its outcome (waiting at most `wait`).
+    pub(super) async fn stop_pwru(&mut self, done: &mut mpsc::Receiver<Finished>, wait: Duration) {
+        if self.manager.stop() {
+            tracing::info!("stopping the running pwru session");
+        }
+        let sessions = &mut self.sessions;
+        let joined = tokio::time::timeout(wait, async {
+            while sessions.join_next().await.is_some() {}
+        })
+        .await;
+        if joined.is_err() {
+            tracing::warn!("a pwru session did not end in time; its status stays `running`");
+        }
+        while let Ok(d) = done.try_recv() {
+            self.pwru_finished(d);
+        }
+    }
+
+    /// Shutdown: incidents still open end as interrupted at `now_ns` (monitoring stopped,
+    /// not the anomaly).
+    pub(super) fn interrupt_open(&mut self, now_ns: u64) {
+        for (_, mut open) in self.open.drain() {
+            open.record.state = IncidentState::Interrupted;
+            open.record.closed_ns = Some(now_ns);
+            if let Err(e) = self.store.update_incident(&open.record) {
+                tracing::error!(incident = open.record.id, error = %e, "marking the incident interrupted failed");
+            } else {
+                tracing::info!(incident = open.record.id, service = %open.record.service, "incident interrupted by the stop");
+            }
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    // The detector's types are plain data: encoding them cannot fail.
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+fn probe_list(probes: &[Probe]) -> String {
+    probes
+        .iter()
+        .map(|p| p.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `tcp-socket-read p99 120µs -> 21.0ms (175x)`.
+pub(crate) fn headline(inc: &detector::Incident) -> String {
+    let h = &inc.headline;
+    format!(
+        "{} {} {} -> {} ({:.1}x)",
+        h.probe,
+        quantile_name(h.quantile),
+        crate::output::fmt_ns(h.baseline.value_ns),
+        crate::output::fmt_ns(h.observed.value_ns),
+        h.ratio
+    )
+}
+
+/// `p99`, `p99.9`, `p50`.
+pub(crate) fn quantile_name(q: f64) -> String {
+    let pct = q * 100.0;
+    // Round away float noise (0.999 * 100 = 99.899999...).
+    let pct = (pct * 1000.0).round() / 1000.0;
+    format!("p{pct}")
+}
+
+fn stage(inc: &detector::Incident) -> String {
+    inc.stage
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |s| s.verdict.clone())
+}
+
+fn intervals(opened: SystemTime, closed: SystemTime) -> u64 {
+    closed.duration_since(opened).map_or(0, |d| d.as_secs())
+}
+
+/// TCP unless every hot probe is on the UDP path.
+fn protocol_of(probes: &[Probe]) -> Protocol {
+    let udp = |p: &Probe| {
+        matches!(
+            p,
+            Probe::UdpStart | Probe::UdpSocketEnqueued | Probe::UdpSocketRead
+        )
+    };
+    if probes.iter().any(udp) && !probes.iter().any(|p| !udp(p) && *p != Probe::IpStart) {
+        Protocol::Udp
+    } else {
+        Protocol::Tcp
+    }
+}
+
+/// The network namespace inode of the first process in `cgroup` (relative to the cgroup2
+/// mount), when it differs from the daemon's own.
+fn foreign_netns(cgroup: &Path) -> Option<u32> {
+    let dir = cgroup2_mount()?.join(cgroup.strip_prefix("/").unwrap_or(cgroup));
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    let pid: u32 = procs.lines().next()?.trim().parse().ok()?;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
+    let ours = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
+    (theirs != ours).then(|| u32::try_from(theirs).ok())?
+}
+
+fn cgroup2_mount() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        // "... mount-point options - fstype source super-options"
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_follows_the_hot_probes() {
+        assert_eq!(protocol_of(&[Probe::UdpSocketRead]), Protocol::Udp);
+        assert_eq!(
+            protocol_of(&[Probe::IpStart, Probe::UdpStart]),
+            Protocol::Udp
+        );
+        assert_eq!(protocol_of(&[Probe::TcpSocketRead]), Protocol::Tcp);
+        assert_eq!(protocol_of(&[Probe::IpStart]), Protocol::Tcp);
+        assert_eq!(
+            protocol_of(&[Probe::UdpStart, Probe::TcpStart]),
+            Protocol::Tcp
+        );
+    }
+
+    #[test]
+    fn quantile_names() {
+        assert_eq!(quantile_name(0.99), "p99");
+        assert_eq!(quantile_name(0.999), "p99.9");
+        assert_eq!(quantile_name(0.5), "p50");
+    }
+
+    #[test]
+    fn own_namespace_is_not_foreign() {
+        // The root cgroup holds processes of the host namespace (or none at all).
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let rel = own.trim().rsplit("::").next().unwrap_or("/").to_owned();
+        assert_eq!(foreign_netns(Path::new(&rel)), None);
+    }
+}

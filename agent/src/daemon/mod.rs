@@ -1,0 +1,411 @@
+//! `tailtrap run`: the daemon. Every interval it reads the probes' histograms, stores their
+//! history, feeds the detector and acts on its events: an opened incident is stored with
+//! its evidence and gets a pwru session; a closed one is closed in the store. It serves the
+//! local API meanwhile, and answers SIGTERM/SIGINT (clean stop) and SIGHUP (reload).
+
+mod incidents;
+mod live;
+mod pwru;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use bpf::ProbeSet;
+use capture::pwru::{Prerequisites, SessionManager};
+use detector::{Detector, Histogram, Probe};
+use sd_notify::NotifyState;
+use storage::Store;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use crate::api::server::{self, AppState};
+use crate::api::{KernelCounters, LatencyRow};
+use crate::config::{self, Config};
+use incidents::Incidents;
+pub(crate) use incidents::{headline, quantile_name};
+use live::Live;
+
+/// How many intervals between two reads of the BPF programs' run-time statistics (the read
+/// walks every BPF program on the host).
+const PROG_STATS_EVERY: u64 = 10;
+/// How long shutdown waits for a running pwru session to be reaped after asking it to stop
+/// (on top of its kill grace).
+const PWRU_STOP_SLACK: Duration = Duration::from_secs(5);
+
+/// Run the daemon until SIGTERM or SIGINT.
+pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
+    let started = SystemTime::now();
+    let config = config::load(config_path.as_deref())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .thread_name("tailtrap-worker")
+        .build()
+        .context("starting the async runtime")?;
+    // The probe set is not Send: the interval loop runs on this thread, the API and pwru
+    // sessions on the workers.
+    runtime.block_on(async {
+        Daemon::start(config, config_path, started)
+            .await?
+            .run()
+            .await
+    })
+}
+
+/// Everything the interval loop owns.
+struct Daemon {
+    config: Config,
+    config_path: Option<PathBuf>,
+    probes: ProbeSet,
+    detector: Detector,
+    store: Arc<Store>,
+    live: Arc<Mutex<Live>>,
+    /// Cumulative histograms of the previous interval, for deltas.
+    prev: HashMap<(String, Probe), Histogram>,
+    incidents: Incidents,
+    /// Ends of pwru sessions, for the incidents' records.
+    pwru_done: mpsc::Receiver<pwru::Finished>,
+    /// Services whose history could not be stored, warned about once.
+    history_warned: Vec<String>,
+    last_baseline_save: Instant,
+    last_retention: Instant,
+    intervals: u64,
+}
+
+impl Daemon {
+    /// Open the store, load the probes, restore baselines and check pwru; nothing is
+    /// served yet.
+    async fn start(
+        config: Config,
+        config_path: Option<PathBuf>,
+        started: SystemTime,
+    ) -> anyhow::Result<Daemon> {
+        tracing::info!(config = %config.origin, db = %config.daemon.db.display(), "starting");
+        let store = Store::open(&config.daemon.db, config.storage.clone())
+            .with_context(|| format!("opening the database {}", config.daemon.db.display()))?;
+        let report = store.open_report();
+        if let Some(aside) = &report.moved_aside {
+            tracing::warn!(moved_to = %aside.display(), "the database was damaged: moved aside, started a fresh one");
+        }
+        let store = Arc::new(store);
+        let probes = load_probes(&config.probes)?;
+        let mut detector = Detector::new(config.detector.clone());
+        let mut restored = 0usize;
+        for (service, probe, bytes) in store.baselines().context("reading saved baselines")? {
+            match detector.restore_baseline(&service, probe, &bytes) {
+                Ok(()) => restored += 1,
+                Err(e) => {
+                    tracing::warn!(%service, %probe, error = %e, "saved baseline not usable; learning anew")
+                }
+            }
+        }
+        tracing::info!(baselines = restored, "baselines restored");
+        let prereq = Prerequisites::check(config.pwru.binary()).await;
+        let ignore = config.daemon.pwru_ignore_prerequisites;
+        let manager = match (&prereq.binary, ignore) {
+            (Some(binary), true) => {
+                SessionManager::new(binary.clone(), config.pwru.manager_config())
+            }
+            _ => SessionManager::from_prerequisites(&prereq, config.pwru.manager_config()),
+        };
+        tracing::info!(
+            status = %prereq.status,
+            ignored = ignore,
+            summary = %prereq.summary,
+            "pwru prerequisites"
+        );
+        let (pwru_done_tx, pwru_done) = mpsc::channel(16);
+        let incidents = Incidents::new(store.clone(), manager.clone(), pwru_done_tx);
+        let live = Arc::new(Mutex::new(Live::new(
+            &config,
+            &probes,
+            (prereq, ignore, manager),
+            started,
+        )));
+        let now = Instant::now();
+        Ok(Daemon {
+            incidents,
+            pwru_done,
+            config,
+            config_path,
+            probes,
+            detector,
+            store,
+            live,
+            prev: HashMap::new(),
+            history_warned: Vec::new(),
+            last_baseline_save: now,
+            last_retention: now,
+            intervals: 0,
+        })
+    }
+
+    async fn run(mut self) -> anyhow::Result<()> {
+        let socket = server::bind(&self.config.api.socket).await?;
+        let state = Arc::new(AppState {
+            store: self.store.clone(),
+            status: Box::new({
+                let live = self.live.clone();
+                let store = self.store.clone();
+                move || lock(&live).report(&store)
+            }),
+        });
+        let api = tokio::spawn(server::serve(socket, state));
+        tracing::info!(socket = %self.config.api.socket.display(), "API listening");
+
+        let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+        let mut ticker = tokio::time::interval(self.config.daemon.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate
+        let mut last_tick = SystemTime::now();
+        notify(&[NotifyState::Ready]);
+        tracing::info!(interval = %humantime::format_duration(self.config.daemon.interval), "ready");
+
+        let why = loop {
+            tokio::select! {
+                _ = ticker.tick() => {
+                    let now = SystemTime::now();
+                    self.interval(last_tick, now);
+                    last_tick = now;
+                    notify(&[NotifyState::Watchdog]);
+                }
+                Some(done) = self.pwru_done.recv() => self.incidents.pwru_finished(done),
+                _ = sighup.recv() => {
+                    notify(&[NotifyState::Reloading]);
+                    self.reload();
+                    notify(&[NotifyState::Ready]);
+                }
+                _ = sigterm.recv() => break "SIGTERM",
+                _ = sigint.recv() => break "SIGINT",
+            }
+        };
+        tracing::info!(signal = why, "stopping");
+        notify(&[NotifyState::Stopping]);
+        self.incidents
+            .stop_pwru(
+                &mut self.pwru_done,
+                self.config.pwru.limits().kill_grace() + PWRU_STOP_SLACK,
+            )
+            .await;
+        self.incidents.interrupt_open(unix_ns(SystemTime::now()));
+        self.save_baselines();
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "final flush failed");
+        }
+        api.abort();
+        // The socket file goes with the aborted server task; the probes detach on drop.
+        let _ = api.await;
+        drop(self.probes);
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// One interval: histograms -> deltas -> history and detector -> incident events.
+    fn interval(&mut self, start: SystemTime, end: SystemTime) {
+        self.intervals += 1;
+        let snapshot = match self
+            .probes
+            .refresh_clock()
+            .and_then(|()| self.probes.snapshot())
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the probes failed");
+                lock(&self.live).interval_errors += 1;
+                return;
+            }
+        };
+        let start_ns = unix_ns(start);
+        let mut rows = Vec::new();
+        for sh in &snapshot.hists {
+            let key = (sh.service.clone(), sh.probe);
+            let delta = match self.prev.get(&key) {
+                Some(p) => sh.hist.delta_since(p).hist,
+                None => sh.hist.clone(),
+            };
+            self.prev.insert(key, sh.hist.clone());
+            if delta.is_empty() {
+                continue;
+            }
+            if let Err(e) = self
+                .store
+                .record_history(&sh.service, sh.probe, start_ns, &delta)
+            {
+                if !self.history_warned.contains(&sh.service) {
+                    tracing::warn!(service = %sh.service, error = %e, "history not stored for this service");
+                    self.history_warned.push(sh.service.clone());
+                }
+            }
+            self.detector.observe(end, &sh.service, sh.probe, &delta);
+            rows.push((sh.service.clone(), sh.probe, delta));
+        }
+        let events = self.detector.end_interval(end);
+        let latency = rows
+            .iter()
+            .map(|(service, probe, h)| {
+                let base = |q| {
+                    self.detector
+                        .baseline_quantile(service, *probe, q)
+                        .map(|e| e.value_ns)
+                };
+                LatencyRow {
+                    service: service.clone(),
+                    probe: *probe,
+                    count: h.count(),
+                    p50_ns: h.quantile(0.5).map(|e| e.value_ns),
+                    p99_ns: h.quantile(0.99).map(|e| e.value_ns),
+                    baseline_p50_ns: base(0.5),
+                    baseline_p99_ns: base(0.99),
+                }
+            })
+            .collect();
+        for event in events {
+            self.incidents.handle(event, &self.config);
+        }
+        let prog_stats = (self.intervals % PROG_STATS_EVERY == 1).then(|| self.probes.prog_stats());
+        {
+            let mut live = lock(&self.live);
+            live.intervals = self.intervals;
+            live.latency = latency;
+            live.kernel_counters = KernelCounters::from(snapshot.counters);
+            live.open_incidents = self.incidents.open_summaries();
+            if let Some(stats) = prog_stats {
+                live.set_prog_stats(stats);
+            }
+        }
+        if self.last_baseline_save.elapsed() >= self.config.daemon.baseline_save_every {
+            self.save_baselines();
+        }
+        if self.last_retention.elapsed() >= self.config.daemon.retention_every {
+            self.last_retention = Instant::now();
+            self.enforce_retention();
+        }
+    }
+
+    fn save_baselines(&mut self) {
+        self.last_baseline_save = Instant::now();
+        let mut failed = 0usize;
+        let baselines = self.detector.save_baselines();
+        for (service, probe, bytes) in &baselines {
+            if self.store.put_baseline(service, *probe, bytes).is_err() {
+                failed += 1;
+            }
+        }
+        if failed > 0 {
+            tracing::warn!(
+                failed,
+                total = baselines.len(),
+                "some baselines could not be saved"
+            );
+        } else {
+            tracing::debug!(saved = baselines.len(), "baselines saved");
+        }
+    }
+
+    fn enforce_retention(&self) {
+        match self.store.enforce_retention(unix_ns(SystemTime::now())) {
+            Ok(r) if r.incidents + r.samples + r.pwru + r.history_points > 0 => tracing::info!(
+                incidents = r.incidents,
+                samples = r.samples,
+                pwru = r.pwru,
+                history_points = r.history_points,
+                "retention removed old records"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "retention failed"),
+        }
+        match self.store.maybe_rotate() {
+            Ok(Some(r)) => tracing::info!(
+                size_before = r.size_before,
+                size_after = r.size_after,
+                "database rotated"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "database rotation failed"),
+        }
+    }
+
+    /// SIGHUP: re-read the file; apply services and detector settings, keeping baselines.
+    fn reload(&mut self) {
+        let new = match config::load(self.config_path.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "reload refused; the running configuration stays");
+                return;
+            }
+        };
+        if new.probes != self.config.probes {
+            match load_probes(&new.probes) {
+                Ok(probes) => {
+                    self.probes = probes;
+                    // Counts restart from zero in the new maps.
+                    self.prev.clear();
+                    lock(&self.live).set_probes(&new, &self.probes);
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "reload: the new probe settings failed to load; the running configuration stays");
+                    return;
+                }
+            }
+        }
+        self.detector.reconfigure(new.detector.clone());
+        let needs_restart: Vec<&str> = [
+            ("storage", new.storage != self.config.storage),
+            ("capture", new.capture != self.config.capture),
+            ("pwru", new.pwru != self.config.pwru),
+            ("daemon", new.daemon != self.config.daemon),
+            ("api", new.api != self.config.api),
+        ]
+        .into_iter()
+        .filter_map(|(t, changed)| changed.then_some(t))
+        .collect();
+        if !needs_restart.is_empty() {
+            tracing::warn!(tables = ?needs_restart, "reload: changes to these tables take effect at the next start");
+        }
+        let keep = Config {
+            storage: self.config.storage.clone(),
+            capture: self.config.capture.clone(),
+            pwru: self.config.pwru.clone(),
+            daemon: self.config.daemon.clone(),
+            api: self.config.api.clone(),
+            ..new
+        };
+        self.config = keep;
+        tracing::info!(
+            services = self.config.probes.services.len(),
+            "reloaded services and detector settings; baselines kept"
+        );
+    }
+}
+
+fn load_probes(config: &bpf::ProbeConfig) -> anyhow::Result<ProbeSet> {
+    let probes = ProbeSet::load(config, &mut |step| tracing::debug!("{step}"))
+        .context("cannot start the probes")?;
+    for a in probes.attachments() {
+        tracing::info!(probe = %a.probe, method = %a.method, "probe");
+    }
+    Ok(probes)
+}
+
+/// Tell systemd, when running under it (no-op otherwise).
+fn notify(state: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The guarded data is plain status figures: keep using it after a panic elsewhere.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// ns since the Unix epoch.
+pub fn unix_ns(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,170 @@
+//! One pwru session for an incident, run on a worker: its lines go to the store as they
+//! come; its outcome goes back to the interval loop, the only writer of incident records.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capture::pwru::{PwruLine, SessionManager, SessionRequest, SessionState, SessionStatus};
+use capture::sample::{Flow, Transport};
+use storage::{PwruRecord, PwruState, PwruStatus, Store};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use super::unix_ns;
+
+/// Lines buffered between pwru's reader and the store.
+const LINE_BUFFER: usize = 1024;
+/// Lines per store write.
+const BATCH: usize = 128;
+/// Lines wait at most this long before they are written.
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+
+/// How a session ended, for the incident's record.
+pub(super) struct Finished {
+    /// The incident it ran for.
+    pub(super) incident: u64,
+    /// What the session manager reported.
+    pub(super) status: SessionStatus,
+    /// Lines stored with the incident.
+    pub(super) stored: u64,
+    /// Lines that could not be stored.
+    pub(super) store_errors: u64,
+}
+
+/// Start a session for `incident` on the runtime's workers (pwru's parent-death signal is
+/// tied to the thread that spawns it, and workers live as long as the daemon).
+pub(super) fn spawn(
+    set: &mut JoinSet<()>,
+    manager: SessionManager,
+    store: Arc<Store>,
+    incident: u64,
+    request: SessionRequest,
+    done: mpsc::Sender<Finished>,
+) {
+    set.spawn(async move {
+        let (tx, mut rx) = mpsc::channel(LINE_BUFFER);
+        let run = manager.run(request, tx);
+        tokio::pin!(run);
+        let mut writer = Writer {
+            store,
+            incident,
+            batch: Vec::with_capacity(BATCH),
+            stored: 0,
+            errors: 0,
+        };
+        let mut tick = tokio::time::interval(FLUSH_EVERY);
+        let status = loop {
+            tokio::select! {
+                Some(line) = rx.recv() => writer.push(line),
+                _ = tick.tick() => writer.flush(),
+                status = &mut run => break status,
+            }
+        };
+        // The sender went away with the finished session: take what is left.
+        while let Some(line) = rx.recv().await {
+            writer.push(line);
+        }
+        writer.flush();
+        let finished = Finished {
+            incident,
+            status,
+            stored: writer.stored,
+            store_errors: writer.errors,
+        };
+        if done.send(finished).await.is_err() {
+            tracing::warn!(
+                incident,
+                "pwru session ended after the daemon stopped listening"
+            );
+        }
+    });
+}
+
+struct Writer {
+    store: Arc<Store>,
+    incident: u64,
+    batch: Vec<PwruRecord>,
+    stored: u64,
+    errors: u64,
+}
+
+impl Writer {
+    fn push(&mut self, line: PwruLine) {
+        self.batch.push(record(self.incident, line));
+        if self.batch.len() >= BATCH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let n = self.batch.len() as u64;
+        match self.store.put_pwru(&self.batch) {
+            Ok(()) => self.stored += n,
+            Err(e) => {
+                self.errors += n;
+                tracing::warn!(incident = self.incident, lines = n, error = %e, "pwru lines not stored");
+            }
+        }
+        self.batch.clear();
+    }
+}
+
+/// The stored form of a line: verbatim, with the fields queries use pulled out.
+fn record(incident: u64, line: PwruLine) -> PwruRecord {
+    let (pwru_time_ns, func, skb, flow) = match line.event {
+        Some(e) => (
+            e.time_ns,
+            e.func,
+            e.skb,
+            e.tuple.map(|t| Flow {
+                transport: Transport::from_ip_proto(t.proto),
+                src: t.saddr,
+                sport: t.sport,
+                dst: t.daddr,
+                dport: t.dport,
+            }),
+        ),
+        None => (None, String::new(), 0, None),
+    };
+    PwruRecord {
+        incident,
+        seq: line.seq,
+        received_ns: unix_ns(line.received),
+        pwru_time_ns,
+        func,
+        skb,
+        flow,
+        raw: line.raw,
+    }
+}
+
+/// The incident's pwru status from the session's outcome.
+pub(super) fn status_of(s: &SessionStatus, stored: u64) -> PwruStatus {
+    let state = match s.state {
+        SessionState::Ok => PwruState::Done,
+        SessionState::Failed | SessionState::Timeout => PwruState::Failed,
+        SessionState::SkippedBusy | SessionState::SkippedCooldown | SessionState::Unavailable => {
+            PwruState::NotRun
+        }
+    };
+    let mut message = format!("{}: {}", s.state, s.reason);
+    if let Some((_, command)) = s.rows().into_iter().find(|(k, _)| *k == "command") {
+        if !s.argv.is_empty() {
+            message.push_str("; command: ");
+            message.push_str(&command);
+        }
+    }
+    PwruStatus {
+        state,
+        exit_status: s.exit_code,
+        signal: s.signal,
+        stderr_tail: s.stderr_tail.join("\n"),
+        started_ns: s.started.map(unix_ns),
+        ended_ns: s.ended.map(unix_ns),
+        lines_stored: stored,
+        message,
+    }
+}

@@ -1,0 +1,127 @@
+//! Where the retrieval commands read from: the running daemon's API, or the database
+//! directly when no daemon answers.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use storage::{IncidentPage, PwruRecord, SamplePage, Store};
+
+use crate::api::client::Client;
+use crate::api::query::{self, IncidentsParams, PwruParams, SamplesParams};
+use crate::api::{IncidentView, StatusReport};
+
+/// Options shared by the retrieval commands: how to find the daemon and its database.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Target {
+    /// Configuration naming the API socket and the database (default:
+    /// /etc/tailtrap/tailtrap.toml, or the built-in defaults when it does not exist).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// The daemon's API socket (overrides the configuration).
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    /// The database directory, read when no daemon answers (overrides the configuration).
+    #[arg(long, global = true)]
+    db: Option<PathBuf>,
+}
+
+/// An open source of incidents.
+pub enum Source {
+    /// A daemon answers on its socket.
+    Api(Client),
+    /// No daemon: the database, opened read-only.
+    Db(Box<Store>),
+}
+
+impl Source {
+    /// The daemon's API if it answers, else the database. With `verbose`, says which on
+    /// stderr.
+    pub async fn open(target: &Target, verbose: bool) -> anyhow::Result<Source> {
+        let config = crate::config::load(target.config.as_deref())?;
+        let socket = target.socket.clone().unwrap_or(config.api.socket);
+        let db = target.db.clone().unwrap_or(config.daemon.db);
+        if let Some(client) = Client::connect(&socket).await? {
+            if verbose {
+                eprintln!(
+                    "tailtrap: reading from the daemon's API at {}",
+                    socket.display()
+                );
+            }
+            return Ok(Source::Api(client));
+        }
+        let store = Store::open_existing(&db).with_context(|| {
+            format!(
+                "no daemon answers on {}, and the database could not be opened",
+                socket.display()
+            )
+        })?;
+        if verbose {
+            eprintln!(
+                "tailtrap: no daemon on {}; reading the database {} directly",
+                socket.display(),
+                db.display()
+            );
+        }
+        Ok(Source::Db(Box::new(store)))
+    }
+
+    /// The daemon's status; `None` when reading the database (no daemon runs).
+    pub async fn status(&self) -> anyhow::Result<Option<StatusReport>> {
+        match self {
+            Source::Api(c) => Ok(Some(c.get("/v1/status", &()).await?)),
+            Source::Db(_) => Ok(None),
+        }
+    }
+
+    /// A page of incidents.
+    pub async fn incidents(&self, p: &IncidentsParams) -> anyhow::Result<IncidentPage> {
+        match self {
+            Source::Api(c) => c.get("/v1/incidents", p).await,
+            Source::Db(s) => Ok(query::incidents(s, p)?),
+        }
+    }
+
+    /// One incident and its sample summary.
+    pub async fn incident(&self, id: u64) -> anyhow::Result<IncidentView> {
+        match self {
+            Source::Api(c) => c.get(&format!("/v1/incidents/{id}"), &()).await,
+            Source::Db(s) => Ok(query::incident(s, id)?),
+        }
+    }
+
+    /// A page of an incident's samples.
+    pub async fn samples(&self, id: u64, p: &SamplesParams) -> anyhow::Result<SamplePage> {
+        match self {
+            Source::Api(c) => c.get(&format!("/v1/incidents/{id}/samples"), p).await,
+            Source::Db(s) => Ok(query::samples(s, id, p)?),
+        }
+    }
+
+    /// A page of an incident's pwru lines.
+    pub async fn pwru(&self, id: u64, p: &PwruParams) -> anyhow::Result<Vec<PwruRecord>> {
+        match self {
+            Source::Api(c) => c.get(&format!("/v1/incidents/{id}/pwru"), p).await,
+            Source::Db(s) => Ok(query::pwru(s, id, p)?),
+        }
+    }
+
+    /// The incident export document (JSON).
+    pub async fn export(&self, id: u64) -> anyhow::Result<Vec<u8>> {
+        match self {
+            Source::Api(c) => Ok(c
+                .get_raw(&format!("/v1/incidents/{id}/export"), &())
+                .await?
+                .to_vec()),
+            Source::Db(s) => Ok(query::export(s, id)?),
+        }
+    }
+}
+
+/// Run a retrieval command's async body on a small runtime.
+pub fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(f)
+}
