@@ -92,10 +92,11 @@ fn init_logging(verbose: u8) {
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
-    // Under systemd the journal stamps each line itself; colours would end up as escapes.
+    // Under systemd the journal stamps each line itself.
     if std::env::var_os("JOURNAL_STREAM").is_some() {
-        fmt.without_time().with_ansi(false).init();
+        fmt.without_time().init();
     } else {
         fmt.init();
     }

@@ -1,0 +1,391 @@
+//! End to end: the real `tailtrap run` daemon with a test configuration (short interval
+//! and warm-up, private database and socket), real TCP services on loopback, the pwru
+//! stand-in, and the retrieval CLI through the API and through the database.
+//!
+//! Needs root and the `tailtrap` binary of the same build (`cargo build -p tailtrap`).
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tailtrap_tests::{run_client, tailtrap_bin, ClientOpts, Proto, ServerOpts, TcpServer};
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("tailtrap-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The pwru stand-in of the capture crate (honours pwru 1.0.12's CLI, prints real JSON).
+fn fake_pwru() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
+}
+
+/// Loops a fast TCP client against `target` until stopped.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(target: SocketAddr) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                // Errors (a server being killed at the end) just end this round.
+                let _ = run_client(ClientOpts {
+                    target,
+                    netns: None,
+                    proto: Proto::Tcp,
+                    messages: 100,
+                    size: 100,
+                    pause: Duration::from_millis(2),
+                });
+            }
+        });
+        Traffic {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The daemon process; killed on drop if still running.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(config: &Path, dir: &Path, argv_log: &Path) -> Daemon {
+        let log = dir.join(format!(
+            "daemon-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let child = Command::new(tailtrap_bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("FAKE_PWRU_ARGV_LOG", argv_log)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon { child, log }
+    }
+
+    fn log(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cli(config: &Path, args: &[&str]) -> Output {
+    Command::new(tailtrap_bin())
+        .arg("-v")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+/// Run the CLI, expect success, parse its JSON stdout; stderr says API or database.
+fn cli_json(config: &Path, args: &[&str]) -> (Value, String) {
+    let out = cli(config, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "tailtrap {args:?} failed: {stderr}{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("tailtrap {args:?}: not JSON ({e}): {:?}", out.stdout));
+    (v, stderr)
+}
+
+/// Poll `f` until it returns Some or `timeout` passes.
+fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    daemon: &Daemon,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}; daemon log:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn wait_for_api(config: &Path, daemon: &Daemon) {
+    wait_for(Duration::from_secs(60), "the daemon's API", daemon, || {
+        let out = cli(config, &["status", "--json"]);
+        let text = String::from_utf8_lossy(&out.stderr);
+        (out.status.success() && text.contains("daemon's API")).then_some(())
+    });
+}
+
+fn incidents_of(config: &Path, service: &str) -> Vec<Value> {
+    let (v, _) = cli_json(config, &["incidents", "--json", "--service", service]);
+    v["incidents"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn tcp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
+    let scratch = Scratch::new("tcp");
+    let dir = &scratch.0;
+    let server = |delay| ServerOpts {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        netns: None,
+        cgroup: None,
+        read_delay: delay,
+    };
+    let slow = TcpServer::spawn(server(Duration::ZERO)).unwrap();
+    let quiet = TcpServer::spawn(server(Duration::ZERO)).unwrap();
+    let (slow_port, quiet_port) = (slow.addr().port(), quiet.addr().port());
+    let argv_log = dir.join("pwru-argv");
+    let config = dir.join("tailtrap.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[daemon]
+interval = "200ms"
+db = "{dir}/db"
+baseline_save_every = "1s"
+pwru_ignore_prerequisites = true
+
+[api]
+socket = "{dir}/api.sock"
+
+[[services]]
+name = "slow"
+ports = [{slow_port}]
+
+[[services]]
+name = "quiet"
+ports = [{quiet_port}]
+
+[detector]
+warmup_time = "2s"
+warmup_samples = 300
+min_samples = 40
+window = "1s"
+max_window = "4s"
+close_after = 5
+cooldown = "1s"
+
+[pwru]
+binary = "{pwru}"
+runtime_dir = "{dir}/run"
+deadline = "4s"
+cooldown = "1s"
+"#,
+            dir = dir.display(),
+            pwru = fake_pwru().display(),
+        ),
+    )
+    .unwrap();
+    let check = Command::new(tailtrap_bin())
+        .args(["config", "check"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{check:?}");
+
+    let daemon = Daemon::start(&config, dir, &argv_log);
+    wait_for_api(&config, &daemon);
+    let (status, _) = cli_json(&config, &["status", "--json"]);
+    assert_eq!(status["services"], serde_json::json!(["slow", "quiet"]));
+    assert_eq!(status["pwru"]["prerequisites_ignored"], true);
+
+    // Fast reads until both baselines are warm.
+    let _quiet_traffic = Traffic::start(quiet.addr());
+    let slow_traffic = Traffic::start(slow.addr());
+    wait_for(Duration::from_secs(60), "warm baselines", &daemon, || {
+        let (s, _) = cli_json(&config, &["status", "--json"]);
+        let warm = |svc: &str| {
+            s["latency"].as_array().is_some_and(|rows| {
+                rows.iter().any(|r| {
+                    r["service"] == svc
+                        && r["probe"] == "tcp-socket-read"
+                        && r["baseline_p99_ns"].is_number()
+                })
+            })
+        };
+        (warm("slow") && warm("quiet")).then_some(())
+    });
+    assert!(incidents_of(&config, "slow").is_empty());
+
+    // The application now sleeps 20 ms before each read.
+    slow.set_read_delay(Duration::from_millis(20)).unwrap();
+    let opened = Instant::now();
+    let incident = wait_for(
+        Duration::from_secs(30),
+        "an incident on `slow`",
+        &daemon,
+        || incidents_of(&config, "slow").into_iter().next(),
+    );
+    eprintln!("incident opened {:?} after the slowdown", opened.elapsed());
+    let id = incident["id"].as_u64().unwrap();
+    let probes: Vec<&str> = incident["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(probes.contains(&"tcp-socket-read"), "{probes:?}");
+
+    // `incidents show` through the API: evidence and the stage.
+    let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+    assert!(how.contains("daemon's API"), "{how}");
+    assert_eq!(view["incident"]["service"], "slow");
+    let stage: Value =
+        serde_json::from_str(view["incident"]["stages_json"].as_str().unwrap()).unwrap();
+    assert_eq!(stage["verdict"], "application read delay", "{stage}");
+    let evidence: Value =
+        serde_json::from_str(view["incident"]["evidence_json"].as_str().unwrap()).unwrap();
+    assert_eq!(evidence["headline"]["probe"], "tcp-socket-read");
+    assert!(
+        evidence["headline"]["observed"]["value_ns"]
+            .as_f64()
+            .unwrap()
+            > 10e6
+    );
+
+    // The pwru stand-in ran with the service's port and its lines are stored.
+    let pwru_done = wait_for(
+        Duration::from_secs(30),
+        "the pwru session's end",
+        &daemon,
+        || {
+            let (v, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+            (v["incident"]["pwru"]["state"] == "done").then_some(v)
+        },
+    );
+    let argv = std::fs::read_to_string(&argv_log).unwrap();
+    assert!(
+        argv.lines()
+            .any(|a| a == format!("tcp and port {slow_port}")),
+        "{argv}"
+    );
+    let stored = pwru_done["incident"]["pwru"]["lines_stored"]
+        .as_u64()
+        .unwrap();
+    assert!(stored > 0);
+    let (pwru, _) = cli_json(&config, &["pwru", &id.to_string(), "--json"]);
+    let lines = pwru["lines"].as_array().unwrap();
+    assert_eq!(lines.len() as u64, stored);
+    assert!(lines
+        .iter()
+        .all(|l| l["raw"].as_str().unwrap().starts_with('{')));
+    // What an operator sees (shown with --nocapture).
+    let show = cli(&config, &["incidents", "show", &id.to_string()]);
+    assert!(show.status.success());
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("application read delay"), "{text}");
+    eprintln!("$ tailtrap incidents show {id}\n{text}");
+    let (samples, _) = cli_json(&config, &["samples", &id.to_string(), "--json"]);
+    assert!(samples["samples"].is_array());
+
+    // Fast reads again: the incident closes.
+    slow.set_read_delay(Duration::ZERO).unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "the incident to close",
+        &daemon,
+        || {
+            let (v, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+            (v["incident"]["state"] == "closed").then_some(())
+        },
+    );
+    drop(slow_traffic);
+    assert!(
+        incidents_of(&config, "quiet").is_empty(),
+        "the quiet service had an incident"
+    );
+
+    // SIGKILL: the incident is still there, read from the database directly ...
+    let mut daemon = daemon;
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+    assert!(how.contains("reading the database"), "{how}");
+    assert_eq!(view["incident"]["state"], "closed");
+    let (pwru, _) = cli_json(&config, &["pwru", &id.to_string(), "--json"]);
+    assert_eq!(pwru["lines"].as_array().unwrap().len() as u64, stored);
+    let export = cli(&config, &["export", &id.to_string()]);
+    assert!(export.status.success());
+    let doc: Value = serde_json::from_slice(&export.stdout).unwrap();
+    assert_eq!(doc["incident"]["id"], id);
+    assert_eq!(doc["pwru"].as_array().unwrap().len() as u64, stored);
+
+    // ... and through a restarted daemon, which stops cleanly on SIGTERM.
+    let mut daemon = Daemon::start(&config, dir, &argv_log);
+    wait_for_api(&config, &daemon);
+    let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+    assert!(how.contains("daemon's API"), "{how}");
+    assert_eq!(view["incident"]["pwru"]["lines_stored"], stored);
+    let log = daemon.log();
+    assert!(
+        log.contains("baselines restored") && !log.contains("baselines=0"),
+        "{log}"
+    );
+    let term = Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = daemon.child.wait().unwrap();
+    assert!(status.success(), "{status:?}: {}", daemon.log());
+    assert!(
+        !dir.join("api.sock").exists(),
+        "the socket file outlived the daemon"
+    );
+}
