@@ -177,11 +177,6 @@ impl Detector {
         self.config = config;
     }
 
-    /// The current settings.
-    pub fn config(&self) -> &DetectorConfig {
-        &self.config
-    }
-
     /// The warm baseline's estimate of quantile `q` (e.g. a capture threshold); `None` while
     /// the key is unknown or still warming up.
     pub fn baseline_quantile(

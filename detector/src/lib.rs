@@ -1,6 +1,11 @@
 //! tailtrap's detector: latency histograms, per-service tail baselines and tail-shift
 //! detection, plus the replay format and the scenario generator used to try it. Pure
 //! computation: no BPF, no sockets, no files.
+//!
+//! The daemon builds a [`Detector`] from a [`DetectorConfig`] (the `[detector]` table of its
+//! config file), calls [`Detector::observe`] for each (service, probe) histogram of an
+//! interval and [`Detector::end_interval`] once per interval, and acts on the returned
+//! [`Event`]s. [`replay::Replayer`] drives the same API from a recorded series.
 #![deny(missing_docs)]
 
 mod baseline;

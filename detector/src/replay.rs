@@ -263,6 +263,15 @@ mod tests {
     }
 
     #[test]
+    fn bucket_examples_of_the_format_doc_hold() {
+        use crate::hist::{bucket_index, bucket_lower, bucket_upper};
+        assert_eq!(bucket_index(1_000), 63);
+        assert_eq!((bucket_lower(63), bucket_upper(63)), (960, 1024));
+        assert_eq!(bucket_index(1_000_000), 143);
+        assert_eq!(bucket_index(1_000_000_000), 222);
+    }
+
+    #[test]
     fn offsets_are_honoured() {
         let a = parse_rfc3339("2026-01-05T02:00:01+02:00").unwrap();
         let b = parse_rfc3339("2026-01-05T00:00:01Z").unwrap();

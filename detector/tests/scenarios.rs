@@ -57,10 +57,15 @@ fn print_table(name: &str, incidents: &[Incident], score: &Score) {
                 .unwrap_or_default()
         );
     }
+    let mut delays: Vec<Duration> = score.outcomes.iter().filter_map(|o| o.delay).collect();
+    delays.sort();
+    let secs = |d: Option<&Duration>| d.map_or("-".to_string(), |d| format!("{}s", d.as_secs()));
     println!(
-        "recall {}/{}, false incidents {} in {:.1} quiet service-hours",
-        score.outcomes.iter().filter(|o| o.delay.is_some()).count(),
+        "recall {}/{}, delay median {} worst {}, false incidents {} in {:.1} quiet service-hours",
+        delays.len(),
         score.outcomes.len(),
+        secs(delays.get(delays.len().saturating_sub(1) / 2)),
+        secs(delays.last()),
         score.false_incidents,
         score.quiet_time.as_secs_f64() / 3600.0
     );
