@@ -12,7 +12,7 @@ use super::IncidentView;
 
 /// Parameters of `GET /v1/incidents` (all optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct IncidentsParams {
     /// Only incidents still going on at or after this time, ns since the epoch.
     pub since_ns: Option<u64>,
@@ -28,7 +28,7 @@ pub struct IncidentsParams {
 
 /// Parameters of `GET /v1/incidents/{id}/samples` (all optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct SamplesParams {
     /// Only this probe.
     pub probe: Option<Probe>,
@@ -46,7 +46,7 @@ pub struct SamplesParams {
 
 /// Parameters of `GET /v1/incidents/{id}/pwru` (all optional).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PwruParams {
     /// Paging: records after this line number.
     pub after_seq: Option<u64>,

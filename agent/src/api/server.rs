@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -133,36 +134,136 @@ async fn status(State(state): State<Arc<AppState>>) -> Response {
     Json((state.status)()).into_response()
 }
 
+/// Path and query extraction errors answer in JSON like every other error.
+fn bad_request(e: impl std::fmt::Display) -> Response {
+    error(StatusCode::BAD_REQUEST, e.to_string())
+}
+
+type IdParam = Result<UrlPath<u64>, PathRejection>;
+
 async fn incidents(
     State(state): State<Arc<AppState>>,
-    Query(p): Query<IncidentsParams>,
+    p: Result<Query<IncidentsParams>, QueryRejection>,
 ) -> Response {
+    let Query(p) = match p {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
     json(blocking(&state, move |s| query::incidents(s, &p)).await)
 }
 
-async fn incident(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<u64>) -> Response {
+async fn incident(State(state): State<Arc<AppState>>, id: IdParam) -> Response {
+    let UrlPath(id) = match id {
+        Ok(id) => id,
+        Err(e) => return bad_request(e),
+    };
     json(blocking(&state, move |s| query::incident(s, id)).await)
 }
 
 async fn samples(
     State(state): State<Arc<AppState>>,
-    UrlPath(id): UrlPath<u64>,
-    Query(p): Query<SamplesParams>,
+    id: IdParam,
+    p: Result<Query<SamplesParams>, QueryRejection>,
 ) -> Response {
+    let (UrlPath(id), Query(p)) = match (id, p) {
+        (Ok(id), Ok(p)) => (id, p),
+        (Err(e), _) => return bad_request(e),
+        (_, Err(e)) => return bad_request(e),
+    };
     json(blocking(&state, move |s| query::samples(s, id, &p)).await)
 }
 
 async fn pwru(
     State(state): State<Arc<AppState>>,
-    UrlPath(id): UrlPath<u64>,
-    Query(p): Query<PwruParams>,
+    id: IdParam,
+    p: Result<Query<PwruParams>, QueryRejection>,
 ) -> Response {
+    let (UrlPath(id), Query(p)) = match (id, p) {
+        (Ok(id), Ok(p)) => (id, p),
+        (Err(e), _) => return bad_request(e),
+        (_, Err(e)) => return bad_request(e),
+    };
     json(blocking(&state, move |s| query::pwru(s, id, &p)).await)
 }
 
-async fn export(State(state): State<Arc<AppState>>, UrlPath(id): UrlPath<u64>) -> Response {
+async fn export(State(state): State<Arc<AppState>>, id: IdParam) -> Response {
+    let UrlPath(id) = match id {
+        Ok(id) => id,
+        Err(e) => return bad_request(e),
+    };
     match blocking(&state, move |s| query::export(s, id)).await {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::client::Client;
+    use crate::api::query::IncidentsParams;
+    use storage::{IncidentPage, NewIncident, StoreConfig};
+
+    #[tokio::test]
+    async fn answers_queries_and_json_errors_over_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path().join("db"), StoreConfig::default()).unwrap());
+        let opened = store
+            .open_incident(&NewIncident {
+                service: "web".into(),
+                probes: vec![detector::Probe::TcpSocketRead],
+                opened_ns: 1_700_000_000_000_000_000,
+                evidence_json: "{}".into(),
+                stages_json: "null".into(),
+            })
+            .unwrap();
+        let path = dir.path().join("run/api.sock");
+        let socket = bind(&path).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(
+            bind(&path).await.is_err(),
+            "a second daemon must not take the socket"
+        );
+        let state = Arc::new(AppState {
+            store,
+            // This test does not ask for the status.
+            status: Box::new(|| unreachable!("status is not queried here")),
+        });
+        let server = tokio::spawn(serve(socket, state));
+
+        let client = Client::connect(&path).await.unwrap().unwrap();
+        let page: IncidentPage = client
+            .get("/v1/incidents", &IncidentsParams::default())
+            .await
+            .unwrap();
+        assert_eq!(page.incidents, vec![opened.clone()]);
+        let view: crate::api::IncidentView = client
+            .get(&format!("/v1/incidents/{}", opened.id), &())
+            .await
+            .unwrap();
+        assert_eq!(view.summary.count, 0);
+
+        let err = |r: anyhow::Result<serde_json::Value>| r.unwrap_err().to_string();
+        let e = err(client.get("/v1/incidents/99", &()).await);
+        assert!(e.contains("404") && e.contains("no incident 99"), "{e}");
+        let e = err(client.get("/v1/incidents", &[("servce", "web")]).await);
+        assert!(e.contains("400") && e.contains("servce"), "{e}");
+        let e = err(client.get("/v1/incidents/x", &()).await);
+        assert!(e.contains("400"), "{e}");
+        let e = err(client
+            .get(
+                &format!("/v1/incidents/{}/samples", opened.id),
+                &[("flow", "port=1")],
+            )
+            .await);
+        assert!(e.contains("400") && e.contains("flow"), "{e}");
+        let e = err(client.get("/v2/anything", &()).await);
+        assert!(e.contains("404") && e.contains("no such endpoint"), "{e}");
+
+        server.abort();
+        let _ = server.await;
+        assert!(!path.exists(), "the socket file is removed with the server");
+        assert!(Client::connect(&path).await.unwrap().is_none());
     }
 }
