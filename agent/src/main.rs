@@ -85,8 +85,9 @@ fn init_logging(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match verbose {
         0 => "info",
-        1 => "debug",
-        _ => "trace",
+        // tailtrap's own crates only: the storage engine's debug output is pages long.
+        1 => "info,tailtrap=debug,bpf=debug,detector=debug,capture=debug,storage=debug",
+        _ => "debug,tailtrap=trace,bpf=trace,detector=trace,capture=trace,storage=trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let fmt = tracing_subscriber::fmt()
