@@ -68,6 +68,13 @@ pub struct DetectorConfig {
     /// After an incident closes, no new one opens for the service during this time.
     #[serde(with = "humantime_serde")]
     pub cooldown: Duration,
+    /// An incident open this long is closed and the service's baselines start learning
+    /// afresh: the shift has become the new normal (a deploy, new hardware).
+    #[serde(
+        serialize_with = "humantime_serde::serialize",
+        deserialize_with = "de::positive_duration"
+    )]
+    pub max_incident: Duration,
     /// Per-service overrides, keyed by service name.
     pub services: BTreeMap<String, ThresholdOverrides>,
     /// Static ceilings: a quantile above `max` is always an incident.
@@ -91,6 +98,7 @@ pub(crate) struct Thresholds {
     pub open_window: u32,
     pub close_after: u32,
     pub cooldown: Duration,
+    pub max_incident: Duration,
 }
 
 /// Per-service overrides: the threshold keys of [`DetectorConfig`], each optional.
@@ -175,6 +183,13 @@ pub struct ThresholdOverrides {
         skip_serializing_if = "Option::is_none"
     )]
     pub cooldown: Option<Duration>,
+    /// See [`DetectorConfig::max_incident`].
+    #[serde(
+        serialize_with = "humantime_serde::option::serialize",
+        deserialize_with = "de::opt_positive_duration",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_incident: Option<Duration>,
 }
 
 /// A static ceiling: quantile `quantile` of `probe` above `max` is always an incident, learned
@@ -215,6 +230,7 @@ impl Default for DetectorConfig {
             open_window: 5,
             close_after: 10,
             cooldown: Duration::from_secs(60),
+            max_incident: Duration::from_secs(12 * 3600),
             services: BTreeMap::new(),
             slo: Vec::new(),
         }
@@ -281,6 +297,7 @@ impl DetectorConfig {
             open_window: self.open_window,
             close_after: self.close_after,
             cooldown: self.cooldown,
+            max_incident: self.max_incident,
         }
     }
 
@@ -316,7 +333,8 @@ impl ThresholdOverrides {
             open_after,
             open_window,
             close_after,
-            cooldown
+            cooldown,
+            max_incident
         );
     }
 }

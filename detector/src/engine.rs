@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use crate::baseline::{Baseline, BaselineError, Cumulative};
 use crate::config::{DetectorConfig, Slo, Thresholds};
-use crate::event::{attribute, Estimate, Event, Evidence, EvidenceKind, Incident};
+use crate::event::{attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident};
 use crate::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
 use crate::probe::Probe;
 use crate::stats::{binomial_upper_tail, holm};
@@ -292,6 +292,9 @@ impl ServiceState {
         hot.dedup_by_key(|e| e.probe);
 
         if let Some(mut inc) = self.incident.take() {
+            if ts.duration_since(inc.opened_at).unwrap_or_default() >= t.max_incident {
+                return Some(self.close(inc, ts, CloseReason::NewNormal));
+            }
             if hot.is_empty() && holding {
                 // Still shifted, just below the opening bar: neither cool nor news.
                 self.cool_streak = 0;
@@ -301,11 +304,7 @@ impl ServiceState {
             if hot.is_empty() {
                 self.cool_streak += 1;
                 if self.cool_streak >= t.close_after {
-                    inc.closed_at = Some(ts);
-                    self.cooldown_until = Some(ts + t.cooldown);
-                    self.recent.clear();
-                    self.cool_streak = 0;
-                    return Some(Event::Closed(inc));
+                    return Some(self.close(inc, ts, CloseReason::Recovered));
                 }
                 self.incident = Some(inc);
                 return None;
@@ -353,6 +352,7 @@ impl ServiceState {
             opened_at: ts,
             updated_at: ts,
             closed_at: None,
+            close_reason: None,
             stage: self.stage(ts, &headline),
             headline,
             evidence: hot,
@@ -361,6 +361,20 @@ impl ServiceState {
         self.cool_streak = 0;
         self.incident = Some(inc.clone());
         Some(Event::Opened(inc))
+    }
+
+    fn close(&mut self, mut inc: Incident, ts: SystemTime, reason: CloseReason) -> Event {
+        inc.closed_at = Some(ts);
+        inc.close_reason = Some(reason);
+        self.cooldown_until = Some(ts + self.thresholds.cooldown);
+        self.recent.clear();
+        self.cool_streak = 0;
+        if reason == CloseReason::NewNormal {
+            for key in self.keys.values_mut() {
+                key.baseline = Baseline::new(ts);
+            }
+        }
+        Event::Closed(inc)
     }
 
     /// Stage attribution at the headline's quantile along the headline probe's path, up to
@@ -577,6 +591,7 @@ mod tests {
             panic!("{ev:?}")
         };
         assert_eq!(inc.closed_at, Some(t(24)));
+        assert_eq!(inc.close_reason, Some(CloseReason::Recovered));
         assert!(d.open_incidents().is_empty());
         // Cooldown (5 s): a new shift right away opens nothing ...
         for s in 25..=28 {
@@ -605,6 +620,34 @@ mod tests {
             .baseline_quantile("web", Probe::TcpSocketRead, 0.99)
             .unwrap();
         assert_eq!(before, during);
+    }
+
+    #[test]
+    fn a_shift_that_stays_becomes_the_new_normal() {
+        let mut cfg = config();
+        cfg.max_incident = Duration::from_secs(30);
+        let mut d = Detector::new(cfg);
+        let (normal, slow) = (uniform(100_000), uniform(300_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        let mut closed = None;
+        for s in 21..=80 {
+            for ev in tick(&mut d, s, "web", &slow) {
+                if let Event::Closed(inc) = ev {
+                    closed = Some((s, inc));
+                }
+            }
+        }
+        let (s, inc) = closed.expect("closed after max_incident");
+        assert_eq!(s, 52, "opened at 22, closed 30 s later");
+        assert_eq!(inc.close_reason, Some(CloseReason::NewNormal));
+        // The baselines learnt the slow level afresh: no new incident, the median moved.
+        assert!(d.open_incidents().is_empty());
+        let median = d
+            .baseline_quantile("web", Probe::TcpSocketRead, 0.5)
+            .unwrap();
+        assert!(median.value_ns > 400_000.0, "{median:?}");
     }
 
     #[test]

@@ -47,12 +47,26 @@ pub struct Incident {
     /// When it closed (`None` while open).
     #[serde(with = "humantime_serde", default)]
     pub closed_at: Option<SystemTime>,
+    /// Why it closed (`None` while open).
+    #[serde(default)]
+    pub close_reason: Option<CloseReason>,
     /// The strongest shift: the hot (probe, quantile) with the largest ratio.
     pub headline: Evidence,
     /// The latest evidence of each hot probe.
     pub evidence: Vec<Evidence>,
     /// Which stage grew, at the headline's quantile (when the path has data to compare).
     pub stage: Option<StageAttribution>,
+}
+
+/// Why an incident closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CloseReason {
+    /// `close_after` consecutive cool windows: latency went back to its baseline.
+    Recovered,
+    /// Open for `max_incident`: the shift is taken as the new normal and the service's
+    /// baselines learn afresh (warm-up included).
+    NewNormal,
 }
 
 /// Why a probe is hot.
