@@ -14,7 +14,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tailtrap_tests::{run_client, tailtrap_bin, ClientOpts, Proto, ServerOpts, TcpServer};
+use tailtrap_tests::{
+    run_client, tailtrap_bin, ClientOpts, Proto, ServerOpts, TcpServer, UdpServer,
+};
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -46,7 +48,7 @@ struct Traffic {
 }
 
 impl Traffic {
-    fn start(target: SocketAddr) -> Traffic {
+    fn start(target: SocketAddr, proto: Proto) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -55,7 +57,7 @@ impl Traffic {
                 let _ = run_client(ClientOpts {
                     target,
                     netns: None,
-                    proto: Proto::Tcp,
+                    proto,
                     messages: 100,
                     size: 100,
                     pause: Duration::from_millis(2),
@@ -176,18 +178,62 @@ fn incidents_of(config: &Path, service: &str) -> Vec<Value> {
     v["incidents"].as_array().cloned().unwrap_or_default()
 }
 
+/// An echo server of either protocol.
+enum Server {
+    Tcp(TcpServer),
+    Udp(UdpServer),
+}
+
+impl Server {
+    fn spawn(proto: Proto) -> Server {
+        let opts = ServerOpts {
+            bind: "127.0.0.1:0".parse().unwrap(),
+            netns: None,
+            cgroup: None,
+            read_delay: Duration::ZERO,
+        };
+        match proto {
+            Proto::Tcp => Server::Tcp(TcpServer::spawn(opts).unwrap()),
+            Proto::Udp => Server::Udp(UdpServer::spawn(opts).unwrap()),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Server::Tcp(s) => s.addr(),
+            Server::Udp(s) => s.addr(),
+        }
+    }
+
+    fn set_read_delay(&self, d: Duration) {
+        match self {
+            Server::Tcp(s) => s.set_read_delay(d).unwrap(),
+            Server::Udp(s) => s.set_read_delay(d).unwrap(),
+        }
+    }
+}
+
 #[test]
 fn tcp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
-    let scratch = Scratch::new("tcp");
-    let dir = &scratch.0;
-    let server = |delay| ServerOpts {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        netns: None,
-        cgroup: None,
-        read_delay: delay,
+    slow_reader_scenario(Proto::Tcp);
+}
+
+#[test]
+fn udp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
+    slow_reader_scenario(Proto::Udp);
+}
+
+/// A service whose application reads 20 ms late, next to a quiet one, through the whole
+/// incident life cycle and a daemon kill.
+fn slow_reader_scenario(proto: Proto) {
+    let (name, read_probe) = match proto {
+        Proto::Tcp => ("tcp", "tcp-socket-read"),
+        Proto::Udp => ("udp", "udp-socket-read"),
     };
-    let slow = TcpServer::spawn(server(Duration::ZERO)).unwrap();
-    let quiet = TcpServer::spawn(server(Duration::ZERO)).unwrap();
+    let scratch = Scratch::new(name);
+    let dir = &scratch.0;
+    let slow = Server::spawn(proto);
+    let quiet = Server::spawn(proto);
     let (slow_port, quiet_port) = (slow.addr().port(), quiet.addr().port());
     let argv_log = dir.join("pwru-argv");
     let config = dir.join("tailtrap.toml");
@@ -244,17 +290,30 @@ cooldown = "1s"
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert_eq!(status["services"], serde_json::json!(["slow", "quiet"]));
     assert_eq!(status["pwru"]["prerequisites_ignored"], true);
+    let read_method = status["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["probe"] == read_probe)
+        .map(|p| p["method"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    if read_method.starts_with("unavailable") {
+        // 6.18 without BPF trampolines has no stand-in for the UDP read probe; the stock
+        // kernels under qemu (fentry) run this case.
+        eprintln!("skipped here: {read_probe} is {read_method}");
+        return;
+    }
 
     // Fast reads until both baselines are warm.
-    let _quiet_traffic = Traffic::start(quiet.addr());
-    let slow_traffic = Traffic::start(slow.addr());
+    let _quiet_traffic = Traffic::start(quiet.addr(), proto);
+    let slow_traffic = Traffic::start(slow.addr(), proto);
     wait_for(Duration::from_secs(60), "warm baselines", &daemon, || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
         let warm = |svc: &str| {
             s["latency"].as_array().is_some_and(|rows| {
                 rows.iter().any(|r| {
                     r["service"] == svc
-                        && r["probe"] == "tcp-socket-read"
+                        && r["probe"] == read_probe
                         && r["baseline_p99_ns"].is_number()
                 })
             })
@@ -264,7 +323,7 @@ cooldown = "1s"
     assert!(incidents_of(&config, "slow").is_empty());
 
     // The application now sleeps 20 ms before each read.
-    slow.set_read_delay(Duration::from_millis(20)).unwrap();
+    slow.set_read_delay(Duration::from_millis(20));
     let opened = Instant::now();
     let incident = wait_for(
         Duration::from_secs(30),
@@ -280,7 +339,7 @@ cooldown = "1s"
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert!(probes.contains(&"tcp-socket-read"), "{probes:?}");
+    assert!(probes.contains(&read_probe), "{probes:?}");
 
     // `incidents show` through the API: evidence and the stage.
     let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
@@ -291,7 +350,7 @@ cooldown = "1s"
     assert_eq!(stage["verdict"], "application read delay", "{stage}");
     let evidence: Value =
         serde_json::from_str(view["incident"]["evidence_json"].as_str().unwrap()).unwrap();
-    assert_eq!(evidence["headline"]["probe"], "tcp-socket-read");
+    assert_eq!(evidence["headline"]["probe"], read_probe);
     assert!(
         evidence["headline"]["observed"]["value_ns"]
             .as_f64()
@@ -335,7 +394,7 @@ cooldown = "1s"
     assert!(samples["samples"].is_array());
 
     // Fast reads again: the incident closes.
-    slow.set_read_delay(Duration::ZERO).unwrap();
+    slow.set_read_delay(Duration::ZERO);
     wait_for(
         Duration::from_secs(60),
         "the incident to close",

@@ -344,7 +344,15 @@ pub fn print_pwru_status(i: &Incident) {
     t.add_row(["ended".to_owned(), ended]);
     t.add_row(["lines stored".to_owned(), p.lines_stored.to_string()]);
     if !p.message.is_empty() {
-        t.add_row(["message".to_owned(), p.message.clone()]);
+        // The daemon appends the exact command; it reads better on its own row.
+        let (message, command) = match p.message.split_once("; command: ") {
+            Some((m, c)) => (m, Some(c)),
+            None => (p.message.as_str(), None),
+        };
+        t.add_row(["message".to_owned(), message.to_owned()]);
+        if let Some(c) = command {
+            t.add_row(["command".to_owned(), c.to_owned()]);
+        }
     }
     let tail: Vec<&str> = p.stderr_tail.lines().collect();
     if !tail.is_empty() {
