@@ -55,6 +55,8 @@ struct KeyState {
     window: Window,
     /// Whether the window held enough samples at the last evaluation.
     evaluated: bool,
+    /// Observed since the last `end_interval`: its newest interval is still to be learnt.
+    fresh: bool,
 }
 
 /// One test of one (service, probe, quantile) in the current interval.
@@ -74,12 +76,13 @@ impl Detector {
     }
 
     /// Record the histogram of one (service, probe) for the current interval (the interval
-    /// ending at `ts`). Several calls for the same key in one interval add up.
+    /// ending at `ts`, normally the `ts` then given to [`Detector::end_interval`]). Several
+    /// calls for the same key and `ts` add up.
     pub fn observe(&mut self, ts: SystemTime, service: &str, probe: Probe, interval: &Histogram) {
         let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
-        self.key_mut(service, probe, ts)
-            .window
-            .push(start, ts, interval);
+        let key = self.key_mut(service, probe, ts);
+        key.window.push(start, ts, interval);
+        key.fresh = true;
     }
 
     /// Close the interval ending at `ts`: test every window, advance every service's state
@@ -160,10 +163,13 @@ impl Detector {
             let frozen = svc.incident.is_some() || svc.recent.last().is_some_and(|&(_, h)| h);
             let half_life = svc.thresholds.half_life;
             for key in svc.keys.values_mut() {
-                match key.window.interval_ending(ts) {
-                    Some(buckets) if !frozen => key.baseline.learn(ts, buckets, half_life),
+                match key.window.newest() {
+                    Some(buckets) if key.fresh && !frozen => {
+                        key.baseline.learn(ts, buckets, half_life)
+                    }
                     _ => key.baseline.hold(ts),
                 }
+                key.fresh = false;
             }
         }
         events
@@ -254,6 +260,7 @@ impl Detector {
             baseline: Baseline::new(now),
             window: Window::default(),
             evaluated: false,
+            fresh: false,
         })
     }
 }
@@ -648,6 +655,24 @@ mod tests {
             .baseline_quantile("web", Probe::TcpSocketRead, 0.5)
             .unwrap();
         assert!(median.value_ns > 400_000.0, "{median:?}");
+    }
+
+    #[test]
+    fn learning_does_not_need_identical_timestamps() {
+        // A daemon may stamp histograms a little before it closes the interval.
+        let mut d = Detector::new(config());
+        for s in 1..=20 {
+            d.observe(
+                t(s) - Duration::from_millis(3),
+                "web",
+                Probe::TcpSocketRead,
+                &uniform(100_000),
+            );
+            d.end_interval(t(s));
+        }
+        assert!(d
+            .baseline_quantile("web", Probe::TcpSocketRead, 0.5)
+            .is_some());
     }
 
     #[test]
