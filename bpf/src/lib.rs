@@ -26,6 +26,10 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/probes.skel.rs"));
 }
 
+pub use capture::{
+    capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
+    CaptureRecord,
+};
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
@@ -38,4 +42,16 @@ pub const HIST_VALUE_BYTES: usize = std::mem::size_of::<skel::types::tt_hist>();
 /// Slots are the configured (or auto-grouped) services plus `host` and `other`.
 pub const fn hist_map_bytes(services: usize, probes: usize, cpus: usize) -> usize {
     (services + 2) * probes * cpus * HIST_VALUE_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_memory_stays_within_64_mib_for_64_services_all_probes_64_cpus() {
+        let bytes = hist_map_bytes(64, detector::Probe::ALL.len(), 64);
+        assert_eq!(HIST_VALUE_BYTES, (detector::hist::NUM_BUCKETS + 1) * 8);
+        assert!(bytes <= 64 << 20, "{bytes} bytes");
+    }
 }

@@ -272,53 +272,8 @@ impl ProbeSet {
             })?;
 
         progress("attaching probes");
-        let mut links = Vec::new();
-        let mut attach_errors: HashMap<&str, String> = HashMap::new();
-        for prog in skel.object().progs_mut() {
-            let name = prog.name().to_string_lossy().into_owned();
-            if !chosen.contains(&name.as_str()) {
-                continue;
-            }
-            match prog.attach() {
-                Ok(link) => links.push((name, link)),
-                Err(e) => {
-                    if let Some(n) = chosen.iter().find(|c| **c == name) {
-                        attach_errors.insert(n, format!("attaching {name}: {e}"));
-                    }
-                }
-            }
-        }
-
-        let attachments: Vec<Attachment> = Probe::ALL
-            .iter()
-            .map(|&probe| {
-                let method = match &plans[&probe] {
-                    Plan::Disabled => AttachMethod::Disabled,
-                    Plan::Unavailable(reason) => AttachMethod::Unavailable {
-                        reason: reason.clone(),
-                    },
-                    Plan::Use(v) => {
-                        let failed: Vec<&String> = v
-                            .programs()
-                            .iter()
-                            .filter_map(|p| attach_errors.get(p))
-                            .collect();
-                        if failed.is_empty() {
-                            method_of(*v)
-                        } else {
-                            AttachMethod::Unavailable {
-                                reason: failed
-                                    .iter()
-                                    .map(|s| s.as_str())
-                                    .collect::<Vec<_>>()
-                                    .join("; "),
-                            }
-                        }
-                    }
-                };
-                Attachment { probe, method }
-            })
-            .collect();
+        let (links, attach_errors) = attach(&skel, &chosen);
+        let attachments = attachments(&plans, &attach_errors);
         if !attachments.iter().any(|a| {
             matches!(
                 a.method,
@@ -496,6 +451,62 @@ fn slot_name(names: &mut SlotNames, slot: u32, auto_slots: &HashMap<u32, u64>) -
             }
         }
     }
+}
+
+/// Attach every chosen program; failures are kept per program name.
+fn attach(
+    skel: &ProbesSkel<'_>,
+    chosen: &[&str],
+) -> (Vec<(String, Link)>, HashMap<String, String>) {
+    let mut links = Vec::new();
+    let mut errors = HashMap::new();
+    for prog in skel.object().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        if !chosen.contains(&name.as_str()) {
+            continue;
+        }
+        match prog.attach() {
+            Ok(link) => links.push((name, link)),
+            Err(e) => {
+                let reason = format!("attaching {name}: {e}");
+                errors.insert(name, reason);
+            }
+        }
+    }
+    (links, errors)
+}
+
+/// The outcome per probe: the plan, unless attaching one of its programs failed.
+fn attachments(
+    plans: &BTreeMap<Probe, Plan>,
+    attach_errors: &HashMap<String, String>,
+) -> Vec<Attachment> {
+    plans
+        .iter()
+        .map(|(&probe, plan)| {
+            let method = match plan {
+                Plan::Disabled => AttachMethod::Disabled,
+                Plan::Unavailable(reason) => AttachMethod::Unavailable {
+                    reason: reason.clone(),
+                },
+                Plan::Use(v) => {
+                    let failed: Vec<&str> = v
+                        .programs()
+                        .iter()
+                        .filter_map(|p| attach_errors.get(*p).map(String::as_str))
+                        .collect();
+                    if failed.is_empty() {
+                        method_of(*v)
+                    } else {
+                        AttachMethod::Unavailable {
+                            reason: failed.join("; "),
+                        }
+                    }
+                }
+            };
+            Attachment { probe, method }
+        })
+        .collect()
 }
 
 /// Whether `program` implements `probe` attached with `method`.
@@ -809,8 +820,7 @@ fn configure(
         map.set_max_entries(n)
             .map_err(bpf_err("sizing the BPF maps"))?;
     }
-    let uses_sk_data_ready =
-        |p: Probe| matches!(&plans[&p], Plan::Use(v) if v.programs().contains(&SK_DATA_READY_PROG));
+    let uses_sk_data_ready = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(v)) if v.programs().contains(&SK_DATA_READY_PROG));
     let Some(ro) = open.maps.rodata_data.as_deref_mut() else {
         return Err(LoadError::Config(
             "the BPF object has no read-only data section".into(),

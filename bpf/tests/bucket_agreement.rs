@@ -19,7 +19,11 @@ fn agrees_at_every_bucket_boundary() {
     for i in 0..NUM_BUCKETS {
         let lo = bucket_lower(i);
         for v in [lo.saturating_sub(1), lo, lo + 1] {
-            assert_eq!(bpf_bucket(v), bucket_index(v), "value {v} (bucket {i} boundary)");
+            assert_eq!(
+                bpf_bucket(v),
+                bucket_index(v),
+                "value {v} (bucket {i} boundary)"
+            );
             checked += 1;
         }
     }

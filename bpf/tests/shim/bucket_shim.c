@@ -1,8 +1,6 @@
 /* Host build of the BPF bucket function, for the agreement test only. */
 #include <stdint.h>
-
-typedef uint32_t __u32;
-typedef uint64_t __u64;
+#include <linux/types.h>
 
 #include "bucket.h"
 
