@@ -26,10 +26,6 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/probes.skel.rs"));
 }
 
-pub use capture::{
-    capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
-    CaptureRecord,
-};
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
