@@ -40,4 +40,4 @@ pub use query::{
     ProcessCount, SampleCursor, SampleFilter, SamplePage, SampleSummary, MAX_PAGE,
 };
 pub use retention::{RetentionReport, RotationReport};
-pub use store::{OpenReport, Store, StoreStats, SCHEMA_VERSION};
+pub use store::{OpenReport, Store, StoreStats, MAX_SAMPLE_BATCH, SCHEMA_VERSION};

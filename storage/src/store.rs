@@ -29,6 +29,10 @@ pub(crate) const MAX_SAMPLE_BYTES: usize = 1024;
 pub(crate) const MAX_PWRU_BYTES: usize = 64 << 10;
 pub(crate) const MAX_HISTORY_BYTES: usize = 16 << 10;
 pub(crate) const MAX_BASELINE_BYTES: usize = 1 << 20;
+/// Bits of a sample's sequence number holding its index within its batch.
+const SAMPLE_INDEX_BITS: u32 = 20;
+/// Most samples in one batch (the index must fit its bits).
+pub const MAX_SAMPLE_BATCH: usize = 1 << SAMPLE_INDEX_BITS;
 
 /// The fixed set of trees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,17 +375,27 @@ impl Store {
 
     // ---- samples and pwru -----------------------------------------------------------
 
-    /// Store a batch of samples atomically. Durable within `flush_every` (or at
-    /// [`Store::flush`]). Every sample's incident must exist.
+    /// Store a batch of samples (at most [`MAX_SAMPLE_BATCH`]) atomically. Durable within
+    /// `flush_every` (or at [`Store::flush`]). Every sample's incident must exist.
     pub fn put_samples(&self, samples: &[Sample]) -> Result<()> {
         self.writable()?;
         self.require_incidents(samples.iter().map(|s| s.incident))?;
         let mut batch = sled::Batch::default();
         let mut bytes = 0u64;
         let eng = self.engine();
-        for s in samples {
+        // One id per batch, the sample's index in the low bits: unique, and cheaper than an
+        // id per sample.
+        let batch_id = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
+        if samples.len() > MAX_SAMPLE_BATCH {
+            return self.counted(Err(StoreError::TooLarge {
+                kind: "sample batch",
+                size: samples.len(),
+                max: MAX_SAMPLE_BATCH,
+            }));
+        }
+        for (index, s) in samples.iter().enumerate() {
             let value = self.encode("sample", s, MAX_SAMPLE_BYTES)?;
-            let seq = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
+            let seq = (batch_id << SAMPLE_INDEX_BITS) | index as u64;
             let key = keys::sample(s.incident, s.time_ns, seq);
             bytes += (key.len() + value.len()) as u64;
             batch.insert(&key[..], value);
@@ -692,8 +706,11 @@ fn classify(e: sled::Error) -> OpenFailure {
 
 fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenFailure> {
     let flush_ms = u64::try_from(cfg.flush_every.as_millis()).unwrap_or(1000);
+    // HighThroughput: fewer rewrites of fragmented pages at the price of space, which
+    // rotation reclaims.
     let config = sled::Config::new()
         .path(path)
+        .mode(sled::Mode::HighThroughput)
         .cache_capacity(cfg.cache_bytes)
         .flush_every_ms(Some(flush_ms.max(1)));
     // sled 0.34 can panic on some damaged files instead of returning an error; a panic at
