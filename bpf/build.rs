@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const SOURCES: [&str; 10] = [
+const SOURCES: [&str; 11] = [
     "tailtrap.h",
     "bucket.h",
     "hist.bpf.h",
@@ -15,6 +15,7 @@ const SOURCES: [&str; 10] = [
     "service.bpf.h",
     "filter.bpf.h",
     "hol.bpf.h",
+    "capture.bpf.h",
     "vmlinux.h",
     "probes.bpf.c",
     "floor.bpf.c",

@@ -34,6 +34,11 @@ struct tt_hist tt_type_hist;
 enum tt_probe tt_type_probe;
 enum tt_service_slot tt_type_service_slot;
 enum tt_counter tt_type_counter;
+struct tt_capture_record tt_type_capture_record;
+struct tt_capture_threshold tt_type_capture_threshold;
+enum tt_capture_mode tt_type_capture_mode;
+enum tt_capture_flag tt_type_capture_flag;
+enum tt_capture_counter tt_type_capture_counter;
 
 /* One latency sample: where it was taken and what is known about it there. */
 struct tt_sample {
@@ -49,9 +54,16 @@ struct tt_sample {
 	__u32 read_end_seq;
 };
 
-/* The one place a sample is filtered, timed, attributed and added to a histogram. */
+#include "capture.bpf.h"
+
+/*
+ * The one place a sample is filtered, timed, attributed, added to a histogram and offered
+ * to capture. Head-of-line suspects stay out of the histograms but armed capture records
+ * them, flagged.
+ */
 static __always_inline void record_latency(const struct tt_sample *s)
 {
+	bool hol_suspect = false;
 	__u64 latency_ns;
 	__u32 service;
 
@@ -59,12 +71,16 @@ static __always_inline void record_latency(const struct tt_sample *s)
 		return;
 	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->read_end_seq)) {
 		count_event(TT_COUNTER_HOL_EXCLUDED);
-		return;
+		if (!capture_mode)
+			return;
+		hol_suspect = true;
 	}
 	if (!latency_since(s->stamp_ns, s->clock, &latency_ns))
 		return;
 	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
-	hist_add(service, s->probe, latency_ns);
+	if (!hol_suspect)
+		hist_add(service, s->probe, latency_ns);
+	capture_sample(s, service, latency_ns, hol_suspect);
 }
 
 static __always_inline void record_skb(__u32 probe, const struct sk_buff *skb,

@@ -57,4 +57,77 @@ struct tt_hist {
 	__u64 sum_ns;
 };
 
+/* ---- In-kernel capture of slow SKBs (capture.bpf.h) ---- */
+
+/* Service slots that can be armed; later slots are never captured. */
+#define TT_CAPTURE_MAX_SLOTS 1024
+
+/* Bits of capture_mode: which kinds of capture have thresholds set. */
+enum tt_capture_mode {
+	TT_CAPTURE_MODE_ARMED = 1,
+	TT_CAPTURE_MODE_FLIGHT = 2,
+};
+
+/* Bits of tt_capture_record.flags. */
+enum tt_capture_flag {
+	/* Emitted by the flight recorder, not by armed capture. */
+	TT_CAPTURE_F_FLIGHT = 1,
+	/* tcp-socket-read only: the read may have waited behind a lost segment. */
+	TT_CAPTURE_F_HOL_SUSPECT = 2,
+	/* The probe ran in the reading process's context: pid and comm are set. */
+	TT_CAPTURE_F_PROCESS = 4,
+	/* A socket was known: the queue fields and the cgroup id are set. */
+	TT_CAPTURE_F_SOCKET = 8,
+	/* tcp_seq is set. */
+	TT_CAPTURE_F_TCP_SEQ = 16,
+	/* Armed capture kept one slow SKB in N (N > 1). */
+	TT_CAPTURE_F_SUBSAMPLED = 32,
+};
+
+/* Capture counters (per-CPU array index). */
+enum tt_capture_counter {
+	TT_CAPTURE_ARMED_EMITTED = 0,
+	TT_CAPTURE_ARMED_RING_FULL = 1,
+	TT_CAPTURE_ARMED_RATE_LIMITED = 2,
+	TT_CAPTURE_FLIGHT_EMITTED = 3,
+	TT_CAPTURE_FLIGHT_RING_FULL = 4,
+	TT_CAPTURE_FLIGHT_RATE_LIMITED = 5,
+	TT_CAPTURE_NUM_COUNTERS = 6,
+};
+
+/* Thresholds of one (service slot, probe); 0 means that kind of capture is off. */
+struct tt_capture_threshold {
+	__u64 armed_ns;
+	__u64 flight_ns;
+};
+
+/* One slow SKB, as the ring buffer delivers it. Addresses in network order, ports in host
+ * order; IPv4 addresses in the first 4 bytes. src is the remote peer, dst the local end. */
+struct tt_capture_record {
+	__u64 time_ns; /* CLOCK_REALTIME */
+	__u64 latency_ns;
+	__u64 cgroup_id;
+	__u32 probe;
+	__u32 service;
+	__u32 pid; /* tgid */
+	__u32 cpu;
+	__u32 ifindex;
+	__u32 netns_ino;
+	__u32 skb_len;
+	__u32 queue_skbs;
+	__u32 queue_bytes;
+	__u32 rmem_alloc;
+	__u32 rcvbuf;
+	__u32 tcp_seq;
+	__u32 flags;
+	__u16 sport;
+	__u16 dport;
+	__u8 family; /* AF_INET, AF_INET6, or 0 when unknown */
+	__u8 ip_proto;
+	__u8 pad[2];
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u8 comm[16];
+};
+
 #endif /* TAILTRAP_H */

@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * In-kernel capture of slow SKBs. record_latency() hands every attributed sample here.
+ * While nothing is armed the cost is one read of capture_mode. Armed capture emits a
+ * ring-buffer record for a sample at or above its (service, probe) threshold, optionally
+ * one in N, through a global rate limit; the flight recorder does the same with its own
+ * (higher) threshold and its own small rate limit. Needs struct tt_sample: include after it.
+ */
+#ifndef TT_CAPTURE_BPF_H
+#define TT_CAPTURE_BPF_H
+
+/* 4 MiB: ~30 000 records, 15 s at the default armed rate. */
+#define TT_CAPTURE_RING_BYTES (4 << 20)
+
+/* Set from user space through the mmapped .bss; every change takes effect at once. */
+volatile __u32 capture_mode;
+volatile __u32 capture_one_in;
+/* Rate limits as GCRA: one record per interval, bursts up to burst_ns ahead. 0: no limit. */
+volatile __u64 armed_interval_ns;
+volatile __u64 armed_burst_ns;
+volatile __u64 flight_interval_ns;
+volatile __u64 flight_burst_ns;
+/* Theoretical arrival times of the two rate limits (bpf_ktime_get_ns clock). */
+__u64 armed_tat;
+__u64 flight_tat;
+
+/* Index service * TT_NUM_PROBES + probe. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TT_CAPTURE_MAX_SLOTS * TT_NUM_PROBES);
+	__type(key, __u32);
+	__type(value, struct tt_capture_threshold);
+} capture_thresholds SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, TT_CAPTURE_RING_BYTES);
+} capture_ring SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, TT_CAPTURE_NUM_COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} capture_counters SEC(".maps");
+
+static __always_inline void capture_count(__u32 counter)
+{
+	__u64 *n = bpf_map_lookup_elem(&capture_counters, &counter);
+
+	if (n)
+		*n += 1;
+}
+
+/* Take one record's worth of the rate limit; a lost race with another CPU counts as limited. */
+static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns)
+{
+	__u64 now, old, start;
+
+	if (!interval_ns)
+		return true;
+	now = bpf_ktime_get_ns();
+	for (int attempt = 0; attempt < 3; attempt++) {
+		old = *(volatile __u64 *)tat;
+		start = old > now ? old : now;
+		if (start - now > burst_ns)
+			return false;
+		if (__sync_val_compare_and_swap(tat, old, start + interval_ns) == old)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline void copy_in6(__u8 *dst, const struct in6_addr *a)
+{
+	bpf_probe_read_kernel(dst, 16, a);
+}
+
+/* Family, protocol and ports/addresses from the IP header at ip (src = sender). */
+static __always_inline void tuple_from_packet(struct tt_capture_record *r, const __u8 *ip)
+{
+	__u8 first = 0, proto = 0, ihl;
+	const __u8 *l4;
+	__be16 ports[2] = {};
+
+	if (bpf_probe_read_kernel(&first, 1, ip))
+		return;
+	if (first >> 4 == 4) {
+		bpf_probe_read_kernel(&proto, 1, ip + 9);
+		bpf_probe_read_kernel(r->saddr, 4, ip + 12);
+		bpf_probe_read_kernel(r->daddr, 4, ip + 16);
+		r->family = TT_AF_INET;
+		ihl = first & 0xf;
+		l4 = ip + ihl * 4;
+	} else if (first >> 4 == 6) {
+		/* Extension headers are not walked: ports stay 0 behind them. */
+		bpf_probe_read_kernel(&proto, 1, ip + 6);
+		bpf_probe_read_kernel(r->saddr, 16, ip + 8);
+		bpf_probe_read_kernel(r->daddr, 16, ip + 24);
+		r->family = TT_AF_INET6;
+		l4 = ip + 40;
+	} else {
+		return;
+	}
+	r->ip_proto = proto;
+	if (proto == TT_IPPROTO_TCP || proto == TT_IPPROTO_UDP) {
+		bpf_probe_read_kernel(ports, sizeof(ports), l4);
+		r->sport = bpf_ntohs(ports[0]);
+		r->dport = bpf_ntohs(ports[1]);
+	}
+}
+
+static __always_inline void tuple_from_sock(struct tt_capture_record *r, const struct sock *sk)
+{
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+
+	r->ip_proto = BPF_CORE_READ(sk, sk_protocol);
+	r->sport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	r->dport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	if (family == TT_AF_INET) {
+		r->family = TT_AF_INET;
+		bpf_probe_read_kernel(r->saddr, 4, &sk->__sk_common.skc_daddr);
+		bpf_probe_read_kernel(r->daddr, 4, &sk->__sk_common.skc_rcv_saddr);
+	} else if (family == TT_AF_INET6) {
+		r->family = TT_AF_INET6;
+		copy_in6(r->saddr, &sk->__sk_common.skc_v6_daddr);
+		copy_in6(r->daddr, &sk->__sk_common.skc_v6_rcv_saddr);
+	}
+}
+
+static __always_inline void fill_record(struct tt_capture_record *r, const struct tt_sample *s,
+					__u32 service, __u64 latency_ns, __u32 flags)
+{
+	const struct sk_buff *skb = s->skb;
+	const struct sock *sk = s->sk;
+
+	r->time_ns = clock_now(TT_CLOCK_REALTIME);
+	r->latency_ns = latency_ns;
+	r->probe = s->probe;
+	r->service = service;
+	r->cpu = bpf_get_smp_processor_id();
+	r->skb_len = skb ? BPF_CORE_READ(skb, len) : 0;
+	r->ifindex = skb ? BPF_CORE_READ(skb, skb_iif) : 0;
+	if (s->process_context) {
+		r->pid = bpf_get_current_pid_tgid() >> 32;
+		bpf_get_current_comm(r->comm, sizeof(r->comm));
+		flags |= TT_CAPTURE_F_PROCESS;
+	}
+	if (sk) {
+		struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+
+		r->cgroup_id = cg ? BPF_CORE_READ(cg, kn, id) : 0;
+		r->netns_ino = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+		r->queue_skbs = BPF_CORE_READ(sk, sk_receive_queue.qlen);
+		r->rmem_alloc = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
+		r->rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
+		tuple_from_sock(r, sk);
+		if (r->ip_proto == TT_IPPROTO_TCP) {
+			const struct tcp_sock *tp = (const void *)sk;
+
+			r->queue_bytes = BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq);
+		} else {
+			r->queue_bytes = r->rmem_alloc;
+		}
+		flags |= TT_CAPTURE_F_SOCKET;
+	} else if (skb) {
+		const __u8 *head = BPF_CORE_READ(skb, head);
+
+		r->netns_ino = BPF_CORE_READ(skb, dev, nd_net.net, ns.inum);
+		/* At ip-start skb->data is the IP header; later the network header offset is set. */
+		if (s->probe == TT_PROBE_IP_START)
+			tuple_from_packet(r, BPF_CORE_READ(skb, data));
+		else
+			tuple_from_packet(r, head + BPF_CORE_READ(skb, network_header));
+	}
+	/* The control block holds TCP's seq once tcp_v4_rcv/tcp_v6_rcv filled it in. */
+	if (skb && r->ip_proto == TT_IPPROTO_TCP &&
+	    (s->probe == TT_PROBE_TCP_SOCKET_ENQUEUED || s->probe == TT_PROBE_TCP_SOCKET_READ ||
+	     (s->probe == TT_PROBE_TCP_START && sk))) {
+		r->tcp_seq = ((const struct tcp_skb_cb *)skb->cb)->seq;
+		flags |= TT_CAPTURE_F_TCP_SEQ;
+	}
+	r->flags = flags;
+}
+
+/* Emit a record for this sample if armed capture or the flight recorder wants it. */
+static __always_inline void capture_sample(const struct tt_sample *s, __u32 service,
+					   __u64 latency_ns, bool hol_suspect)
+{
+	__u32 mode = capture_mode;
+	struct tt_capture_threshold *t;
+	struct tt_capture_record *r;
+	__u32 idx, flags = 0, emitted, ring_full;
+
+	if (!mode)
+		return;
+	if (service >= TT_CAPTURE_MAX_SLOTS || s->probe >= TT_NUM_PROBES)
+		return;
+	idx = service * TT_NUM_PROBES + s->probe;
+	t = bpf_map_lookup_elem(&capture_thresholds, &idx);
+	if (!t)
+		return;
+	if ((mode & TT_CAPTURE_MODE_ARMED) && t->armed_ns && latency_ns >= t->armed_ns) {
+		__u32 one_in = capture_one_in;
+
+		if (one_in > 1) {
+			if (bpf_get_prandom_u32() % one_in)
+				return;
+			flags |= TT_CAPTURE_F_SUBSAMPLED;
+		}
+		if (!take_token(&armed_tat, armed_interval_ns, armed_burst_ns)) {
+			capture_count(TT_CAPTURE_ARMED_RATE_LIMITED);
+			return;
+		}
+		emitted = TT_CAPTURE_ARMED_EMITTED;
+		ring_full = TT_CAPTURE_ARMED_RING_FULL;
+	} else if ((mode & TT_CAPTURE_MODE_FLIGHT) && t->flight_ns && latency_ns >= t->flight_ns) {
+		if (!take_token(&flight_tat, flight_interval_ns, flight_burst_ns)) {
+			capture_count(TT_CAPTURE_FLIGHT_RATE_LIMITED);
+			return;
+		}
+		flags |= TT_CAPTURE_F_FLIGHT;
+		emitted = TT_CAPTURE_FLIGHT_EMITTED;
+		ring_full = TT_CAPTURE_FLIGHT_RING_FULL;
+	} else {
+		return;
+	}
+	if (hol_suspect)
+		flags |= TT_CAPTURE_F_HOL_SUSPECT;
+	r = bpf_ringbuf_reserve(&capture_ring, sizeof(*r), 0);
+	if (!r) {
+		capture_count(ring_full);
+		return;
+	}
+	__builtin_memset(r, 0, sizeof(*r));
+	fill_record(r, s, service, latency_ns, flags);
+	bpf_ringbuf_submit(r, 0);
+	capture_count(emitted);
+}
+
+#endif /* TT_CAPTURE_BPF_H */
