@@ -13,6 +13,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod capture;
 mod cgroup;
 mod clock;
 mod config;
@@ -26,6 +27,10 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/probes.skel.rs"));
 }
 
+pub use capture::{
+    capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
+    CaptureRecord,
+};
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};

@@ -310,6 +310,36 @@ impl ProbeSet {
         &self.attachments
     }
 
+    /// The skeleton, for in-kernel capture (`crate::capture`).
+    pub(crate) fn skel_mut(&mut self) -> &mut ProbesSkel<'static> {
+        &mut self.skel
+    }
+
+    /// The name of a service slot, as snapshots report it.
+    pub fn service_name(&mut self, slot: u32) -> Result<String, ReadError> {
+        let auto_slots = match &self.slot_names {
+            SlotNames::Auto(_) => read_auto_slots(&self.skel.maps.auto_cgroups)?,
+            SlotNames::Configured(_) => HashMap::new(),
+        };
+        Ok(slot_name(&mut self.slot_names, slot, &auto_slots))
+    }
+
+    /// The slot of a service by the name snapshots give it; `None` when no such service has
+    /// a slot (yet: auto-grouped services get theirs with their first packet).
+    pub fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
+        let auto_slots = match &self.slot_names {
+            SlotNames::Auto(_) => read_auto_slots(&self.skel.maps.auto_cgroups)?,
+            SlotNames::Configured(names) => (0..names.len() as u32)
+                .map(|i| (types::tt_service_slot::TT_SERVICE_FIRST.0 + i, 0))
+                .collect(),
+        };
+        let mut slots: Vec<u32> = auto_slots.keys().copied().collect();
+        slots.sort_unstable();
+        Ok(slots
+            .into_iter()
+            .find(|&slot| slot_name(&mut self.slot_names, slot, &auto_slots) == service))
+    }
+
     /// Re-read CLOCK_TAI - CLOCK_REALTIME and hand it to the BPF programs (it changes on
     /// leap seconds and when NTP/PTP set it). Call it every interval.
     pub fn refresh_clock(&mut self) -> Result<(), ReadError> {

@@ -1,0 +1,495 @@
+//! In-kernel capture of slow SKBs: arming per (service, probe) thresholds, the rate limits,
+//! and the ring-buffer reader that turns kernel records into [`capture::sample::Sample`]s.
+//!
+//! The BPF side (`src/bpf/capture.bpf.h`) checks one `.bss` word before any capture work,
+//! so while nothing is armed and the flight recorder has no thresholds the probes cost
+//! what they cost without capture.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use capture::sample::{Comm, Flow, Sample, SampleFlags, SocketQueue, Transport};
+use detector::Probe;
+use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder};
+use serde::Serialize;
+
+use crate::loader::ProbeSet;
+use crate::skel::types;
+
+// The record is read as the BTF-generated type; its size is the kernel's.
+const RECORD_BYTES: usize = std::mem::size_of::<types::tt_capture_record>();
+const _: () = assert!(RECORD_BYTES == 136, "tt_capture_record layout changed");
+const _: () = assert!(std::mem::size_of::<types::tt_capture_threshold>() == 16);
+
+/// Service slots that can be armed (`TT_CAPTURE_MAX_SLOTS`).
+const MAX_SLOTS: u32 = 1024;
+/// Bursts the rate limits let through at once, as a share of one second of their rate.
+const BURST: Duration = Duration::from_millis(100);
+/// Records buffered between the reader thread and the consumer.
+const CHANNEL_RECORDS: usize = 65_536;
+/// How often the reader thread looks at its stop flag while the ring is quiet.
+const POLL: Duration = Duration::from_millis(100);
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// Why a capture operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// A limit or threshold is out of range.
+    #[error("capture setting: {0}")]
+    Config(String),
+    /// A BPF map operation failed.
+    #[error("{stage}: {source}")]
+    Bpf {
+        /// What was being done.
+        stage: &'static str,
+        /// The libbpf error.
+        source: libbpf_rs::Error,
+    },
+    /// The BPF object has no `.bss` (never the case for the shipped object).
+    #[error("the BPF object has no .bss section")]
+    NoBss,
+    /// Starting the reader thread failed.
+    #[error("starting the capture reader thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Rate limits and sampling of capture, all applied in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureLimits {
+    /// Armed capture: records per second at most, all services together.
+    pub rate_limit: u32,
+    /// Armed capture: keep one slow SKB in N (1: all).
+    pub sample_one_in: u32,
+    /// Flight recorder: records per second at most.
+    pub flight_rate: u32,
+}
+
+impl Default for CaptureLimits {
+    fn default() -> Self {
+        CaptureLimits {
+            rate_limit: 2000,
+            sample_one_in: 1,
+            flight_rate: 20,
+        }
+    }
+}
+
+/// Capture counters kept in the kernel, summed over CPUs, since the probes were loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CaptureCounters {
+    /// Armed-capture records written to the ring buffer.
+    pub emitted: u64,
+    /// Armed-capture records lost because the ring buffer was full.
+    pub ring_full: u64,
+    /// Slow SKBs not recorded because of the armed-capture rate limit.
+    pub rate_limited: u64,
+    /// Flight-recorder records written to the ring buffer.
+    pub flight_emitted: u64,
+    /// Flight-recorder records lost because the ring buffer was full.
+    pub flight_ring_full: u64,
+    /// Slow SKBs not recorded because of the flight recorder's rate limit.
+    pub flight_rate_limited: u64,
+}
+
+/// One slow SKB from the ring buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureRecord {
+    /// Service slot it was attributed to ([`ProbeSet::service_name`] names it).
+    pub service_slot: u32,
+    /// Emitted by the flight recorder (not by armed capture).
+    pub flight: bool,
+    /// The record; `incident` is 0 until the consumer assigns it.
+    pub sample: Sample,
+}
+
+/// Arms and disarms capture. Keeps what is armed, so the kernel's mode word is exact.
+#[derive(Debug, Default)]
+pub struct CaptureControl {
+    armed: BTreeMap<(u32, Probe), u64>,
+    flight: BTreeMap<(u32, Probe), u64>,
+}
+
+impl CaptureControl {
+    /// Take over capture on `set`: apply `limits`, clear every threshold, nothing armed.
+    pub fn new(set: &mut ProbeSet, limits: &CaptureLimits) -> Result<Self, CaptureError> {
+        let control = CaptureControl::default();
+        control.set_limits(set, limits)?;
+        let map = &set.skel_mut().maps.capture_thresholds;
+        let zero = [0u8; 16];
+        for idx in 0..MAX_SLOTS * types::tt_probe::TT_NUM_PROBES.0 {
+            map.update(&idx.to_ne_bytes(), &zero, MapFlags::ANY)
+                .map_err(bpf_err("clearing the capture thresholds"))?;
+        }
+        control.write_mode(set)?;
+        Ok(control)
+    }
+
+    /// Change the rate limits and sampling; takes effect at once.
+    pub fn set_limits(
+        &self,
+        set: &mut ProbeSet,
+        limits: &CaptureLimits,
+    ) -> Result<(), CaptureError> {
+        let armed = gcra(limits.rate_limit, "rate_limit")?;
+        let flight = gcra(limits.flight_rate, "flight_rate")?;
+        if limits.sample_one_in == 0 {
+            return Err(CaptureError::Config(
+                "sample_one_in must be at least 1".into(),
+            ));
+        }
+        let bss = bss(set)?;
+        bss.capture_one_in = limits.sample_one_in;
+        (bss.armed_interval_ns, bss.armed_burst_ns) = armed;
+        (bss.flight_interval_ns, bss.flight_burst_ns) = flight;
+        Ok(())
+    }
+
+    /// Arm capture for a service slot: record SKBs at or above each probe's threshold (ns).
+    /// Probes not listed stay as they were.
+    pub fn arm(
+        &mut self,
+        set: &mut ProbeSet,
+        slot: u32,
+        thresholds: &[(Probe, u64)],
+    ) -> Result<(), CaptureError> {
+        for &(probe, ns) in thresholds {
+            check_slot(slot)?;
+            if ns == 0 {
+                return Err(CaptureError::Config(format!(
+                    "threshold of {probe} must be above 0 ns"
+                )));
+            }
+            self.armed.insert((slot, probe), ns);
+            self.write_threshold(set, slot, probe)?;
+        }
+        self.write_mode(set)
+    }
+
+    /// Stop armed capture for a service slot (the flight recorder carries on).
+    pub fn disarm(&mut self, set: &mut ProbeSet, slot: u32) -> Result<(), CaptureError> {
+        let probes: Vec<Probe> = self
+            .armed
+            .keys()
+            .filter(|(s, _)| *s == slot)
+            .map(|(_, p)| *p)
+            .collect();
+        // Mode first: the kernel stops looking before the thresholds go.
+        for &p in &probes {
+            self.armed.remove(&(slot, p));
+        }
+        self.write_mode(set)?;
+        for p in probes {
+            self.write_threshold(set, slot, p)?;
+        }
+        Ok(())
+    }
+
+    /// Stop armed capture for every service.
+    pub fn disarm_all(&mut self, set: &mut ProbeSet) -> Result<(), CaptureError> {
+        let slots: Vec<u32> = self.armed.keys().map(|(s, _)| *s).collect();
+        for slot in slots {
+            self.disarm(set, slot)?;
+        }
+        Ok(())
+    }
+
+    /// Set the flight recorder's thresholds (ns) for a service slot; `0` switches a probe off.
+    pub fn set_flight_thresholds(
+        &mut self,
+        set: &mut ProbeSet,
+        slot: u32,
+        thresholds: &[(Probe, u64)],
+    ) -> Result<(), CaptureError> {
+        for &(probe, ns) in thresholds {
+            check_slot(slot)?;
+            if ns == 0 {
+                self.flight.remove(&(slot, probe));
+            } else {
+                self.flight.insert((slot, probe), ns);
+            }
+            self.write_threshold(set, slot, probe)?;
+        }
+        self.write_mode(set)
+    }
+
+    /// Whether armed capture is on for a service slot.
+    pub fn is_armed(&self, slot: u32) -> bool {
+        self.armed.keys().any(|(s, _)| *s == slot)
+    }
+
+    /// The armed thresholds: (slot, probe) -> ns.
+    pub fn armed(&self) -> &BTreeMap<(u32, Probe), u64> {
+        &self.armed
+    }
+
+    fn write_threshold(
+        &self,
+        set: &mut ProbeSet,
+        slot: u32,
+        probe: Probe,
+    ) -> Result<(), CaptureError> {
+        let idx = slot * types::tt_probe::TT_NUM_PROBES.0 + probe.id();
+        let armed = self.armed.get(&(slot, probe)).copied().unwrap_or(0);
+        let flight = self.flight.get(&(slot, probe)).copied().unwrap_or(0);
+        let mut value = [0u8; 16];
+        value[..8].copy_from_slice(&armed.to_ne_bytes());
+        value[8..].copy_from_slice(&flight.to_ne_bytes());
+        set.skel_mut()
+            .maps
+            .capture_thresholds
+            .update(&idx.to_ne_bytes(), &value, MapFlags::ANY)
+            .map_err(bpf_err("setting a capture threshold"))
+    }
+
+    fn write_mode(&self, set: &mut ProbeSet) -> Result<(), CaptureError> {
+        let mut mode = 0;
+        if !self.armed.is_empty() {
+            mode |= types::tt_capture_mode::TT_CAPTURE_MODE_ARMED.0;
+        }
+        if !self.flight.is_empty() {
+            mode |= types::tt_capture_mode::TT_CAPTURE_MODE_FLIGHT.0;
+        }
+        bss(set)?.capture_mode = mode;
+        Ok(())
+    }
+}
+
+/// The kernel's capture counters, summed over CPUs.
+pub fn capture_counters(set: &mut ProbeSet) -> Result<CaptureCounters, CaptureError> {
+    let map = &set.skel_mut().maps.capture_counters;
+    let read = |c: types::tt_capture_counter| -> Result<u64, CaptureError> {
+        let per_cpu = map
+            .lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY)
+            .map_err(bpf_err("reading the capture counters"))?
+            .unwrap_or_default();
+        Ok(per_cpu
+            .iter()
+            .filter_map(|v| v.as_slice().try_into().ok().map(u64::from_ne_bytes))
+            .fold(0u64, u64::saturating_add))
+    };
+    use types::tt_capture_counter as C;
+    Ok(CaptureCounters {
+        emitted: read(C::TT_CAPTURE_ARMED_EMITTED)?,
+        ring_full: read(C::TT_CAPTURE_ARMED_RING_FULL)?,
+        rate_limited: read(C::TT_CAPTURE_ARMED_RATE_LIMITED)?,
+        flight_emitted: read(C::TT_CAPTURE_FLIGHT_EMITTED)?,
+        flight_ring_full: read(C::TT_CAPTURE_FLIGHT_RING_FULL)?,
+        flight_rate_limited: read(C::TT_CAPTURE_FLIGHT_RATE_LIMITED)?,
+    })
+}
+
+/// Reads the capture ring buffer on its own thread and hands records over a channel.
+/// Dropping it stops the thread.
+#[derive(Debug)]
+pub struct CaptureReader {
+    records: Receiver<CaptureRecord>,
+    stop: Arc<AtomicBool>,
+    overflow: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CaptureReader {
+    /// Start reading `set`'s capture ring buffer.
+    pub fn start(set: &mut ProbeSet) -> Result<CaptureReader, CaptureError> {
+        // An fd of our own: the thread must not borrow the skeleton.
+        let ring = MapHandle::try_from(&set.skel_mut().maps.capture_ring)
+            .map_err(bpf_err("opening the capture ring buffer"))?;
+        let (tx, records) = std::sync::mpsc::sync_channel(CHANNEL_RECORDS);
+        let stop = Arc::new(AtomicBool::new(false));
+        let overflow = Arc::new(AtomicU64::new(0));
+        let (thread_stop, thread_overflow) = (stop.clone(), overflow.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("capture-ring".into())
+            .spawn(move || read_ring(&ring, &tx, &thread_stop, &thread_overflow, &ready_tx))
+            .map_err(CaptureError::Thread)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                let _ = thread.join();
+                return Err(CaptureError::Bpf {
+                    stage: "setting up the capture ring buffer",
+                    source,
+                });
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(CaptureError::Thread(std::io::Error::other(
+                    "the reader thread ended before reading",
+                )));
+            }
+        }
+        Ok(CaptureReader {
+            records,
+            stop,
+            overflow,
+            thread: Some(thread),
+        })
+    }
+
+    /// The records read so far, in ring order.
+    pub fn records(&self) -> &Receiver<CaptureRecord> {
+        &self.records
+    }
+
+    /// Records dropped in user space because the consumer fell behind by more than the
+    /// channel holds.
+    pub fn overflow(&self) -> u64 {
+        self.overflow.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CaptureReader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn read_ring(
+    ring: &MapHandle,
+    tx: &SyncSender<CaptureRecord>,
+    stop: &AtomicBool,
+    overflow: &AtomicU64,
+    ready: &std::sync::mpsc::Sender<Result<(), libbpf_rs::Error>>,
+) {
+    let mut builder = RingBufferBuilder::new();
+    let built = builder
+        .add(ring, |bytes: &[u8]| {
+            // A record of another size cannot come from this object: skip it.
+            if let Some(record) = decode_record(bytes) {
+                if let Err(TrySendError::Full(_)) = tx.try_send(record) {
+                    overflow.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            0
+        })
+        .map(|_| ());
+    let rb = match built.and_then(|()| builder.build()) {
+        Ok(rb) => rb,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    // The receiver lives in CaptureReader, whose drop sets `stop`: no other way out.
+    while !stop.load(Ordering::Relaxed) {
+        rb.poll_raw(POLL);
+    }
+}
+
+/// A kernel record as a sample (incident 0).
+fn decode_record(bytes: &[u8]) -> Option<CaptureRecord> {
+    if bytes.len() < RECORD_BYTES {
+        return None;
+    }
+    // SAFETY: tt_capture_record is a repr(C) integer-only type generated from the object's
+    // BTF, so any bytes of its size are a valid value; the length was checked and
+    // read_unaligned copes with the ring's 8-byte alignment either way.
+    let r: types::tt_capture_record =
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<types::tt_capture_record>()) };
+    let probe = Probe::from_id(r.probe)?;
+    let has = |f: types::tt_capture_flag| r.flags & f.0 != 0;
+    use types::tt_capture_flag as F;
+    let (src, dst) = match r.family {
+        AF_INET => (
+            IpAddr::V4(Ipv4Addr::new(
+                r.saddr[0], r.saddr[1], r.saddr[2], r.saddr[3],
+            )),
+            IpAddr::V4(Ipv4Addr::new(
+                r.daddr[0], r.daddr[1], r.daddr[2], r.daddr[3],
+            )),
+        ),
+        AF_INET6 => (
+            IpAddr::V6(Ipv6Addr::from(r.saddr)),
+            IpAddr::V6(Ipv6Addr::from(r.daddr)),
+        ),
+        _ => (Ipv4Addr::UNSPECIFIED.into(), Ipv4Addr::UNSPECIFIED.into()),
+    };
+    let mut flags = SampleFlags::empty();
+    if has(F::TT_CAPTURE_F_HOL_SUSPECT) {
+        flags.insert(SampleFlags::HOL_SUSPECT);
+    }
+    if has(F::TT_CAPTURE_F_SUBSAMPLED) {
+        flags.insert(SampleFlags::SUBSAMPLED);
+    }
+    let process = has(F::TT_CAPTURE_F_PROCESS);
+    Some(CaptureRecord {
+        service_slot: r.service,
+        flight: has(F::TT_CAPTURE_F_FLIGHT),
+        sample: Sample {
+            time_ns: r.time_ns,
+            incident: 0,
+            probe,
+            latency_ns: r.latency_ns,
+            flow: Flow {
+                transport: Transport::from_ip_proto(r.ip_proto),
+                src,
+                sport: r.sport,
+                dst,
+                dport: r.dport,
+            },
+            cgroup_id: r.cgroup_id,
+            pid: process.then_some(r.pid),
+            comm: if process {
+                Comm::from_kernel(&r.comm)
+            } else {
+                Comm::default()
+            },
+            cpu: r.cpu,
+            ifindex: r.ifindex,
+            netns_ino: r.netns_ino,
+            skb_len: r.skb_len,
+            socket_queue: has(F::TT_CAPTURE_F_SOCKET).then_some(SocketQueue {
+                bytes: r.queue_bytes,
+                skbs: r.queue_skbs,
+                rmem_alloc: r.rmem_alloc,
+                rcvbuf: r.rcvbuf,
+            }),
+            tcp_seq: has(F::TT_CAPTURE_F_TCP_SEQ).then_some(r.tcp_seq),
+            flags,
+        },
+    })
+}
+
+/// GCRA parameters (interval, burst) of a records-per-second limit.
+fn gcra(per_second: u32, key: &str) -> Result<(u64, u64), CaptureError> {
+    if per_second == 0 {
+        return Err(CaptureError::Config(format!(
+            "{key} must be at least 1 record/s"
+        )));
+    }
+    let interval = 1_000_000_000 / u64::from(per_second);
+    Ok((interval, BURST.as_nanos() as u64))
+}
+
+fn check_slot(slot: u32) -> Result<(), CaptureError> {
+    if slot >= MAX_SLOTS {
+        return Err(CaptureError::Config(format!(
+            "service slot {slot} is beyond the {MAX_SLOTS} slots capture can arm"
+        )));
+    }
+    Ok(())
+}
+
+fn bss(set: &mut ProbeSet) -> Result<&mut types::bss, CaptureError> {
+    set.skel_mut()
+        .maps
+        .bss_data
+        .as_deref_mut()
+        .ok_or(CaptureError::NoBss)
+}
+
+fn bpf_err(stage: &'static str) -> impl Fn(libbpf_rs::Error) -> CaptureError {
+    move |source| CaptureError::Bpf { stage, source }
+}
