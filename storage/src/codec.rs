@@ -37,9 +37,11 @@ fn crc(version: u8, payload: &[u8]) -> u32 {
 
 /// Encode `value` into an envelope, refusing anything over `max` bytes.
 pub(crate) fn encode<T: Serialize>(kind: &'static str, value: &T, max: usize) -> Result<Vec<u8>> {
-    let mut out = vec![RECORD_VERSION, 0, 0, 0, 0];
-    let mut out = postcard::to_extend(value, std::mem::take(&mut out))
-        .map_err(|source| StoreError::Encode { kind, source })?;
+    // Room for a typical sample, so the buffer is allocated once.
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(&[RECORD_VERSION, 0, 0, 0, 0]);
+    let mut out =
+        postcard::to_extend(value, out).map_err(|source| StoreError::Encode { kind, source })?;
     if out.len() > max {
         return Err(StoreError::TooLarge {
             kind,
