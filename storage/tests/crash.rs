@@ -1,6 +1,7 @@
 //! Crash test: a child process writes incidents, samples and history continuously; the
 //! parent SIGKILLs it at random moments, 50 times. After each kill the store reopens and
 //! every record the child acknowledged as flushed must be there and decode.
+#![allow(clippy::unwrap_used)] // tests may unwrap, helpers included
 
 mod common;
 

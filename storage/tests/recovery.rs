@@ -1,5 +1,6 @@
 //! Failure handling against real databases and processes: damaged files, undecodable
 //! records, a lock held by another process.
+#![allow(clippy::unwrap_used)] // tests may unwrap, helpers included
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Space management: retention by age, the size budget, rotation, and a full disk.
+#![allow(clippy::unwrap_used)] // tests may unwrap, helpers included
 
 mod common;
 

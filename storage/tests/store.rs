@@ -1,4 +1,5 @@
 //! The store's write and query paths against a real sled database.
+#![allow(clippy::unwrap_used)] // tests may unwrap, helpers included
 
 mod common;
 
