@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use capture::pwru::{NetnsFilter, PcapFilter, Protocol, SessionManager, SessionRequest};
+use capture::sample::Flow;
 use detector::{Event, Probe};
 use storage::{IncidentState, NewIncident, PwruState, Store};
 use tokio::sync::mpsc;
@@ -16,6 +17,9 @@ use super::pwru::{self, Finished};
 use super::unix_ns;
 use crate::api::OpenIncident;
 use crate::config::Config;
+
+/// Most local ports taken from samples for a pwru filter.
+const MAX_SAMPLE_PORTS: usize = 4;
 
 /// The open incidents, by service, and the pwru sessions running for any incident.
 pub(super) struct Incidents {
@@ -46,16 +50,20 @@ impl Incidents {
         }
     }
 
-    /// Act on one detector event; one log line each.
-    pub(super) fn handle(&mut self, event: Event, config: &Config) {
+    /// Act on an Updated or Closed event (Opened goes through [`Incidents::opened`] and
+    /// [`Incidents::start_pwru`]); one log line each.
+    pub(super) fn handle(&mut self, event: Event) {
         match event {
-            Event::Opened(inc) => self.opened(inc, config),
+            Event::Opened(inc) => {
+                self.opened(inc);
+            }
             Event::Updated(inc) => self.updated(inc),
             Event::Closed(inc) => self.closed(inc),
         }
     }
 
-    fn opened(&mut self, inc: detector::Incident, config: &Config) {
+    /// Store a newly opened incident; its id, unless the store refused it.
+    pub(super) fn opened(&mut self, inc: detector::Incident) -> Option<u64> {
         let new = NewIncident {
             service: inc.service.clone(),
             probes: inc.probes.clone(),
@@ -63,11 +71,11 @@ impl Incidents {
             evidence_json: json(&inc),
             stages_json: json(&inc.stage),
         };
-        let mut record = match self.store.open_incident(&new) {
+        let record = match self.store.open_incident(&new) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(service = %inc.service, error = %e, "incident opened but could not be stored");
-                return;
+                return None;
             }
         };
         tracing::info!(
@@ -78,12 +86,7 @@ impl Incidents {
             stage = %stage(&inc),
             "incident opened"
         );
-        record.capture.message =
-            "in-kernel capture of slow SKBs is not part of this build".to_owned();
-        self.start_pwru(&mut record, &inc, config);
-        if let Err(e) = self.store.update_incident(&record) {
-            tracing::error!(incident = record.id, error = %e, "storing the incident's status failed");
-        }
+        let id = record.id;
         self.open.insert(
             inc.service.clone(),
             Open {
@@ -91,6 +94,30 @@ impl Incidents {
                 detail: inc,
             },
         );
+        Some(id)
+    }
+
+    /// Change an incident's record (open or already closed) and store it.
+    pub(super) fn update(&mut self, id: u64, f: impl FnOnce(&mut storage::Incident)) {
+        let mut loaded;
+        let record = match self.open.values_mut().find(|o| o.record.id == id) {
+            Some(o) => &mut o.record,
+            None => match self.store.incident(id) {
+                Ok(Some(r)) => {
+                    loaded = r;
+                    &mut loaded
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!(incident = id, error = %e, "reading the incident failed");
+                    return;
+                }
+            },
+        };
+        f(record);
+        if let Err(e) = self.store.update_incident(record) {
+            tracing::error!(incident = id, error = %e, "storing the incident's status failed");
+        }
     }
 
     fn updated(&mut self, inc: detector::Incident) {
@@ -158,11 +185,36 @@ impl Incidents {
 
     /// Start the incident's pwru session when the configuration allows one; the outcome
     /// comes back through [`Incidents::pwru_finished`].
-    fn start_pwru(
-        &mut self,
+    pub(super) fn start_pwru(&mut self, service: &str, flows: &[Flow], config: &Config) {
+        let Some(open) = self.open.get_mut(service) else {
+            return;
+        };
+        let (record, inc) = (&mut open.record, &open.detail);
+        Self::request_pwru(
+            record,
+            inc,
+            flows,
+            config,
+            &self.manager,
+            &self.store,
+            &mut self.sessions,
+            &self.pwru_done,
+        );
+        if let Err(e) = self.store.update_incident(record) {
+            tracing::error!(incident = record.id, error = %e, "storing the incident's status failed");
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn request_pwru(
         record: &mut storage::Incident,
         inc: &detector::Incident,
+        flows: &[Flow],
         config: &Config,
+        manager: &SessionManager,
+        store: &Arc<Store>,
+        sessions: &mut JoinSet<()>,
+        pwru_done: &mpsc::Sender<Finished>,
     ) {
         if !config.pwru.enabled() {
             record.pwru.message = "pwru sessions are off ([pwru] enabled = false)".to_owned();
@@ -173,17 +225,25 @@ impl Incidents {
             .services
             .iter()
             .find(|s| s.name == inc.service);
-        let ports = spec.map(|s| s.ports.clone()).unwrap_or_default();
-        // Until in-kernel samples name the flows, the filter is the service's ports alone.
+        let mut ports = spec.map(|s| s.ports.clone()).unwrap_or_default();
+        if ports.is_empty() {
+            // A service known by its cgroup alone: the local ports its slow samples hit.
+            for f in flows {
+                if f.dport != 0 && !ports.contains(&f.dport) && ports.len() < MAX_SAMPLE_PORTS {
+                    ports.push(f.dport);
+                }
+            }
+        }
         let filter = match PcapFilter::from_flows(
             protocol_of(&inc.probes),
             &ports,
-            std::iter::empty(),
+            flows,
             config.pwru.max_peers(),
         ) {
             Ok(f) => f,
             Err(e) => {
-                record.pwru.message = format!("no session: {e} (configure the service's ports)");
+                record.pwru.message =
+                    format!("no session: {e} (no ports configured and no samples captured)");
                 return;
             }
         };
@@ -200,12 +260,12 @@ impl Incidents {
         record.pwru.started_ns = Some(unix_ns(SystemTime::now()));
         record.pwru.message = format!("requested: {}", filter.expression());
         pwru::spawn(
-            &mut self.sessions,
-            self.manager.clone(),
-            self.store.clone(),
+            sessions,
+            manager.clone(),
+            store.clone(),
             record.id,
             request,
-            self.pwru_done.clone(),
+            pwru_done.clone(),
         );
     }
 
@@ -219,30 +279,10 @@ impl Incidents {
             reason = %done.status.reason,
             "pwru session ended"
         );
-        let open = self
-            .open
-            .values_mut()
-            .find(|o| o.record.id == done.incident);
-        let mut stored;
-        let record = match open {
-            Some(o) => &mut o.record,
-            None => match self.store.incident(done.incident) {
-                Ok(Some(r)) => {
-                    stored = r;
-                    &mut stored
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::error!(incident = done.incident, error = %e, "reading the incident for its pwru status failed");
-                    return;
-                }
-            },
-        };
-        record.pwru = status;
-        record.counters.store_errors += done.store_errors;
-        if let Err(e) = self.store.update_incident(record) {
-            tracing::error!(incident = done.incident, error = %e, "storing the pwru status failed");
-        }
+        self.update(done.incident, |record| {
+            record.pwru = status;
+            record.counters.store_errors += done.store_errors;
+        });
     }
 
     /// Shutdown: stop a running session and record its outcome (waiting at most `wait`).

@@ -21,6 +21,7 @@ pub(super) struct Live {
     pub(super) latency: Vec<LatencyRow>,
     pub(super) open_incidents: Vec<OpenIncident>,
     pub(super) kernel_counters: KernelCounters,
+    pub(super) capture: CaptureReport,
     pub(super) intervals: u64,
     pub(super) interval_errors: u64,
     pwru: (Prerequisites, bool, SessionManager),
@@ -55,6 +56,10 @@ impl Live {
             latency: Vec::new(),
             open_incidents: Vec::new(),
             kernel_counters: KernelCounters::default(),
+            capture: CaptureReport {
+                available: false,
+                state: "starting".into(),
+            },
             intervals: 0,
             interval_errors: 0,
             pwru,
@@ -114,12 +119,7 @@ impl Live {
             services: self.services.clone(),
             latency: self.latency.clone(),
             open_incidents: self.open_incidents.clone(),
-            capture: CaptureReport {
-                available: false,
-                state: "in-kernel capture of slow SKBs is not part of this build: incidents \
-                        carry evidence, stage attribution and pwru output, no samples"
-                    .into(),
-            },
+            capture: self.capture.clone(),
             kernel_counters: self.kernel_counters,
             pwru,
             bpf_cost: self.bpf_cost.clone(),

@@ -4,6 +4,7 @@
 //! local API meanwhile, and answers SIGTERM/SIGINT (clean stop) and SIGHUP (reload).
 
 mod incidents;
+mod inkernel;
 mod live;
 mod pwru;
 
@@ -15,22 +16,29 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use bpf::ProbeSet;
 use capture::pwru::{Prerequisites, SessionManager};
-use detector::{Detector, Histogram, Probe};
+use detector::{Detector, Event, Histogram, Probe};
 use sd_notify::NotifyState;
 use storage::Store;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::api::server::{self, AppState};
-use crate::api::{KernelCounters, LatencyRow};
+use crate::api::{CaptureReport, KernelCounters, LatencyRow};
 use crate::config::{self, Config};
 use incidents::Incidents;
 pub(crate) use incidents::{headline, quantile_name};
+use inkernel::Capture;
 use live::Live;
 
 /// How many intervals between two reads of the BPF programs' run-time statistics (the read
 /// walks every BPF program on the host).
 const PROG_STATS_EVERY: u64 = 10;
+/// How many intervals between two updates of the flight recorder's thresholds from the
+/// baselines (each is a map write per service and probe).
+const FLIGHT_UPDATE_EVERY: u64 = 10;
+/// How long start-up waits for another process (a CLI reading the database) to let go of
+/// the database lock.
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for a running pwru session to be reaped after asking it to stop
 /// (on top of its kill grace).
 const PWRU_STOP_SLACK: Duration = Duration::from_secs(5);
@@ -60,6 +68,12 @@ struct Daemon {
     config: Config,
     config_path: Option<PathBuf>,
     probes: ProbeSet,
+    /// In-kernel capture, when it could be set up (else why not).
+    capture: Result<Capture, String>,
+    /// Service slots by name, for arming (slots never change while a probe set lives).
+    slots: HashMap<String, u32>,
+    /// Keys whose flight-recorder threshold is set.
+    flight_set: std::collections::HashSet<(String, Probe)>,
     detector: Detector,
     store: Arc<Store>,
     live: Arc<Mutex<Live>>,
@@ -84,14 +98,14 @@ impl Daemon {
         started: SystemTime,
     ) -> anyhow::Result<Daemon> {
         tracing::info!(config = %config.origin, db = %config.daemon.db.display(), "starting");
-        let store = Store::open(&config.daemon.db, config.storage.clone())
-            .with_context(|| format!("opening the database {}", config.daemon.db.display()))?;
+        let store = open_store(&config).await?;
         let report = store.open_report();
         if let Some(aside) = &report.moved_aside {
             tracing::warn!(moved_to = %aside.display(), "the database was damaged: moved aside, started a fresh one");
         }
         let store = Arc::new(store);
-        let probes = load_probes(&config.probes)?;
+        let mut probes = load_probes(&config.probes)?;
+        let capture = start_capture(&mut probes, &config);
         let mut detector = Detector::new(config.detector.clone());
         let mut restored = 0usize;
         for (service, probe, bytes) in store.baselines().context("reading saved baselines")? {
@@ -132,6 +146,9 @@ impl Daemon {
             config,
             config_path,
             probes,
+            capture,
+            slots: HashMap::new(),
+            flight_set: Default::default(),
             detector,
             store,
             live,
@@ -192,6 +209,7 @@ impl Daemon {
                 self.config.pwru.limits().kill_grace() + PWRU_STOP_SLACK,
             )
             .await;
+        self.disarm_all("the daemon is stopping");
         self.incidents.interrupt_open(unix_ns(SystemTime::now()));
         self.save_baselines();
         if let Err(e) = self.store.flush() {
@@ -264,9 +282,35 @@ impl Daemon {
                 }
             })
             .collect();
+        let drained = match &mut self.capture {
+            Ok(c) => Some(c.drain(&self.config.capture)),
+            Err(_) => None,
+        };
         for event in events {
-            self.incidents.handle(event, &self.config);
+            match event {
+                Event::Opened(inc) => self.opened(inc),
+                Event::Closed(inc) => {
+                    let id = self
+                        .incidents
+                        .open_summaries()
+                        .into_iter()
+                        .find(|o| o.service == inc.service)
+                        .map(|o| o.id);
+                    if let Some(slot) = id.and_then(|id| self.capture.as_ref().ok()?.slot_of(id)) {
+                        self.finish_capture(slot, "the incident closed");
+                    }
+                    self.incidents.handle(Event::Closed(inc));
+                }
+                other => self.incidents.handle(other),
+            }
         }
+        if let Some(d) = drained {
+            self.store_samples(&d.samples, false);
+            for (slot, why) in d.over {
+                self.finish_capture(slot, &why);
+            }
+        }
+        self.update_flight_thresholds(&rows, self.intervals % FLIGHT_UPDATE_EVERY == 0);
         let prog_stats = (self.intervals % PROG_STATS_EVERY == 1).then(|| self.probes.prog_stats());
         {
             let mut live = lock(&self.live);
@@ -274,6 +318,7 @@ impl Daemon {
             live.latency = latency;
             live.kernel_counters = KernelCounters::from(snapshot.counters);
             live.open_incidents = self.incidents.open_summaries();
+            live.capture = capture_report(&self.capture);
             if let Some(stats) = prog_stats {
                 live.set_prog_stats(stats);
             }
@@ -284,6 +329,170 @@ impl Daemon {
         if self.last_retention.elapsed() >= self.config.daemon.retention_every {
             self.last_retention = Instant::now();
             self.enforce_retention();
+        }
+    }
+
+    /// An incident opened: store it, arm capture for its hot probes, store the flight
+    /// recorder's samples as pre-trigger, and start pwru on the flows they show.
+    fn opened(&mut self, inc: detector::Incident) {
+        let Some(id) = self.incidents.opened(inc.clone()) else {
+            return;
+        };
+        let mut pre = Vec::new();
+        let status = match self.arm(id, &inc) {
+            Ok((samples, thresholds)) => {
+                pre = samples;
+                tracing::info!(incident = id, service = %inc.service, thresholds = %thresholds, pre_trigger = pre.len(), "capture armed");
+                storage::CaptureStatus {
+                    state: storage::CaptureState::Armed,
+                    message: format!("armed at {thresholds}"),
+                    ..Default::default()
+                }
+            }
+            Err(why) => {
+                tracing::warn!(incident = id, service = %inc.service, reason = %why, "capture not armed");
+                storage::CaptureStatus {
+                    state: storage::CaptureState::NotArmed,
+                    message: why,
+                    ..Default::default()
+                }
+            }
+        };
+        self.incidents.update(id, |r| r.capture = status);
+        self.store_samples(&pre, true);
+        let flows: Vec<capture::sample::Flow> = pre.iter().map(|s| s.flow).collect();
+        self.incidents
+            .start_pwru(&inc.service, &flows, &self.config);
+    }
+
+    /// Arm the incident's hot probes; the pre-trigger samples and the thresholds as text.
+    fn arm(
+        &mut self,
+        id: u64,
+        inc: &detector::Incident,
+    ) -> Result<(Vec<capture::sample::Sample>, String), String> {
+        let cfg = &self.config.capture;
+        let Ok(capture) = &mut self.capture else {
+            return Err(match &self.capture {
+                Err(why) => why.clone(),
+                Ok(_) => String::new(),
+            });
+        };
+        let slot = service_slot(&mut self.probes, &mut self.slots, &inc.service)
+            .ok_or_else(|| format!("service {:?} has no slot in the probes", inc.service))?;
+        let thresholds: Vec<(Probe, u64)> = inc
+            .probes
+            .iter()
+            .filter_map(|&p| {
+                Capture::threshold_ns(cfg.threshold, &self.detector, &inc.service, p)
+                    .map(|ns| (p, ns))
+            })
+            .collect();
+        if thresholds.is_empty() {
+            return Err(format!(
+                "no threshold: the hot probes' baselines give no {}",
+                cfg.threshold
+            ));
+        }
+        let text = thresholds
+            .iter()
+            .map(|(p, ns)| format!("{p} ≥ {}", crate::output::fmt_ns(*ns as f64)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let pre = capture
+            .arm(&mut self.probes, slot, id, &inc.service, &thresholds)
+            .map_err(|e| format!("arming failed: {e}"))?;
+        Ok((pre, text))
+    }
+
+    /// Disarm a slot and record why with its incident.
+    fn finish_capture(&mut self, slot: u32, why: &str) {
+        let Ok(capture) = &mut self.capture else {
+            return;
+        };
+        match capture.disarm(&mut self.probes, slot) {
+            Ok(Some((armed, delta))) => {
+                tracing::info!(incident = armed.incident, service = %armed.service, samples = armed.samples, reason = why, "capture disarmed");
+                self.incidents.update(armed.incident, |r| {
+                    r.capture.state = storage::CaptureState::Disarmed;
+                    r.capture.emitted = delta.emitted;
+                    r.capture.dropped = delta.ring_full;
+                    r.capture.rate_limited = delta.rate_limited;
+                    r.capture.message = format!("disarmed: {why}");
+                });
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(slot, error = %e, "disarming capture failed"),
+        }
+    }
+
+    fn disarm_all(&mut self, why: &str) {
+        let slots: Vec<u32> = match &self.capture {
+            Ok(c) => c.armed().map(|(s, _)| *s).collect(),
+            Err(_) => Vec::new(),
+        };
+        for slot in slots {
+            self.finish_capture(slot, why);
+        }
+    }
+
+    /// Store samples and count them with their incidents.
+    fn store_samples(&mut self, samples: &[capture::sample::Sample], pre_trigger: bool) {
+        if samples.is_empty() {
+            return;
+        }
+        let mut per: HashMap<u64, u64> = HashMap::new();
+        for s in samples {
+            *per.entry(s.incident).or_default() += 1;
+        }
+        let result = self.store.put_samples(samples);
+        if let Err(e) = &result {
+            tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
+        }
+        for (id, n) in per {
+            let ok = result.is_ok();
+            self.incidents.update(id, |r| {
+                if ok {
+                    r.capture.stored += n;
+                    if pre_trigger {
+                        r.capture.pre_trigger += n;
+                    }
+                } else {
+                    r.counters.store_errors += n;
+                }
+            });
+        }
+    }
+
+    /// The flight recorder follows each service's baseline at every probe seen: a key gets
+    /// its threshold as soon as its baseline is warm, and all are refreshed when `refresh`.
+    fn update_flight_thresholds(&mut self, rows: &[(String, Probe, Histogram)], refresh: bool) {
+        let Ok(capture) = &mut self.capture else {
+            return;
+        };
+        for (service, probe, _) in rows {
+            let key = (service.clone(), *probe);
+            if !refresh && self.flight_set.contains(&key) {
+                continue;
+            }
+            let Some(slot) = service_slot(&mut self.probes, &mut self.slots, service) else {
+                continue;
+            };
+            if let Some(ns) = Capture::threshold_ns(
+                self.config.capture.flight_threshold,
+                &self.detector,
+                service,
+                *probe,
+            ) {
+                match capture.set_flight(&mut self.probes, slot, &[(*probe, ns)]) {
+                    Ok(()) => {
+                        self.flight_set.insert(key);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%service, %probe, error = %e, "flight recorder threshold not set")
+                    }
+                }
+            }
         }
     }
 
@@ -341,7 +550,11 @@ impl Daemon {
         };
         if new.probes != self.config.probes {
             match load_probes(&new.probes) {
-                Ok(probes) => {
+                Ok(mut probes) => {
+                    self.disarm_all("the probes were reloaded");
+                    self.capture = start_capture(&mut probes, &new);
+                    self.slots.clear();
+                    self.flight_set.clear();
                     self.probes = probes;
                     // Counts restart from zero in the new maps.
                     self.prev.clear();
@@ -380,6 +593,81 @@ impl Daemon {
             services = self.config.probes.services.len(),
             "reloaded services and detector settings; baselines kept"
         );
+    }
+}
+
+/// Open the database; a CLI reading it directly holds the lock for a moment, so a locked
+/// database is retried for a while before giving up.
+async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    let deadline = Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        match Store::open(&config.daemon.db, config.storage.clone()) {
+            Err(storage::StoreError::Locked { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => {
+                return r.with_context(|| {
+                    format!("opening the database {}", config.daemon.db.display())
+                })
+            }
+        }
+    }
+}
+
+fn start_capture(probes: &mut ProbeSet, config: &Config) -> Result<Capture, String> {
+    if !config.capture.enabled {
+        return Err("in-kernel capture is off ([capture] enabled = false)".into());
+    }
+    Capture::start(probes, &config.capture).map_err(|e| {
+        tracing::warn!(error = %e, "in-kernel capture unavailable");
+        format!("in-kernel capture unavailable: {e}")
+    })
+}
+
+/// A service's slot, remembered once found.
+fn service_slot(
+    probes: &mut ProbeSet,
+    slots: &mut HashMap<String, u32>,
+    service: &str,
+) -> Option<u32> {
+    if let Some(&s) = slots.get(service) {
+        return Some(s);
+    }
+    let slot = probes.service_slot(service).ok().flatten()?;
+    slots.insert(service.to_owned(), slot);
+    Some(slot)
+}
+
+fn capture_report(capture: &Result<Capture, String>) -> CaptureReport {
+    match capture {
+        Ok(c) => {
+            let armed: Vec<String> = c
+                .armed()
+                .map(|(_, a)| {
+                    format!(
+                        "{} (incident {}, {} samples)",
+                        a.service, a.incident, a.samples
+                    )
+                })
+                .collect();
+            CaptureReport {
+                available: true,
+                state: format!(
+                    "{}; flight recorder holds {} samples; {} records lost in user space",
+                    if armed.is_empty() {
+                        "disarmed".to_owned()
+                    } else {
+                        format!("armed for {}", armed.join(", "))
+                    },
+                    c.flight_len(),
+                    c.overflow()
+                ),
+            }
+        }
+        Err(why) => CaptureReport {
+            available: false,
+            state: why.clone(),
+        },
     }
 }
 
