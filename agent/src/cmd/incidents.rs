@@ -236,13 +236,19 @@ fn print_show(view: &IncidentView) {
     let c = &i.capture;
     let mut t = table(["item", "value"]);
     t.add_row(["state".to_owned(), capture_state(c.state).to_owned()]);
-    t.add_row([
-        "records".to_owned(),
+    let records = if c.state == CaptureState::Armed {
+        // The kernel's counts for the armed period are taken when capture is disarmed.
+        format!(
+            "{} stored so far ({} pre-trigger); kernel counts follow at disarm",
+            c.stored, c.pre_trigger
+        )
+    } else {
         format!(
             "{} emitted, {} dropped (ring full), {} rate-limited, {} stored ({} pre-trigger)",
             c.emitted, c.dropped, c.rate_limited, c.stored, c.pre_trigger
-        ),
-    ]);
+        )
+    };
+    t.add_row(["records".to_owned(), records]);
     if !c.message.is_empty() {
         t.add_row(["note".to_owned(), c.message.clone()]);
     }
