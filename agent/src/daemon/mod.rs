@@ -56,11 +56,31 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     // The probe set is not Send: the interval loop runs on this thread, the API and pwru
     // sessions on the workers.
     runtime.block_on(async {
+        // Before anything slow: a signal during start-up must not kill the process
+        // unhandled; it is acted on once the loop runs.
+        let signals = Signals::install()?;
         Daemon::start(config, config_path, started)
             .await?
-            .run()
+            .run(signals)
             .await
     })
+}
+
+/// The signals the daemon answers.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
+        })
+    }
 }
 
 /// Everything the interval loop owns.
@@ -160,7 +180,7 @@ impl Daemon {
         })
     }
 
-    async fn run(mut self) -> anyhow::Result<()> {
+    async fn run(mut self, mut signals: Signals) -> anyhow::Result<()> {
         let socket = server::bind(&self.config.api.socket).await?;
         let state = Arc::new(AppState {
             store: self.store.clone(),
@@ -173,9 +193,6 @@ impl Daemon {
         let api = tokio::spawn(server::serve(socket, state));
         tracing::info!(socket = %self.config.api.socket.display(), "API listening");
 
-        let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-        let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-        let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
         let mut ticker = tokio::time::interval(self.config.daemon.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await; // the first tick is immediate
@@ -192,13 +209,13 @@ impl Daemon {
                     notify(&[NotifyState::Watchdog]);
                 }
                 Some(done) = self.pwru_done.recv() => self.incidents.pwru_finished(done),
-                _ = sighup.recv() => {
+                _ = signals.hup.recv() => {
                     notify(&[NotifyState::Reloading]);
                     self.reload();
                     notify(&[NotifyState::Ready]);
                 }
-                _ = sigterm.recv() => break "SIGTERM",
-                _ = sigint.recv() => break "SIGINT",
+                _ = signals.term.recv() => break "SIGTERM",
+                _ = signals.int.recv() => break "SIGINT",
             }
         };
         tracing::info!(signal = why, "stopping");
