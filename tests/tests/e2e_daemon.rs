@@ -3,6 +3,8 @@
 //! stand-in, and the retrieval CLI through the API and through the database.
 //!
 //! Needs root and the `tailtrap` binary of the same build (`cargo build -p tailtrap`).
+// Test code: a failed step should panic with its context.
+#![allow(clippy::unwrap_used)]
 
 use std::io::Read;
 use std::net::SocketAddr;
