@@ -159,8 +159,8 @@ impl CaptureControl {
         slot: u32,
         thresholds: &[(Probe, u64)],
     ) -> Result<(), CaptureError> {
+        check_slot(slot)?;
         for &(probe, ns) in thresholds {
-            check_slot(slot)?;
             if ns == 0 {
                 return Err(CaptureError::Config(format!(
                     "threshold of {probe} must be above 0 ns"
@@ -207,8 +207,8 @@ impl CaptureControl {
         slot: u32,
         thresholds: &[(Probe, u64)],
     ) -> Result<(), CaptureError> {
+        check_slot(slot)?;
         for &(probe, ns) in thresholds {
-            check_slot(slot)?;
             if ns == 0 {
                 self.flight.remove(&(slot, probe));
             } else {
