@@ -148,9 +148,12 @@ exec 8>&-
 # ---- per-run directory: fifos and logs on the host, share/ seen by the guest
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/tailtrap-vmrun.XXXXXX") || die "mktemp failed"
 SHARE=$RUN/share; mkdir "$SHARE"
-readers=()
+readers=(); qpid=""
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
+    # timeout runs qemu in a process group of its own, out of reach of signals to ours:
+    # stop it here (timeout passes the signal on to qemu) when this script is interrupted.
+    [ -n "$qpid" ] && kill "$qpid" 2>/dev/null
     for p in "${readers[@]}"; do kill "$p" 2>/dev/null; done
     if [ "${VM_KEEP:-0}" = 1 ]; then echo "$PROG: run directory kept: $RUN" >&2; else rm -rf "$RUN"; fi
 }
@@ -198,7 +201,7 @@ timeout -k 10 "$TMO" "$QEMU" -accel tcg,thread=multi -cpu "${VM_CPU:-max}" -m "$
 qpid=$!
 # Waiting on a background qemu (instead of running it in the foreground) lets INT/TERM stop
 # the VM at once through the trap above.
-wait $qpid; qrc=$?
+wait $qpid; qrc=$?; qpid=""
 # The readers end at EOF once qemu is gone; one whose fifo qemu never opened is killed.
 for _ in $(seq 10); do
     alive=0; for p in "${readers[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
