@@ -14,7 +14,6 @@
 #![deny(missing_docs)]
 
 mod check;
-mod chunk;
 mod codec;
 mod config;
 mod error;

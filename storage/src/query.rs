@@ -3,14 +3,12 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::ops::Bound;
 use std::str::FromStr;
 
 use capture::sample::{Flow, Sample, SampleFlags, Transport};
 use detector::Probe;
 use serde::{Deserialize, Serialize};
 
-use crate::chunk;
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::model::{Incident, IncidentState, PwruRecord};
@@ -132,8 +130,7 @@ impl SampleFilter {
     }
 }
 
-/// Paging position within an incident's samples (the last sample returned). The sequence
-/// number names the stored chunk and the sample's index in it.
+/// Paging position within an incident's samples (the last sample returned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleCursor {
     /// Its time.
@@ -142,8 +139,7 @@ pub struct SampleCursor {
     pub seq: u64,
 }
 
-/// One page of samples: in time order within a stored batch; batches follow each other
-/// by their first sample's time (batches overlapping in time do not interleave).
+/// One page of samples, in time order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplePage {
     /// The samples.
@@ -343,8 +339,7 @@ impl Store {
         })
     }
 
-    /// Samples of an incident matching `filter`, one page after `after`. Time order within
-    /// each stored batch, batches by their first sample's time (see [`SamplePage`]).
+    /// Samples of an incident matching `filter`, in time order, one page after `after`.
     pub fn samples(
         &self,
         incident: u64,
@@ -390,8 +385,7 @@ impl Store {
         Ok(SampleSummary::of(&all))
     }
 
-    /// Visit matching samples in stored order (chunks by their first sample's time, each
-    /// chunk in time order) until `f` returns false. `f` gets each sample's sequence number.
+    /// Visit matching samples in key order until `f` returns false.
     fn for_each_sample(
         &self,
         incident: u64,
@@ -399,58 +393,23 @@ impl Store {
         after: Option<SampleCursor>,
         mut f: impl FnMut(u64, Sample) -> bool,
     ) -> Result<()> {
-        let first = keys::sample(incident, 0, 0).to_vec();
-        // A chunk starting after `until` holds nothing wanted; one starting before `since`
-        // may still hold later samples, so the start is the incident's first chunk.
-        let last = keys::sample(incident, filter.until_ns.unwrap_or(u64::MAX), u64::MAX).to_vec();
-        let tree = self.engine().tree(T::Samples).clone();
-        // Resume inside the cursor's chunk, found from its sequence number: it starts at or
-        // before the cursor's time, normally just before it.
-        let mut resume: Option<(u64, u64)> = None;
         let start = match after {
-            None => Bound::Included(first.clone()),
-            Some(c) => {
-                let chunk_seq = chunk::chunk_start(c.seq);
-                let at_cursor = keys::sample(incident, c.time_ns, u64::MAX).to_vec();
-                let mut found = None;
-                for item in tree.range(first.clone()..=at_cursor.clone()).rev() {
-                    let (k, _) = item?;
-                    if keys::u64_at(&k, 16) == Some(chunk_seq) {
-                        found = Some(k.to_vec());
-                        break;
-                    }
-                }
-                match found {
-                    Some(k) => {
-                        resume = Some((chunk_seq, chunk::index_in_chunk(c.seq)));
-                        Bound::Included(k)
-                    }
-                    // The chunk is gone (retention): carry on after the cursor's time.
-                    None => Bound::Excluded(at_cursor),
-                }
-            }
+            // Just past the cursor's key.
+            Some(c) => keys::sample(incident, c.time_ns, c.seq.saturating_add(1)),
+            None => keys::sample(incident, filter.since_ns.unwrap_or(0), 0),
         };
-        for item in tree.range((start, Bound::Included(last))) {
+        let end = keys::sample(incident, filter.until_ns.unwrap_or(u64::MAX), u64::MAX);
+        let tree = self.engine().tree(T::Samples).clone();
+        for item in tree.range(start..=end) {
             let (k, v) = item?;
-            let chunk_seq = keys::u64_at(&k, 16).unwrap_or(0);
-            let Some(samples) = self.decode_chunk_counted(&k, &v) else {
+            let Some(s) = self.decode_counted::<Sample>(T::Samples, &k, &v) else {
                 continue;
             };
-            // Samples up to the cursor's index were on earlier pages.
-            let skip = match resume.take() {
-                Some((seq, index)) if seq == chunk_seq => index + 1,
-                _ => 0,
-            };
-            for (index, s) in (0u64..).zip(samples).skip(skip as usize) {
-                if filter.since_ns.is_some_and(|t| s.time_ns < t)
-                    || filter.until_ns.is_some_and(|t| s.time_ns > t)
-                    || !filter.matches(&s)
-                {
-                    continue;
-                }
-                if !f(chunk_seq + index, s) {
-                    return Ok(());
-                }
+            if filter.since_ns.is_some_and(|t| s.time_ns < t) || !filter.matches(&s) {
+                continue;
+            }
+            if !f(keys::u64_at(&k, 16).unwrap_or(0), s) {
+                break;
             }
         }
         Ok(())
@@ -497,9 +456,6 @@ impl Store {
             samples.push(s);
             true
         })?;
-        // Batches overlapping in time are stored one after the other; the bundle is in
-        // time order (stable: equal times keep their stored order).
-        samples.sort_by_key(|s| s.time_ns);
         let mut pwru = Vec::new();
         let mut after = None;
         loop {

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::chunk;
 use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::keys;
@@ -156,19 +155,14 @@ impl Store {
         Ok(())
     }
 
-    /// Delete every key starting with `prefix`; returns how many records, or for the
-    /// samples tree how many samples, went.
+    /// Delete every key starting with `prefix`; returns how many.
     fn delete_prefix(&self, t: T, prefix: &[u8], rep: &mut RetentionReport) -> Result<u64> {
         let tree = self.engine().tree(t).clone();
         let mut n = 0;
         for item in tree.scan_prefix(prefix) {
-            let (k, v) = item?;
+            let (k, _) = item?;
             rep.bytes_freed += self.remove(t, &k)?;
-            n += if t == T::Samples {
-                chunk::sample_count(&v)
-            } else {
-                1
-            };
+            n += 1;
         }
         Ok(n)
     }

@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime};
 use capture::sample::Sample;
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::chunk;
 use crate::codec;
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
@@ -22,18 +21,18 @@ use crate::lock;
 use crate::model::{Incident, IncidentState, NewIncident, PwruRecord};
 
 /// Layout version of the database (trees, keys, record types).
-/// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens, its
-/// one-sample records are counted as undecodable.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_SAMPLE_BYTES: usize = 1024;
 pub(crate) const MAX_PWRU_BYTES: usize = 64 << 10;
 pub(crate) const MAX_HISTORY_BYTES: usize = 16 << 10;
 pub(crate) const MAX_BASELINE_BYTES: usize = 1 << 20;
-/// Most samples in one batch (a sample's index in its batch must fit the low bits of its
-/// sequence number).
-pub const MAX_SAMPLE_BATCH: usize = 1 << chunk::BATCH_INDEX_BITS;
+/// Bits of a sample's sequence number holding its index within its batch.
+const SAMPLE_INDEX_BITS: u32 = 20;
+/// Most samples in one batch (the index must fit its bits).
+pub const MAX_SAMPLE_BATCH: usize = 1 << SAMPLE_INDEX_BITS;
 
 /// The fixed set of trees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,11 +377,15 @@ impl Store {
 
     /// Store a batch of samples (at most [`MAX_SAMPLE_BATCH`]) atomically. Durable within
     /// `flush_every` (or at [`Store::flush`]). Every sample's incident must exist.
-    ///
-    /// The batch is stored as chunk records of up to 256 samples of one incident each, in
-    /// time order within the batch.
     pub fn put_samples(&self, samples: &[Sample]) -> Result<()> {
         self.writable()?;
+        self.require_incidents(samples.iter().map(|s| s.incident))?;
+        let mut batch = sled::Batch::default();
+        let mut bytes = 0u64;
+        let eng = self.engine();
+        // One id per batch, the sample's index in the low bits: unique, and cheaper than an
+        // id per sample.
+        let batch_id = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
         if samples.len() > MAX_SAMPLE_BATCH {
             return self.counted(Err(StoreError::TooLarge {
                 kind: "sample batch",
@@ -390,20 +393,12 @@ impl Store {
                 max: MAX_SAMPLE_BATCH,
             }));
         }
-        self.require_incidents(samples.iter().map(|s| s.incident))?;
-        let eng = self.engine();
-        // One id per batch, the chunk number and index in the low bits: unique, and
-        // cheaper than an id per sample or per chunk.
-        let batch_id = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
-        let chunks = chunk::encode_batch(batch_id, samples);
-        if matches!(chunks, Err(StoreError::TooLarge { .. })) {
-            self.counters.oversized.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut batch = sled::Batch::default();
-        let mut bytes = 0u64;
-        for c in self.counted(chunks)? {
-            bytes += (c.key.len() + c.value.len()) as u64;
-            batch.insert(&c.key[..], c.value);
+        for (index, s) in samples.iter().enumerate() {
+            let value = self.encode("sample", s, MAX_SAMPLE_BYTES)?;
+            let seq = (batch_id << SAMPLE_INDEX_BITS) | index as u64;
+            let key = keys::sample(s.incident, s.time_ns, seq);
+            bytes += (key.len() + value.len()) as u64;
+            batch.insert(&key[..], value);
         }
         let r = eng.tree(T::Samples).apply_batch(batch);
         self.counted(r.map_err(StoreError::from))?;
@@ -523,21 +518,7 @@ impl Store {
         key: &[u8],
         value: &[u8],
     ) -> Option<V> {
-        self.skip_undecodable(t, key, codec::decode(value))
-    }
-
-    /// Decode a sample chunk record; a bad one is logged, counted and skipped.
-    pub(crate) fn decode_chunk_counted(&self, key: &[u8], value: &[u8]) -> Option<Vec<Sample>> {
-        self.skip_undecodable(T::Samples, key, chunk::decode(value))
-    }
-
-    fn skip_undecodable<V>(
-        &self,
-        t: T,
-        key: &[u8],
-        decoded: std::result::Result<V, codec::DecodeError>,
-    ) -> Option<V> {
-        match decoded {
+        match codec::decode(value) {
             Ok(v) => Some(v),
             Err(e) => {
                 self.counters.undecodable.fetch_add(1, Ordering::Relaxed);
@@ -630,25 +611,14 @@ impl Store {
         self.put(T::Meta, key, value)
     }
 
-    /// Refuse a database from a newer build; when writing, record this build's version so
-    /// an older build refuses the records it could not read.
-    fn check_schema(&self, writable: bool) -> Result<()> {
+    fn check_schema(&self, write_if_missing: bool) -> Result<()> {
         match self.meta_get::<u32>(META_SCHEMA)? {
             Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(v) if v < SCHEMA_VERSION && writable => {
-                tracing::warn!(
-                    from = v,
-                    to = SCHEMA_VERSION,
-                    "database schema upgraded: samples stored before are no longer read and \
-                     count as undecodable records; the rest is kept"
-                );
-                self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
-            }
             Some(_) => Ok(()),
-            None if writable => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
+            None if write_if_missing => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
             None => Ok(()),
         }
     }
