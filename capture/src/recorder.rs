@@ -7,18 +7,19 @@ use std::time::{Duration, Instant};
 
 use crate::sample::{Sample, SampleFlags};
 
-/// The last `window` of flight-recorder samples, all services together, in arrival order.
+/// The last `window` of flight-recorder samples, all services together, in arrival order;
+/// `K` names the service (its name, or the daemon's service slot).
 #[derive(Debug)]
-pub struct FlightRecorder {
+pub struct FlightRecorder<K> {
     window_ns: u64,
     capacity: usize,
-    samples: VecDeque<(String, Sample)>,
+    samples: VecDeque<(K, Sample)>,
 }
 
-impl FlightRecorder {
+impl<K: PartialEq> FlightRecorder<K> {
     /// Keep samples for `window`, at most `capacity` of them (the oldest go first). With the
     /// kernel's flight rate limit `r`/s, `capacity = r x window` never drops in-window samples.
-    pub fn new(window: Duration, capacity: usize) -> FlightRecorder {
+    pub fn new(window: Duration, capacity: usize) -> FlightRecorder<K> {
         FlightRecorder {
             window_ns: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
             capacity,
@@ -27,7 +28,7 @@ impl FlightRecorder {
     }
 
     /// Add a sample of `service`; samples older than the window before it are dropped.
-    pub fn push(&mut self, service: &str, sample: Sample) {
+    pub fn push(&mut self, service: K, sample: Sample) {
         if self.capacity == 0 {
             return;
         }
@@ -35,7 +36,7 @@ impl FlightRecorder {
         if self.samples.len() == self.capacity {
             self.samples.pop_front();
         }
-        self.samples.push_back((service.to_owned(), sample));
+        self.samples.push_back((service, sample));
         self.expire(now_ns);
     }
 
@@ -53,7 +54,7 @@ impl FlightRecorder {
 
     /// The window's samples of `service`, removed from the recorder, assigned to `incident`
     /// and marked pre-trigger; oldest first. `now_ns` bounds the window.
-    pub fn take(&mut self, service: &str, incident: u64, now_ns: u64) -> Vec<Sample> {
+    pub fn take(&mut self, service: &K, incident: u64, now_ns: u64) -> Vec<Sample> {
         self.expire(now_ns);
         let mut taken = Vec::new();
         self.samples.retain(|(svc, s)| {
@@ -215,7 +216,7 @@ mod tests {
             fr.push(svc, sample(1_000 * S + t * S, 80));
         }
         let now = 1_000 * S + 299 * S;
-        let taken = fr.take("web", 42, now);
+        let taken = fr.take(&"web", 42, now);
         // Even seconds in [179, 299]: 180..=298.
         assert_eq!(taken.len(), 60);
         assert!(taken.iter().all(|s| s.time_ns >= now - 120 * S));
@@ -225,7 +226,7 @@ mod tests {
             .all(|s| s.incident == 42 && s.flags.contains(SampleFlags::PRE_TRIGGER)));
         // The other service's samples stay; the taken ones are gone.
         assert_eq!(fr.len(), 61);
-        assert!(fr.take("web", 43, now).is_empty());
+        assert!(fr.take(&"web", 43, now).is_empty());
     }
 
     #[test]
@@ -234,7 +235,11 @@ mod tests {
         for t in 0..5u64 {
             fr.push("web", sample(t * S, 80));
         }
-        let times: Vec<u64> = fr.take("web", 1, 5 * S).iter().map(|s| s.time_ns).collect();
+        let times: Vec<u64> = fr
+            .take(&"web", 1, 5 * S)
+            .iter()
+            .map(|s| s.time_ns)
+            .collect();
         assert_eq!(times, vec![2 * S, 3 * S, 4 * S]);
         assert!(fr.is_empty());
     }

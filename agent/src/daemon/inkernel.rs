@@ -2,11 +2,12 @@
 //! opens, keep the flight recorder's last samples for the pre-trigger part, hand armed
 //! samples to the store, disarm on close or at the time and sample caps.
 
-use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant, SystemTime};
+use std::collections::HashMap;
+use std::time::{Instant, SystemTime};
 
 use bpf::{CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader, ProbeSet};
-use capture::sample::{Sample, SampleFlags};
+use capture::recorder::{FlightRecorder, IncidentCapture, IncidentLimits, StopReason};
+use capture::sample::Sample;
 use detector::{Detector, Probe};
 
 use super::unix_ns;
@@ -16,21 +17,20 @@ use crate::config::{CaptureConfig, Threshold};
 pub(super) struct Capture {
     control: CaptureControl,
     reader: CaptureReader,
-    /// Flight-recorder records of the last `flight_window`, oldest first.
-    flight: VecDeque<(u32, Sample)>,
+    /// Flight-recorder records of the last `flight_window`, by service slot.
+    flight: FlightRecorder<u32>,
+    /// Per-incident caps of armed capture.
+    incident_limits: IncidentLimits,
     /// Armed service slots.
     armed: HashMap<u32, Armed>,
 }
 
 /// One armed service.
 pub(super) struct Armed {
-    /// Its incident.
-    pub(super) incident: u64,
+    /// Its incident, the samples handed over so far and the caps.
+    pub(super) capture: IncidentCapture,
     /// Its service.
     pub(super) service: String,
-    since: Instant,
-    /// Armed samples handed over so far.
-    pub(super) samples: u64,
     counters_at_arm: CaptureCounters,
 }
 
@@ -52,10 +52,21 @@ impl Capture {
         };
         let control = CaptureControl::new(set, &limits)?;
         let reader = CaptureReader::start(set)?;
+        // The kernel's flight rate limit is for all services together: this many records
+        // cover the window (plus one second's burst), so the capacity drops none in it.
+        let capacity = u64::from(cfg.flight_rate)
+            .saturating_mul(cfg.flight_window.as_secs().saturating_add(1));
         Ok(Capture {
             control,
             reader,
-            flight: VecDeque::new(),
+            flight: FlightRecorder::new(
+                cfg.flight_window,
+                usize::try_from(capacity).unwrap_or(usize::MAX),
+            ),
+            incident_limits: IncidentLimits {
+                max_time: cfg.max_time,
+                max_samples: cfg.max_samples,
+            },
             armed: HashMap::new(),
         })
     }
@@ -93,39 +104,30 @@ impl Capture {
         let mut samples = Vec::new();
         while let Ok(r) = self.reader.records().try_recv() {
             if r.flight {
-                self.flight.push_back((r.service_slot, r.sample));
+                self.flight.push(r.service_slot, r.sample);
             } else if let Some(a) = self.armed.get_mut(&r.service_slot) {
-                if a.samples < cfg.max_samples {
-                    let mut s = r.sample;
-                    s.incident = a.incident;
-                    a.samples += 1;
-                    samples.push(s);
-                }
+                samples.extend(a.capture.accept(r.sample));
             }
         }
-        let oldest = unix_ns(SystemTime::now()).saturating_sub(nanos(cfg.flight_window));
-        while self.flight.front().is_some_and(|(_, s)| s.time_ns < oldest) {
-            self.flight.pop_front();
-        }
+        self.flight.expire(unix_ns(SystemTime::now()));
+        let now = Instant::now();
         let mut over = Vec::new();
         for (&slot, a) in &self.armed {
-            if a.samples >= cfg.max_samples {
-                over.push((slot, format!("sample cap {} reached", cfg.max_samples)));
-            } else if a.since.elapsed() >= cfg.max_time {
-                over.push((
-                    slot,
-                    format!(
-                        "capture time cap {} reached",
-                        humantime::format_duration(cfg.max_time)
-                    ),
-                ));
-            }
+            let why = match a.capture.stop_reason(now) {
+                None => continue,
+                Some(StopReason::MaxSamples) => format!("sample cap {} reached", cfg.max_samples),
+                Some(StopReason::MaxTime) => format!(
+                    "capture time cap {} reached",
+                    humantime::format_duration(cfg.max_time)
+                ),
+            };
+            over.push((slot, why));
         }
         Drained { samples, over }
     }
 
     /// Arm `slot` for `incident` at `thresholds`; returns the flight recorder's samples of
-    /// that slot, marked pre-trigger and given to the incident.
+    /// that slot, taken out of it, marked pre-trigger and given to the incident.
     pub(super) fn arm(
         &mut self,
         set: &mut ProbeSet,
@@ -139,24 +141,14 @@ impl Capture {
         self.armed.insert(
             slot,
             Armed {
-                incident,
+                capture: IncidentCapture::new(incident, Instant::now(), self.incident_limits),
                 service: service.to_owned(),
-                since: Instant::now(),
-                samples: 0,
                 counters_at_arm,
             },
         );
         Ok(self
             .flight
-            .iter()
-            .filter(|(s, _)| *s == slot)
-            .map(|(_, sample)| {
-                let mut s = sample.clone();
-                s.incident = incident;
-                s.flags.insert(SampleFlags::PRE_TRIGGER);
-                s
-            })
-            .collect())
+            .take(&slot, incident, unix_ns(SystemTime::now())))
     }
 
     /// Disarm `slot`; returns what was armed and the kernel counters' growth meanwhile.
@@ -193,7 +185,7 @@ impl Capture {
     pub(super) fn slot_of(&self, incident: u64) -> Option<u32> {
         self.armed
             .iter()
-            .find(|(_, a)| a.incident == incident)
+            .find(|(_, a)| a.capture.incident() == incident)
             .map(|(s, _)| *s)
     }
 
@@ -206,8 +198,4 @@ impl Capture {
     pub(super) fn flight_len(&self) -> usize {
         self.flight.len()
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }

@@ -429,8 +429,9 @@ impl Daemon {
         };
         match capture.disarm(&mut self.probes, slot) {
             Ok(Some((armed, delta))) => {
-                tracing::info!(incident = armed.incident, service = %armed.service, samples = armed.samples, reason = why, "capture disarmed");
-                self.incidents.update(armed.incident, |r| {
+                let incident = armed.capture.incident();
+                tracing::info!(incident, service = %armed.service, samples = armed.capture.samples(), reason = why, "capture disarmed");
+                self.incidents.update(incident, |r| {
                     r.capture.state = storage::CaptureState::Disarmed;
                     r.capture.emitted = delta.emitted;
                     r.capture.dropped = delta.ring_full;
@@ -663,7 +664,9 @@ fn capture_report(capture: &Result<Capture, String>) -> CaptureReport {
                 .map(|(_, a)| {
                     format!(
                         "{} (incident {}, {} samples)",
-                        a.service, a.incident, a.samples
+                        a.service,
+                        a.capture.incident(),
+                        a.capture.samples()
                     )
                 })
                 .collect();
