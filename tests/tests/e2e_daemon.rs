@@ -17,8 +17,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    run_client, tailtrap_bin, ClientOpts, Proto, ServerOpts, TcpServer, UdpServer,
+    run_client, tailtrap_bin, vm_kernel, ClientOpts, Proto, ServerOpts, TcpServer, UdpServer,
 };
+
+/// The pwru session's deadline: the stand-in is a bash script, and under qemu's software
+/// emulation it takes several seconds just to start, so the VM runs give it longer.
+fn pwru_deadline() -> Duration {
+    if vm_kernel().is_some() {
+        Duration::from_secs(20)
+    } else {
+        Duration::from_secs(4)
+    }
+}
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -280,10 +290,11 @@ flight_threshold = "5ms"
 [pwru]
 binary = "{pwru}"
 runtime_dir = "{dir}/run"
-deadline = "4s"
+deadline = "{pwru_deadline}s"
 cooldown = "1s"
 "#,
             dir = dir.display(),
+            pwru_deadline = pwru_deadline().as_secs(),
             pwru = fake_pwru().display(),
         ),
     )
@@ -370,7 +381,7 @@ cooldown = "1s"
 
     // The pwru stand-in ran with the service's port and its lines are stored.
     let pwru_done = wait_for(
-        Duration::from_secs(30),
+        Duration::from_secs(30) + pwru_deadline(),
         "the pwru session's end",
         &daemon,
         || {
