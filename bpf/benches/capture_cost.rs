@@ -22,28 +22,10 @@ use bpf::{
 };
 use detector::Probe;
 
-const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
-const MESSAGE: [u8; 64] = [0x5a; 64];
 const NEVER_NS: u64 = 10_000_000_000;
 
-/// Turns BPF run-time statistics on; puts the previous setting back on drop.
-struct StatsEnabled(String);
-
-impl StatsEnabled {
-    fn new() -> std::io::Result<Self> {
-        let previous = std::fs::read_to_string(STATS_SYSCTL)?;
-        std::fs::write(STATS_SYSCTL, "1")?;
-        Ok(Self(previous))
-    }
-}
-
-impl Drop for StatsEnabled {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::write(STATS_SYSCTL, self.0.trim()) {
-            eprintln!("capture_cost: could not restore {STATS_SYSCTL}: {e}");
-        }
-    }
-}
+mod support;
+use support::{StatsEnabled, MESSAGE, STATS_SYSCTL};
 
 fn main() -> ExitCode {
     match run() {

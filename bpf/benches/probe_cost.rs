@@ -20,27 +20,8 @@ mod floor_skel {
     include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
 }
 
-const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
-const MESSAGE: [u8; 64] = [0x5a; 64];
-
-/// Turns BPF run-time statistics on; puts the previous setting back on drop.
-struct StatsEnabled(String);
-
-impl StatsEnabled {
-    fn new() -> std::io::Result<Self> {
-        let previous = std::fs::read_to_string(STATS_SYSCTL)?;
-        std::fs::write(STATS_SYSCTL, "1")?;
-        Ok(Self(previous))
-    }
-}
-
-impl Drop for StatsEnabled {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::write(STATS_SYSCTL, self.0.trim()) {
-            eprintln!("probe_cost: could not restore {STATS_SYSCTL}: {e}");
-        }
-    }
-}
+mod support;
+use support::{StatsEnabled, MESSAGE, STATS_SYSCTL};
 
 fn main() -> ExitCode {
     match run() {
