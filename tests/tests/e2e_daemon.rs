@@ -274,6 +274,10 @@ ports = [{quiet_port}]
 # A shared test machine moves fast loopback reads by a millisecond now and then; the slow
 # reader's shift is 20 ms.
 min_delta = "5ms"
+# The 20 ms reader moves the body of the distribution. Under qemu's software emulation the
+# quiet service's p99.9 (a handful of samples per window) jumps by tens of ms on its own, so
+# these tests watch the body quantiles; tail sensitivity is the detector's own scenario tests.
+quantiles = [0.5, 0.9]
 warmup_time = "2s"
 warmup_samples = 300
 min_samples = 40
