@@ -762,15 +762,16 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
     }
 }
 
-/// Open, waiting briefly when the lock holder is this very process: sled's I/O threads
-/// release a dropped database's file a moment after the drop returns.
+/// Open, waiting briefly unless another process holds the lock: sled's I/O threads
+/// release a dropped database's file a moment after the drop returns, so the holder is
+/// either this very process or already gone (nobody listed) by the time we look.
 fn try_open_patiently(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenFailure> {
     let mut waited = Duration::ZERO;
     loop {
         match try_open(path, cfg) {
             Err(OpenFailure::Locked)
                 if waited < Duration::from_secs(3)
-                    && lock::holder(path).is_some_and(|h| h.pid == std::process::id()) =>
+                    && lock::holder(path).is_none_or(|h| h.pid == std::process::id()) =>
             {
                 std::thread::sleep(Duration::from_millis(20));
                 waited += Duration::from_millis(20);
