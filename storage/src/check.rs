@@ -2,11 +2,11 @@
 
 use serde::Serialize;
 
+use crate::chunk;
 use crate::codec;
 use crate::error::Result;
 use crate::model::{Incident, IncidentState, PwruRecord};
 use crate::store::{Store, StoreStats, SCHEMA_VERSION, T};
-use capture::sample::Sample;
 use detector::Histogram;
 
 /// One tree's figures.
@@ -14,7 +14,7 @@ use detector::Histogram;
 pub struct TreeCheck {
     /// Tree name.
     pub tree: &'static str,
-    /// Records in it.
+    /// Records in it (for the samples tree: chunks of up to 256 samples).
     pub records: u64,
     /// Records that failed to decode.
     pub undecodable: u64,
@@ -33,6 +33,8 @@ pub struct CheckReport {
     pub supported_schema_version: u32,
     /// Per tree.
     pub trees: Vec<TreeCheck>,
+    /// Samples in the samples tree's decodable chunks.
+    pub samples: u64,
     /// Sum of undecodable records over all trees.
     pub undecodable: u64,
     /// Bytes of live keys and values.
@@ -58,6 +60,7 @@ impl Store {
         let mut trees = Vec::new();
         let mut seen = 0u64;
         let (mut open, mut closed, mut interrupted) = (0, 0, 0);
+        let mut samples = 0u64;
         for t in T::ALL {
             let tree = self.engine().tree(t).clone();
             let mut c = TreeCheck {
@@ -82,7 +85,13 @@ impl Store {
                         }
                         Err(_) => false,
                     },
-                    T::Samples => codec::decode::<Sample>(&v).is_ok(),
+                    T::Samples => match chunk::decode(&v) {
+                        Ok(chunk) => {
+                            samples += chunk.len() as u64;
+                            true
+                        }
+                        Err(_) => false,
+                    },
                     T::Pwru => codec::decode::<PwruRecord>(&v).is_ok(),
                     T::History => codec::decode::<Histogram>(&v).is_ok(),
                     T::Baselines => codec::decode::<Vec<u8>>(&v).is_ok(),
@@ -107,6 +116,7 @@ impl Store {
             path: self.path().display().to_string(),
             schema_version: self.schema_version()?,
             supported_schema_version: SCHEMA_VERSION,
+            samples,
             undecodable: trees.iter().map(|t| t.undecodable).sum(),
             trees,
             live_bytes: live,

@@ -7,9 +7,12 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Result, StoreError};
 
-/// Version of the envelope and of the record layouts inside it.
+/// Version of the envelope and of the record layouts inside it, for every tree but samples.
 pub(crate) const RECORD_VERSION: u8 = 1;
-const HEADER: usize = 5;
+/// Version of the samples tree's records: a chunk of samples per record. Version 1 of that
+/// tree held one sample per record; those are still read.
+pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 2;
+pub(crate) const HEADER: usize = 5;
 
 /// Why a stored value could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +27,7 @@ impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DecodeError::Short => f.write_str("shorter than the record header"),
-            DecodeError::Version(v) => write!(f, "unknown record version {v}"),
+            DecodeError::Version(v) => write!(f, "record version {v} not read here"),
             DecodeError::Checksum => f.write_str("checksum mismatch"),
             DecodeError::Payload(e) => write!(f, "payload: {e}"),
         }
@@ -35,11 +38,23 @@ fn crc(version: u8, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&[version]), payload)
 }
 
-/// Encode `value` into an envelope, refusing anything over `max` bytes.
+/// Encode `value` into a [`RECORD_VERSION`] envelope, refusing anything over `max` bytes.
 pub(crate) fn encode<T: Serialize>(kind: &'static str, value: &T, max: usize) -> Result<Vec<u8>> {
-    // Room for a typical sample, so the buffer is allocated once.
-    let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(&[RECORD_VERSION, 0, 0, 0, 0]);
+    // Room for a typical small record, so the buffer is allocated once.
+    encode_as(RECORD_VERSION, kind, value, max, 128)
+}
+
+/// Encode `value` into an envelope of `version`, refusing anything over `max` bytes;
+/// `capacity` is the expected size (one allocation when right).
+pub(crate) fn encode_as<T: Serialize>(
+    version: u8,
+    kind: &'static str,
+    value: &T,
+    max: usize,
+    capacity: usize,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(capacity);
+    out.extend_from_slice(&[version, 0, 0, 0, 0]);
     let mut out =
         postcard::to_extend(value, out).map_err(|source| StoreError::Encode { kind, source })?;
     if out.len() > max {
@@ -49,18 +64,27 @@ pub(crate) fn encode<T: Serialize>(kind: &'static str, value: &T, max: usize) ->
             max,
         });
     }
-    let sum = crc(RECORD_VERSION, &out[HEADER..]);
+    let sum = crc(version, &out[HEADER..]);
     out[1..HEADER].copy_from_slice(&sum.to_be_bytes());
     Ok(out)
 }
 
-/// Check the envelope only (version and CRC), without decoding the payload.
+/// Check the envelope only (a version this build writes, and the CRC), without decoding
+/// the payload.
 pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+    match bytes.first() {
+        Some(&v) if v == SAMPLE_CHUNK_VERSION => verify_as(SAMPLE_CHUNK_VERSION, bytes),
+        _ => verify_as(RECORD_VERSION, bytes),
+    }
+}
+
+/// Check an envelope that must be of `expected` version; returns the payload.
+pub(crate) fn verify_as(expected: u8, bytes: &[u8]) -> Result<&[u8], DecodeError> {
     if bytes.len() < HEADER {
         return Err(DecodeError::Short);
     }
     let version = bytes[0];
-    if version != RECORD_VERSION {
+    if version != expected {
         return Err(DecodeError::Version(version));
     }
     let mut stored = [0u8; 4];
@@ -72,9 +96,14 @@ pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     Ok(payload)
 }
 
-/// Decode an envelope.
+/// Decode a [`RECORD_VERSION`] envelope.
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    let payload = verify(bytes)?;
+    decode_as(RECORD_VERSION, bytes)
+}
+
+/// Decode an envelope that must be of `version`.
+pub(crate) fn decode_as<T: DeserializeOwned>(version: u8, bytes: &[u8]) -> Result<T, DecodeError> {
+    let payload = verify_as(version, bytes)?;
     postcard::from_bytes(payload).map_err(|e| DecodeError::Payload(e.to_string()))
 }
 
@@ -101,6 +130,25 @@ mod tests {
             decode::<(u64, String)>(&future),
             Err(DecodeError::Version(9))
         );
+    }
+
+    #[test]
+    fn each_tree_reads_only_its_own_version_and_verify_accepts_both() {
+        let chunk = encode_as(SAMPLE_CHUNK_VERSION, "test", &7u32, 1024, 16).unwrap();
+        let plain = encode("test", &7u32, 1024).unwrap();
+        assert_eq!(verify(&chunk).unwrap(), verify(&plain).unwrap());
+        assert_eq!(
+            decode::<u32>(&chunk),
+            Err(DecodeError::Version(SAMPLE_CHUNK_VERSION))
+        );
+        assert_eq!(
+            decode_as::<u32>(SAMPLE_CHUNK_VERSION, &plain),
+            Err(DecodeError::Version(RECORD_VERSION))
+        );
+        assert_eq!(decode_as::<u32>(SAMPLE_CHUNK_VERSION, &chunk), Ok(7));
+        let mut bad = chunk.clone();
+        bad[5] ^= 1;
+        assert_eq!(verify(&bad), Err(DecodeError::Checksum));
     }
 
     #[test]

@@ -48,6 +48,11 @@ pub struct StoreConfig {
     pub rotate_min_bytes: u64,
     /// The engine's page cache, bytes.
     pub cache_bytes: u64,
+    /// Free space to leave on the database's file system, bytes: below it, samples, pwru
+    /// lines and history are refused (counted as disk-full errors) while incidents can
+    /// still be opened and closed. sled recovers badly from a write that hits a full disk,
+    /// so tailtrap stops short of it. 0 turns the check off.
+    pub min_free_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -76,6 +81,7 @@ impl Default for StoreConfig {
             max_amplification: 4.0,
             rotate_min_bytes: 256 << 20,
             cache_bytes: 64 << 20,
+            min_free_bytes: 128 << 20,
         }
     }
 }

@@ -69,6 +69,20 @@ pub enum StoreError {
     /// Any other engine failure.
     #[error("storage engine: {0}")]
     Engine(String),
+    /// The file system holding the database is below the free-space reserve
+    /// (`min_free_bytes`); bulk records are refused until space comes back.
+    #[error(
+        "{path}: {free} bytes free, below the {reserve}-byte reserve (storage.min_free_bytes): \
+         samples, pwru lines and history are not stored until space is freed"
+    )]
+    LowDiskSpace {
+        /// The database directory.
+        path: PathBuf,
+        /// Bytes available to tailtrap.
+        free: u64,
+        /// The reserve in force.
+        reserve: u64,
+    },
     /// A record is bigger than the cap for its kind; it was not stored.
     #[error("{kind} record of {size} bytes exceeds the {max}-byte cap")]
     TooLarge {
@@ -114,6 +128,7 @@ impl StoreError {
     pub fn is_disk_full(&self) -> bool {
         match self {
             StoreError::Io { source, .. } => is_enospc(source),
+            StoreError::LowDiskSpace { .. } => true,
             StoreError::Engine(msg) => msg.contains("No space left") || msg.contains("quota"),
             _ => false,
         }

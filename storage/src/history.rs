@@ -79,6 +79,7 @@ impl Store {
         hist: &Histogram,
     ) -> Result<()> {
         keys::check_service(service)?;
+        self.room_for_bulk()?;
         // Refuse before touching anything if even the unmerged histogram is over the cap.
         self.encode("history", hist, MAX_HISTORY_BYTES)?;
         for (level, l) in self.cfg.history.iter().enumerate() {

@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 
 mod check;
+mod chunk;
 mod codec;
 mod config;
 mod error;

@@ -3,12 +3,15 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::ops::Bound;
 use std::str::FromStr;
 
 use capture::sample::{Flow, Sample, SampleFlags, Transport};
 use detector::Probe;
 use serde::{Deserialize, Serialize};
 
+use crate::chunk;
+use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::model::{Incident, IncidentState, PwruRecord};
@@ -130,7 +133,8 @@ impl SampleFilter {
     }
 }
 
-/// Paging position within an incident's samples (the last sample returned).
+/// Paging position within an incident's samples (the last sample returned). The sequence
+/// number names the stored chunk and the sample's index in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SampleCursor {
     /// Its time.
@@ -139,7 +143,9 @@ pub struct SampleCursor {
     pub seq: u64,
 }
 
-/// One page of samples, in time order.
+/// One page of samples, in stored order: samples are kept in chunks of up to 256, each in
+/// time order, and chunks follow each other by their first sample's time. That is exact
+/// time order unless two write batches overlapped in time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplePage {
     /// The samples.
@@ -339,7 +345,8 @@ impl Store {
         })
     }
 
-    /// Samples of an incident matching `filter`, in time order, one page after `after`.
+    /// Samples of an incident matching `filter`, one page after `after`. Time order within
+    /// each stored batch, batches by their first sample's time (see [`SamplePage`]).
     pub fn samples(
         &self,
         incident: u64,
@@ -385,7 +392,8 @@ impl Store {
         Ok(SampleSummary::of(&all))
     }
 
-    /// Visit matching samples in key order until `f` returns false.
+    /// Visit matching samples in stored order (chunks by their first sample's time, each
+    /// chunk in time order) until `f` returns false. `f` gets each sample's sequence number.
     fn for_each_sample(
         &self,
         incident: u64,
@@ -393,23 +401,64 @@ impl Store {
         after: Option<SampleCursor>,
         mut f: impl FnMut(u64, Sample) -> bool,
     ) -> Result<()> {
-        let start = match after {
-            // Just past the cursor's key.
-            Some(c) => keys::sample(incident, c.time_ns, c.seq.saturating_add(1)),
-            None => keys::sample(incident, filter.since_ns.unwrap_or(0), 0),
-        };
-        let end = keys::sample(incident, filter.until_ns.unwrap_or(u64::MAX), u64::MAX);
+        let first = keys::sample(incident, 0, 0).to_vec();
+        // A chunk starting after `until` holds nothing wanted; one starting before `since`
+        // may still hold later samples, so the start is the incident's first chunk.
+        let last = keys::sample(incident, filter.until_ns.unwrap_or(u64::MAX), u64::MAX).to_vec();
         let tree = self.engine().tree(T::Samples).clone();
-        for item in tree.range(start..=end) {
+        // Resume inside the record holding the cursor's sample: a record keyed by the
+        // cursor itself (a chunk's first sample, or a schema-1 one-sample record), else the
+        // chunk named by its sequence number, which starts at or before the cursor's time.
+        let mut resume: Option<(u64, u64)> = None;
+        let start = match after {
+            None => Bound::Included(first.clone()),
+            Some(c) => {
+                let exact = keys::sample(incident, c.time_ns, c.seq).to_vec();
+                let at_cursor = keys::sample(incident, c.time_ns, u64::MAX).to_vec();
+                let mut found = tree.get(&exact)?.map(|_| (exact.clone(), c.seq));
+                if found.is_none() {
+                    let chunk_seq = chunk::chunk_start(c.seq);
+                    for item in tree.range(first.clone()..=at_cursor.clone()).rev() {
+                        let (k, v) = item?;
+                        if keys::u64_at(&k, 16) == Some(chunk_seq)
+                            && v.first() == Some(&codec::SAMPLE_CHUNK_VERSION)
+                        {
+                            found = Some((k.to_vec(), chunk_seq));
+                            break;
+                        }
+                    }
+                }
+                match found {
+                    Some((k, record_seq)) => {
+                        // Samples up to and including the cursor's were on earlier pages.
+                        resume = Some((record_seq, c.seq - record_seq + 1));
+                        Bound::Included(k)
+                    }
+                    // The chunk is gone (retention): carry on after the cursor's time.
+                    None => Bound::Excluded(at_cursor),
+                }
+            }
+        };
+        for item in tree.range((start, Bound::Included(last))) {
             let (k, v) = item?;
-            let Some(s) = self.decode_counted::<Sample>(T::Samples, &k, &v) else {
+            let chunk_seq = keys::u64_at(&k, 16).unwrap_or(0);
+            let Some(samples) = self.decode_chunk_counted(&k, &v) else {
                 continue;
             };
-            if filter.since_ns.is_some_and(|t| s.time_ns < t) || !filter.matches(&s) {
-                continue;
-            }
-            if !f(keys::u64_at(&k, 16).unwrap_or(0), s) {
-                break;
+            let skip = match resume.take() {
+                Some((seq, skip)) if seq == chunk_seq => skip,
+                _ => 0,
+            };
+            for (index, s) in (0u64..).zip(samples).skip(skip as usize) {
+                if filter.since_ns.is_some_and(|t| s.time_ns < t)
+                    || filter.until_ns.is_some_and(|t| s.time_ns > t)
+                    || !filter.matches(&s)
+                {
+                    continue;
+                }
+                if !f(chunk_seq + index, s) {
+                    return Ok(());
+                }
             }
         }
         Ok(())
@@ -456,6 +505,9 @@ impl Store {
             samples.push(s);
             true
         })?;
+        // Chunks of batches that overlapped in time follow each other; the bundle is in
+        // time order (stable: equal times keep their stored order).
+        samples.sort_by_key(|s| s.time_ns);
         let mut pwru = Vec::new();
         let mut after = None;
         loop {

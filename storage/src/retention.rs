@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::chunk;
 use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::keys;
@@ -155,14 +156,19 @@ impl Store {
         Ok(())
     }
 
-    /// Delete every key starting with `prefix`; returns how many.
+    /// Delete every key starting with `prefix`; returns how many records, or for the
+    /// samples tree how many samples, went.
     fn delete_prefix(&self, t: T, prefix: &[u8], rep: &mut RetentionReport) -> Result<u64> {
         let tree = self.engine().tree(t).clone();
         let mut n = 0;
         for item in tree.scan_prefix(prefix) {
-            let (k, _) = item?;
+            let (k, v) = item?;
             rep.bytes_freed += self.remove(t, &k)?;
-            n += 1;
+            n += if t == T::Samples {
+                chunk::sample_count(&v)
+            } else {
+                1
+            };
         }
         Ok(n)
     }

@@ -7,12 +7,13 @@ use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
 use capture::sample::Sample;
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::chunk;
 use crate::codec;
 use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
@@ -21,18 +22,18 @@ use crate::lock;
 use crate::model::{Incident, IncidentState, NewIncident, PwruRecord};
 
 /// Layout version of the database (trees, keys, record types).
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens and
+/// its one-sample records stay readable beside the chunks.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
-pub(crate) const MAX_SAMPLE_BYTES: usize = 1024;
 pub(crate) const MAX_PWRU_BYTES: usize = 64 << 10;
 pub(crate) const MAX_HISTORY_BYTES: usize = 16 << 10;
 pub(crate) const MAX_BASELINE_BYTES: usize = 1 << 20;
-/// Bits of a sample's sequence number holding its index within its batch.
-const SAMPLE_INDEX_BITS: u32 = 20;
-/// Most samples in one batch (the index must fit its bits).
-pub const MAX_SAMPLE_BATCH: usize = 1 << SAMPLE_INDEX_BITS;
+/// Most samples in one batch (a sample's index in its batch must fit the low bits of its
+/// sequence number).
+pub const MAX_SAMPLE_BATCH: usize = 1 << chunk::BATCH_INDEX_BITS;
 
 /// The fixed set of trees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +123,8 @@ pub struct StoreStats {
     pub live_bytes: u64,
     /// The engine's files on disk, bytes.
     pub size_on_disk: u64,
+    /// The engine failed (a full disk) and writes are refused until a flush reopens it.
+    pub engine_failed: bool,
 }
 
 #[derive(Default)]
@@ -149,6 +152,9 @@ pub struct Store {
     /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
     /// flush reopens the engine.
     engine_failed: AtomicBool,
+    /// A failed engine still shutting down (its files stay locked until it has): signalled
+    /// when done.
+    retiring: Mutex<Option<mpsc::Receiver<()>>>,
     report: OpenReport,
     pid_file: Option<PathBuf>,
 }
@@ -209,6 +215,7 @@ impl Store {
             flush_lock: Mutex::new(()),
             generation,
             engine_failed: AtomicBool::new(false),
+            retiring: Mutex::new(None),
             report: OpenReport::default(),
             pid_file: None,
         };
@@ -276,6 +283,7 @@ impl Store {
             rotations: meta_u64(META_ROTATIONS),
             live_bytes: self.live_bytes(),
             size_on_disk: self.size_on_disk().unwrap_or(0),
+            engine_failed: self.engine_failed.load(Ordering::Relaxed),
         }
     }
 
@@ -377,15 +385,12 @@ impl Store {
 
     /// Store a batch of samples (at most [`MAX_SAMPLE_BATCH`]) atomically. Durable within
     /// `flush_every` (or at [`Store::flush`]). Every sample's incident must exist.
+    ///
+    /// The batch is stored as chunk records of up to 256 samples of one incident each, in
+    /// time order within the batch.
     pub fn put_samples(&self, samples: &[Sample]) -> Result<()> {
         self.writable()?;
-        self.require_incidents(samples.iter().map(|s| s.incident))?;
-        let mut batch = sled::Batch::default();
-        let mut bytes = 0u64;
-        let eng = self.engine();
-        // One id per batch, the sample's index in the low bits: unique, and cheaper than an
-        // id per sample.
-        let batch_id = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
+        self.room_for_bulk()?;
         if samples.len() > MAX_SAMPLE_BATCH {
             return self.counted(Err(StoreError::TooLarge {
                 kind: "sample batch",
@@ -393,12 +398,20 @@ impl Store {
                 max: MAX_SAMPLE_BATCH,
             }));
         }
-        for (index, s) in samples.iter().enumerate() {
-            let value = self.encode("sample", s, MAX_SAMPLE_BYTES)?;
-            let seq = (batch_id << SAMPLE_INDEX_BITS) | index as u64;
-            let key = keys::sample(s.incident, s.time_ns, seq);
-            bytes += (key.len() + value.len()) as u64;
-            batch.insert(&key[..], value);
+        self.require_incidents(samples.iter().map(|s| s.incident))?;
+        let eng = self.engine();
+        // One id per batch, the chunk number and index in the low bits: unique, and
+        // cheaper than an id per sample or per chunk.
+        let batch_id = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
+        let chunks = chunk::encode_batch(batch_id, samples);
+        if matches!(chunks, Err(StoreError::TooLarge { .. })) {
+            self.counters.oversized.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut batch = sled::Batch::default();
+        let mut bytes = 0u64;
+        for c in self.counted(chunks)? {
+            bytes += (c.key.len() + c.value.len()) as u64;
+            batch.insert(&c.key[..], c.value);
         }
         let r = eng.tree(T::Samples).apply_batch(batch);
         self.counted(r.map_err(StoreError::from))?;
@@ -410,6 +423,7 @@ impl Store {
     /// replaces). Durable within `flush_every`. Every record's incident must exist.
     pub fn put_pwru(&self, records: &[PwruRecord]) -> Result<()> {
         self.writable()?;
+        self.room_for_bulk()?;
         self.require_incidents(records.iter().map(|r| r.incident))?;
         let mut batch = sled::Batch::default();
         let mut bytes = 0u64;
@@ -468,6 +482,30 @@ impl Store {
     /// Refuse writes while the engine is known to have failed: sled would refuse them too,
     /// and a stand-in engine left by a failed reopen must never take writes that would
     /// silently vanish.
+    /// Refuse bulk records (samples, pwru lines, history) when the file system is below the
+    /// free-space reserve, before sled meets a full disk.
+    pub(crate) fn room_for_bulk(&self) -> Result<()> {
+        let reserve = self.cfg.min_free_bytes;
+        if reserve == 0 {
+            return Ok(());
+        }
+        // An unreadable file system size is no reason to refuse; sled will report real
+        // trouble itself.
+        let Ok(fs) = nix::sys::statvfs::statvfs(&self.path) else {
+            return Ok(());
+        };
+        #[allow(clippy::useless_conversion)] // the field types differ between libcs
+        let free = u64::from(fs.blocks_available()).saturating_mul(u64::from(fs.fragment_size()));
+        if free >= reserve {
+            return Ok(());
+        }
+        self.counted(Err(StoreError::LowDiskSpace {
+            path: self.path.clone(),
+            free,
+            reserve,
+        }))
+    }
+
     pub(crate) fn writable(&self) -> Result<()> {
         if self.engine_failed.load(Ordering::Relaxed) {
             return self.counted(Err(StoreError::Engine(
@@ -483,11 +521,38 @@ impl Store {
     }
 
     /// Replace a failed engine by a freshly opened one on the same files.
+    ///
+    /// The failed engine must be gone (its lock released) before the files reopen, but
+    /// sled 0.34 can wait forever for a log write that a full disk made fail without
+    /// recording the failure. It is shut down on a thread of its own, waited for a
+    /// bounded time and, if still stuck, left to finish while writes stay refused: the
+    /// process keeps running, and a later flush tries again.
     fn reopen_engine(&self) -> Result<()> {
         let mut guard = self.engine_mut();
-        let placeholder = Store::temporary_engine()?;
-        // The failed engine must be gone (its lock released) before the files reopen.
-        drop(Store::replace_engine(&mut guard, placeholder));
+        let mut retiring = self.retiring.lock().unwrap_or_else(|e| e.into_inner());
+        // The first attempt waits; later ones only look, so a stuck engine does not hold
+        // the store's lock (and every reader) for long at each flush.
+        let mut wait = Duration::ZERO;
+        if retiring.is_none() {
+            let placeholder = Store::temporary_engine()?;
+            *retiring = Some(retire(Store::replace_engine(&mut guard, placeholder)));
+            wait = RETIRE_WAIT;
+        }
+        if let Some(done) = retiring.as_ref() {
+            match done.recv_timeout(wait) {
+                Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => *retiring = None,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    tracing::error!(
+                        path = %self.path.display(),
+                        "the storage engine has not shut down after an I/O failure and still \
+                         holds the database; writes stay refused (restart tailtrap if this \
+                         persists; records flushed before the failure are safe)"
+                    );
+                    return self.counted(Err(StoreError::Engine(ENGINE_STUCK.into())));
+                }
+            }
+        }
+        drop(retiring);
         let engine = Store::open_engine_at(&self.path, &self.cfg)?;
         self.reset_live(engine.live);
         self.generation
@@ -518,7 +583,21 @@ impl Store {
         key: &[u8],
         value: &[u8],
     ) -> Option<V> {
-        match codec::decode(value) {
+        self.skip_undecodable(t, key, codec::decode(value))
+    }
+
+    /// Decode a sample chunk record; a bad one is logged, counted and skipped.
+    pub(crate) fn decode_chunk_counted(&self, key: &[u8], value: &[u8]) -> Option<Vec<Sample>> {
+        self.skip_undecodable(T::Samples, key, chunk::decode(value))
+    }
+
+    fn skip_undecodable<V>(
+        &self,
+        t: T,
+        key: &[u8],
+        decoded: std::result::Result<V, codec::DecodeError>,
+    ) -> Option<V> {
+        match decoded {
             Ok(v) => Some(v),
             Err(e) => {
                 self.counters.undecodable.fetch_add(1, Ordering::Relaxed);
@@ -611,14 +690,25 @@ impl Store {
         self.put(T::Meta, key, value)
     }
 
-    fn check_schema(&self, write_if_missing: bool) -> Result<()> {
+    /// Refuse a database from a newer build; when writing, record this build's version so
+    /// an older build refuses the records it could not read.
+    fn check_schema(&self, writable: bool) -> Result<()> {
         match self.meta_get::<u32>(META_SCHEMA)? {
             Some(v) if v > SCHEMA_VERSION => Err(StoreError::SchemaTooNew {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
+            Some(v) if v < SCHEMA_VERSION && writable => {
+                tracing::info!(
+                    from = v,
+                    to = SCHEMA_VERSION,
+                    "database schema upgraded: new samples are stored in chunks, older ones \
+                     stay as they are and readable"
+                );
+                self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
+            }
             Some(_) => Ok(()),
-            None if write_if_missing => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
+            None if writable => self.meta_put(META_SCHEMA, &SCHEMA_VERSION),
             None => Ok(()),
         }
     }
@@ -664,13 +754,44 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        if let Err(e) = self.engine().db.flush() {
+        if self.engine_failed.load(Ordering::Relaxed) {
+            // Dropping a failed engine in place could block the shutdown forever (see
+            // `reopen_engine`): retire it, waiting a bounded time.
+            if let Ok(placeholder) = Store::temporary_engine() {
+                let failed = Store::replace_engine(&mut self.engine_mut(), placeholder);
+                if retire(failed).recv_timeout(RETIRE_WAIT).is_err() {
+                    tracing::error!("the failed storage engine did not shut down; leaving it");
+                }
+            }
+        } else if let Err(e) = self.engine().db.flush() {
             tracing::error!(error = %e, "final flush of the database failed");
         }
         if let Some(p) = &self.pid_file {
             lock::remove_pid_file(p);
         }
     }
+}
+
+/// How long to wait for a failed engine to shut down.
+const RETIRE_WAIT: Duration = Duration::from_secs(10);
+
+const ENGINE_STUCK: &str = "storage engine still shutting down after an I/O failure; writes \
+     are refused until it has (restart tailtrap if this persists)";
+
+/// Drop `engine` on a thread of its own; the receiver hears when it is gone.
+fn retire(engine: Engine) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("store-retire".into())
+        .spawn(move || {
+            drop(engine);
+            let _ = tx.send(());
+        });
+    if let Err(e) = spawned {
+        // The engine went down with the closure; nothing is waiting on it any more.
+        tracing::error!(error = %e, "could not start a thread to shut the engine down");
+    }
+    rx
 }
 
 /// Why sled could not open a database.

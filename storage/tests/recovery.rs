@@ -94,35 +94,75 @@ fn undecodable_records_are_skipped_counted_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let id = fill(&path);
-    // Damage values the way a torn write or bit flip would, below the store's API.
+    // Damage values the way a torn write or bit flip would, below the store's API. The
+    // 3000 samples are 12 chunk records: 11 of 256 samples, then 184.
     {
         let db = open_raw(&path);
         let samples = db.open_tree("samples").unwrap();
-        let keys: Vec<_> = samples
-            .iter()
-            .keys()
-            .step_by(1000)
-            .map(|k| k.unwrap())
-            .collect();
-        assert_eq!(keys.len(), 3);
-        for k in &keys[..2] {
+        let keys: Vec<_> = samples.iter().keys().map(|k| k.unwrap()).collect();
+        assert_eq!(keys.len(), 12);
+        for k in [&keys[0], &keys[5]] {
             let mut v = samples.get(k).unwrap().unwrap().to_vec();
             let last = v.len() - 1;
             v[last] ^= 0x01;
             samples.insert(k, v).unwrap();
         }
-        samples.insert(&keys[2], &b"\x01\x00"[..]).unwrap();
+        samples.insert(&keys[10], &b"\x02\x00"[..]).unwrap();
+        // An intact one-sample record of schema 1 (version byte 1): still read.
+        let payload = postcard::to_allocvec(&sample(id, 0, T0 + 5)).unwrap();
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&[1]), &payload);
+        let mut old = vec![1];
+        old.extend_from_slice(&crc.to_be_bytes());
+        old.extend_from_slice(&payload);
+        let mut key = id.to_be_bytes().to_vec();
+        key.extend_from_slice(&(T0 + 5).to_be_bytes());
+        key.extend_from_slice(&1u64.to_be_bytes());
+        samples.insert(key, old).unwrap();
         db.flush().unwrap();
     }
     let s = Store::open(&path, StoreConfig::default()).unwrap();
     let sum = s.sample_summary(id, &SampleFilter::default()).unwrap();
-    assert_eq!(sum.count, 2997);
+    assert_eq!(sum.count, 3000 - 3 * 256 + 1);
     assert_eq!(s.stats().undecodable_records, 3);
+    // Paging one by one crosses chunks and the schema-1 record, each sample once.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.samples(id, &SampleFilter::default(), after, 1).unwrap();
+        seen.extend(page.samples.iter().map(|x| (x.time_ns, x.tcp_seq)));
+        match page.next {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 3000 - 3 * 256 + 1);
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), 3000 - 3 * 256 + 1);
     let report = s.check(|_| {}).unwrap();
     let samples = report.trees.iter().find(|t| t.tree == "samples").unwrap();
-    assert_eq!((samples.records, samples.undecodable), (3000, 3));
+    assert_eq!((samples.records, samples.undecodable), (13, 3));
+    assert_eq!(report.samples, 3000 - 3 * 256 + 1);
     assert_eq!(report.undecodable, 3);
     assert_eq!(report.incidents_interrupted, 1);
+    // Retention counts samples, not records: the intact old record is one sample, the
+    // damaged ones none.
+    drop(s);
+    let s = Store::open(
+        &path,
+        StoreConfig {
+            incident_keep: std::time::Duration::from_secs(1),
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    let mut inc = s.incident(id).unwrap().unwrap();
+    s.close_incident(&mut inc, T0 + SEC).unwrap();
+    let rep = s.enforce_retention(T0 + 10 * SEC).unwrap();
+    assert_eq!((rep.incidents, rep.samples), (1, 3000 - 3 * 256 + 1));
+    let report = s.check(|_| {}).unwrap();
+    let samples = report.trees.iter().find(|t| t.tree == "samples").unwrap();
+    assert_eq!(samples.records, 0);
 }
 
 /// sled below the store; its I/O threads let go of a dropped database's lock a moment late.

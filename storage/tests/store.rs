@@ -201,6 +201,88 @@ fn samples_filter_page_and_summarise() {
     ));
 }
 
+/// Every page of `filter`'s samples of `incident`, `limit` at a time.
+fn all_pages(s: &Store, incident: u64, filter: &SampleFilter, limit: usize) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.samples(incident, filter, after, limit).unwrap();
+        assert!(page.samples.len() <= limit);
+        ids.extend(page.samples.iter().map(|x| u64::from(x.tcp_seq.unwrap())));
+        match page.next {
+            Some(c) => after = Some(c),
+            None => return ids,
+        }
+    }
+}
+
+#[test]
+fn paging_crosses_chunks_and_batches_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir);
+    let inc = s.open_incident(&new_incident("web", T0)).unwrap();
+    // Batch A: samples 0..700 given newest first (stored in time order, three chunks);
+    // batch B: 700..1000 at times inside A's span; batch C: 1000..1001, late.
+    let a: Vec<_> = (0..700u64)
+        .rev()
+        .map(|i| sample(inc.id, i, T0 + i * 10))
+        .collect();
+    let b: Vec<_> = (700..1000u64)
+        .map(|i| sample(inc.id, i, T0 + 5 + (i - 700) * 10))
+        .collect();
+    s.put_samples(&a).unwrap();
+    s.put_samples(&b).unwrap();
+    s.put_samples(&[sample(inc.id, 1000, T0 + 100_000)])
+        .unwrap();
+
+    let all = SampleFilter::default();
+    // Page sizes that end mid-chunk, on a chunk boundary, and past everything.
+    for limit in [1, 97, 256, 5000] {
+        let mut ids = all_pages(&s, inc.id, &all, limit);
+        // Chunks in order of their first sample's time, each in time order: A's first
+        // (T0), B's first (T0 + 5), A's second (T0 + 2560), B's second, A's third, C.
+        let expect: Vec<u64> = (0..256)
+            .chain(700..956)
+            .chain(256..512)
+            .chain(956..1000)
+            .chain(512..700)
+            .chain(1000..1001)
+            .collect();
+        assert_eq!(ids, expect, "page size {limit}");
+        ids.dedup();
+        assert_eq!(ids.len(), 1001);
+    }
+
+    // Time range and latency filters apply to samples inside chunks, not whole chunks.
+    let f = SampleFilter {
+        since_ns: Some(T0 + 3000),
+        until_ns: Some(T0 + 3500),
+        min_latency_ns: Some(1_000_000 + 50 * 100_000),
+        ..SampleFilter::default()
+    };
+    let got = all_pages(&s, inc.id, &f, 7);
+    let in_range = |i: u64, t: u64| (T0 + 3000..=T0 + 3500).contains(&t) && i % 100 >= 50;
+    // The range falls inside A's second and B's second chunks.
+    let expect: Vec<u64> = (256..512)
+        .filter(|&i| in_range(i, T0 + i * 10))
+        .chain((956..1000).filter(|&i| in_range(i, T0 + 5 + (i - 700) * 10)))
+        .collect();
+    assert!(!expect.is_empty());
+    assert_eq!(got, expect);
+    assert_eq!(
+        s.sample_summary(inc.id, &f).unwrap().count,
+        expect.len() as u64
+    );
+
+    // The export bundle is in time order across batches.
+    let bundle = s.export_incident(inc.id).unwrap();
+    assert_eq!(bundle.samples.len(), 1001);
+    assert!(bundle
+        .samples
+        .windows(2)
+        .all(|w| w[0].time_ns <= w[1].time_ns));
+}
+
 fn pwru_record(incident: u64, seq: u64) -> PwruRecord {
     let raw = format!(
         r#"{{"skb":"0xffff888004b338e8","cpu":1,"process":"~/python3.11:467","func":"tcp_v4_rcv","len":60,"tuple":{{"saddr":"127.0.0.1","daddr":"127.0.0.1","sport":56178,"dport":9000,"proto":6}},"n":{seq}}}"#

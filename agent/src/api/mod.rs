@@ -200,6 +200,9 @@ pub struct StoreReport {
     pub disk_full_errors: u64,
     /// Records skipped as undecodable.
     pub undecodable_records: u64,
+    /// The storage engine failed (a full disk) and writes are refused until it reopens.
+    #[serde(default)]
+    pub engine_failed: bool,
 }
 
 impl From<storage::StoreStats> for StoreReport {
@@ -210,6 +213,7 @@ impl From<storage::StoreStats> for StoreReport {
             write_errors: s.write_errors,
             disk_full_errors: s.disk_full_errors,
             undecodable_records: s.undecodable_records,
+            engine_failed: s.engine_failed,
         }
     }
 }

@@ -94,10 +94,16 @@ fn print_report(r: &StatusReport) {
     t.add_row([
         "store".to_owned(),
         format!(
-            "{} live, {} on disk, {} write errors",
+            "{} live, {} on disk, {} write errors ({} disk full){}",
             fmt_bytes(r.store.live_bytes),
             fmt_bytes(r.store.size_on_disk),
-            r.store.write_errors
+            r.store.write_errors,
+            r.store.disk_full_errors,
+            if r.store.engine_failed {
+                "; ENGINE FAILED: writes refused until it reopens"
+            } else {
+                ""
+            }
         ),
     ]);
     t.add_row([

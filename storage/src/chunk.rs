@@ -1,0 +1,189 @@
+//! Sample chunks: the samples tree holds one record per run of up to [`SAMPLES_PER_CHUNK`]
+//! samples of one incident from one batch, not one record per sample. sled's cost per key
+//! dominated batched writes, and each key also carried its own page overhead on disk.
+//!
+//! A chunk's key is `incident | time of its first sample | sequence number of its first
+//! sample`; its value is a [`SAMPLE_CHUNK_VERSION`] envelope around the samples in time
+//! order. Records of schema 1 (one sample each, envelope version 1) are still read. A
+//! sample's sequence number is `batch id << 20 | chunk number in the batch << 8 |
+//! index in the chunk`, so the chunk holding a sample is found from the sequence number
+//! alone.
+
+use capture::sample::Sample;
+
+use crate::codec::{self, DecodeError, SAMPLE_CHUNK_VERSION};
+use crate::error::{Result, StoreError};
+use crate::keys;
+
+/// Samples per chunk record (a power of two: the low bits of a sequence number).
+pub(crate) const SAMPLES_PER_CHUNK: usize = 256;
+const INDEX_BITS: u32 = SAMPLES_PER_CHUNK.trailing_zeros();
+/// Bits of a sequence number below the batch id.
+pub(crate) const BATCH_INDEX_BITS: u32 = 20;
+/// Most chunks one batch can fill.
+const MAX_CHUNKS_PER_BATCH: usize = 1 << (BATCH_INDEX_BITS - INDEX_BITS);
+/// Cap on one encoded sample, bytes (a sample has no variable-length field that could
+/// reach it; the cap guards the chunk cap below).
+const MAX_SAMPLE_BYTES: usize = 1024;
+/// Cap on one encoded chunk record, bytes.
+pub(crate) const MAX_CHUNK_BYTES: usize = SAMPLES_PER_CHUNK * MAX_SAMPLE_BYTES;
+/// Encoded size of a typical sample, for sizing buffers.
+const TYPICAL_SAMPLE_BYTES: usize = 112;
+
+/// The sequence number of the first sample of the chunk holding sample `seq`.
+pub(crate) fn chunk_start(seq: u64) -> u64 {
+    seq & !((SAMPLES_PER_CHUNK as u64) - 1)
+}
+
+/// One chunk record ready to insert.
+pub(crate) struct EncodedChunk {
+    pub(crate) key: [u8; 24],
+    pub(crate) value: Vec<u8>,
+}
+
+/// Split a batch into chunk records: grouped by incident, each group in time order (a
+/// stable sort, so equal times keep the batch's order), cut every [`SAMPLES_PER_CHUNK`].
+pub(crate) fn encode_batch(batch_id: u64, samples: &[Sample]) -> Result<Vec<EncodedChunk>> {
+    let mut order: Vec<&Sample> = samples.iter().collect();
+    order.sort_by_key(|s| (s.incident, s.time_ns));
+    let mut chunks = Vec::with_capacity(samples.len() / SAMPLES_PER_CHUNK + 1);
+    let mut rest = &order[..];
+    while let Some(first) = rest.first() {
+        let same_incident = rest
+            .iter()
+            .take(SAMPLES_PER_CHUNK)
+            .take_while(|s| s.incident == first.incident)
+            .count();
+        let (chunk, tail) = rest.split_at(same_incident);
+        rest = tail;
+        if chunks.len() == MAX_CHUNKS_PER_BATCH {
+            return Err(StoreError::TooLarge {
+                kind: "sample batch (chunks)",
+                size: MAX_CHUNKS_PER_BATCH + 1,
+                max: MAX_CHUNKS_PER_BATCH,
+            });
+        }
+        let seq = (batch_id << BATCH_INDEX_BITS) | ((chunks.len() as u64) << INDEX_BITS);
+        let value = codec::encode_as(
+            SAMPLE_CHUNK_VERSION,
+            "sample chunk",
+            &chunk,
+            MAX_CHUNK_BYTES,
+            codec::HEADER + 2 + chunk.len() * TYPICAL_SAMPLE_BYTES,
+        )?;
+        chunks.push(EncodedChunk {
+            key: keys::sample(first.incident, first.time_ns, seq),
+            value,
+        });
+    }
+    Ok(chunks)
+}
+
+/// Decode a stored samples record: a chunk, or a one-sample record written by a schema-1
+/// build (kept readable so an upgrade loses nothing).
+pub(crate) fn decode(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
+    match value.first() {
+        Some(&codec::RECORD_VERSION) => codec::decode::<Sample>(value).map(|s| vec![s]),
+        _ => codec::decode_as(SAMPLE_CHUNK_VERSION, value),
+    }
+}
+
+/// How many samples a stored record holds, without decoding them: a chunk's length prefix,
+/// 1 for an intact one-sample record of the earlier layout, 0 for a damaged record.
+pub(crate) fn sample_count(value: &[u8]) -> u64 {
+    if let Ok(payload) = codec::verify_as(SAMPLE_CHUNK_VERSION, value) {
+        // postcard writes a sequence's length first, as a varint usize.
+        return postcard::take_from_bytes::<usize>(payload).map_or(0, |(n, _)| n as u64);
+    }
+    u64::from(codec::verify_as(codec::RECORD_VERSION, value).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capture::sample::{Comm, Flow, SampleFlags, Transport};
+    use detector::Probe;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn sample(incident: u64, time_ns: u64) -> Sample {
+        Sample {
+            time_ns,
+            incident,
+            probe: Probe::TcpSocketRead,
+            latency_ns: 5_000_000,
+            flow: Flow {
+                transport: Transport::Tcp,
+                src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+                sport: 40000,
+                dst: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+                dport: 443,
+            },
+            cgroup_id: 1,
+            pid: Some(10),
+            comm: Comm::from_kernel(b"worker\0"),
+            cpu: 0,
+            ifindex: 2,
+            netns_ino: 1,
+            skb_len: 100,
+            socket_queue: None,
+            tcp_seq: Some(time_ns as u32),
+            flags: SampleFlags::empty(),
+        }
+    }
+
+    #[test]
+    fn batches_split_by_incident_and_size_in_time_order() {
+        // 600 samples of incident 1 given newest first, 3 of incident 2 in between.
+        let mut batch: Vec<Sample> = (0..600).rev().map(|t| sample(1, t)).collect();
+        batch.insert(100, sample(2, 7));
+        batch.insert(5, sample(2, 3));
+        batch.insert(300, sample(2, 7));
+        let chunks = encode_batch(5, &batch).unwrap();
+        let decoded: Vec<Vec<Sample>> = chunks.iter().map(|c| decode(&c.value).unwrap()).collect();
+        let sizes: Vec<usize> = decoded.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [256, 256, 88, 3]);
+        let times: Vec<u64> = decoded[..3].concat().iter().map(|s| s.time_ns).collect();
+        assert_eq!(times, (0..600).collect::<Vec<_>>());
+        let inc2: Vec<u64> = decoded[3].iter().map(|s| s.time_ns).collect();
+        assert_eq!(inc2, [3, 7, 7]);
+        for (n, (c, d)) in chunks.iter().zip(&decoded).enumerate() {
+            let seq = keys::u64_at(&c.key, 16).unwrap();
+            assert_eq!(seq, (5 << BATCH_INDEX_BITS) | (n as u64 * 256));
+            assert_eq!(chunk_start(seq + 255), seq);
+            assert_eq!(keys::u64_at(&c.key, 0), Some(d[0].incident));
+            assert_eq!(keys::u64_at(&c.key, 8), Some(d[0].time_ns));
+            assert_eq!(sample_count(&c.value), d.len() as u64);
+        }
+    }
+
+    #[test]
+    fn counts_of_old_and_damaged_records() {
+        let old = codec::encode("sample", &sample(1, 1), 1024).unwrap();
+        assert_eq!(sample_count(&old), 1);
+        assert_eq!(decode(&old).unwrap(), vec![sample(1, 1)]);
+        let mut unknown = old.clone();
+        unknown[0] = 9;
+        assert_eq!(decode(&unknown), Err(DecodeError::Version(9)));
+        let mut chunk = encode_batch(1, &[sample(1, 1), sample(1, 2)])
+            .unwrap()
+            .remove(0)
+            .value;
+        assert_eq!(sample_count(&chunk), 2);
+        let last = chunk.len() - 1;
+        chunk[last] ^= 1;
+        assert_eq!(sample_count(&chunk), 0);
+        assert_eq!(decode(&chunk), Err(DecodeError::Checksum));
+    }
+
+    #[test]
+    fn a_batch_filling_too_many_chunks_is_refused() {
+        // One sample per incident: every sample is a chunk of its own.
+        let batch: Vec<Sample> = (0..=MAX_CHUNKS_PER_BATCH as u64)
+            .map(|i| sample(i, 0))
+            .collect();
+        assert!(matches!(
+            encode_batch(1, &batch),
+            Err(StoreError::TooLarge { max, .. }) if max == MAX_CHUNKS_PER_BATCH
+        ));
+    }
+}
