@@ -6,6 +6,9 @@
 //! Everything here needs root, `ip` and `tc` (iproute2). Every object undoes itself on drop.
 //! Traffic only ever goes to addresses inside namespaces these helpers created, or loopback.
 //!
+//! For end-to-end tests, [`Daemon`] runs the real `tailtrap run` with a test configuration
+//! (logging to a file in a [`ScratchDir`]) and [`cli`] / [`cli_json`] run the CLI against it.
+//!
 //! The test binaries of this crate run on the host kernel (`cargo test`) and, through
 //! `tests/vm/run-vm-tests.sh`, on stock kernels under qemu; [`vm_kernel`] and
 //! [`expected_attach`] tell a test where it runs.
@@ -14,6 +17,7 @@
 mod bins;
 mod cgroup;
 mod cmd;
+mod daemon;
 mod error;
 mod netns;
 mod traffic;
@@ -21,6 +25,7 @@ mod veth;
 
 pub use bins::{expected_attach, tailtrap_bin, traffic_bin, vm_kernel};
 pub use cgroup::{cgroup2_mount, Cgroup};
+pub use daemon::{cli, cli_json, Daemon, ScratchDir};
 pub use error::{Error, Result};
 pub use netns::Netns;
 pub use traffic::{run_client, ClientOpts, ClientStats, Proto, ServerOpts, TcpServer, UdpServer};

@@ -6,18 +6,19 @@
 // Test code: a failed step should panic with its context.
 #![allow(clippy::unwrap_used)]
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    run_client, tailtrap_bin, vm_kernel, ClientOpts, Proto, ServerOpts, TcpServer, UdpServer,
+    cli, cli_json, run_client, tailtrap_bin, vm_kernel, ClientOpts, Daemon, Proto, ScratchDir,
+    ServerOpts, TcpServer, UdpServer,
 };
 
 /// The pwru session's deadline: the stand-in is a bash script, and under qemu's software
@@ -27,24 +28,6 @@ fn pwru_deadline() -> Duration {
         Duration::from_secs(20)
     } else {
         Duration::from_secs(4)
-    }
-}
-
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("tailtrap-e2e-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -90,99 +73,6 @@ impl Drop for Traffic {
             let _ = t.join();
         }
     }
-}
-
-/// The daemon process; killed on drop if still running.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(config: &Path, dir: &Path, argv_log: &Path) -> Daemon {
-        let log = dir.join(format!(
-            "daemon-{}.log",
-            Instant::now().elapsed().as_nanos()
-        ));
-        let child = Command::new(tailtrap_bin())
-            .args(["run", "--config"])
-            .arg(config)
-            .env("FAKE_PWRU_ARGV_LOG", argv_log)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon { child, log }
-    }
-
-    fn log(&self) -> String {
-        let mut s = String::new();
-        if let Ok(mut f) = std::fs::File::open(&self.log) {
-            let _ = f.read_to_string(&mut s);
-        }
-        s
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn cli(config: &Path, args: &[&str]) -> Output {
-    Command::new(tailtrap_bin())
-        .arg("-v")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap()
-}
-
-/// Run the CLI, expect success, parse its JSON stdout; stderr says API or database.
-fn cli_json(config: &Path, args: &[&str]) -> (Value, String) {
-    let out = cli(config, args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "tailtrap {args:?} failed: {stderr}{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let v = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("tailtrap {args:?}: not JSON ({e}): {:?}", out.stdout));
-    (v, stderr)
-}
-
-/// Poll `f` until it returns Some or `timeout` passes.
-fn wait_for<T>(
-    timeout: Duration,
-    what: &str,
-    daemon: &Daemon,
-    mut f: impl FnMut() -> Option<T>,
-) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}; daemon log:\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn wait_for_api(config: &Path, daemon: &Daemon) {
-    wait_for(Duration::from_secs(60), "the daemon's API", daemon, || {
-        let out = cli(config, &["status", "--json"]);
-        let text = String::from_utf8_lossy(&out.stderr);
-        (out.status.success() && text.contains("daemon's API")).then_some(())
-    });
 }
 
 fn incidents_of(config: &Path, service: &str) -> Vec<Value> {
@@ -242,8 +132,8 @@ fn slow_reader_scenario(proto: Proto) {
         Proto::Tcp => ("tcp", "tcp-socket-read"),
         Proto::Udp => ("udp", "udp-socket-read"),
     };
-    let scratch = Scratch::new(name);
-    let dir = &scratch.0;
+    let scratch = ScratchDir::new(name).unwrap();
+    let dir = scratch.path();
     let slow = Server::spawn(proto);
     let quiet = Server::spawn(proto);
     let (slow_port, quiet_port) = (slow.addr().port(), quiet.addr().port());
@@ -310,8 +200,13 @@ cooldown = "1s"
         .unwrap();
     assert!(check.status.success(), "{check:?}");
 
-    let daemon = Daemon::start(&config, dir, &argv_log);
-    wait_for_api(&config, &daemon);
+    let daemon = Daemon::start(
+        &config,
+        dir,
+        &[("FAKE_PWRU_ARGV_LOG", argv_log.as_os_str())],
+    )
+    .unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert_eq!(status["services"], serde_json::json!(["slow", "quiet"]));
     assert_eq!(status["pwru"]["prerequisites_ignored"], true);
@@ -332,7 +227,7 @@ cooldown = "1s"
     // Fast reads until both baselines are warm.
     let _quiet_traffic = Traffic::start(quiet.addr(), proto);
     let slow_traffic = Traffic::start(slow.addr(), proto);
-    wait_for(Duration::from_secs(60), "warm baselines", &daemon, || {
+    daemon.wait_for(Duration::from_secs(60), "warm baselines", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
         let warm = |svc: &str| {
             s["latency"].as_array().is_some_and(|rows| {
@@ -350,12 +245,9 @@ cooldown = "1s"
     // The application now sleeps 20 ms before each read.
     slow.set_read_delay(Duration::from_millis(20));
     let opened = Instant::now();
-    let incident = wait_for(
-        Duration::from_secs(30),
-        "an incident on `slow`",
-        &daemon,
-        || incidents_of(&config, "slow").into_iter().next(),
-    );
+    let incident = daemon.wait_for(Duration::from_secs(30), "an incident on `slow`", || {
+        incidents_of(&config, "slow").into_iter().next()
+    });
     eprintln!("incident opened {:?} after the slowdown", opened.elapsed());
     let id = incident["id"].as_u64().unwrap();
     let probes: Vec<&str> = incident["probes"]
@@ -384,10 +276,9 @@ cooldown = "1s"
     );
 
     // The pwru stand-in ran with the service's port and its lines are stored.
-    let pwru_done = wait_for(
+    let pwru_done = daemon.wait_for(
         Duration::from_secs(30) + pwru_deadline(),
         "the pwru session's end",
-        &daemon,
         || {
             let (v, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
             (v["incident"]["pwru"]["state"] == "done").then_some(v)
@@ -450,15 +341,10 @@ cooldown = "1s"
 
     // Fast reads again: the incident closes.
     slow.set_read_delay(Duration::ZERO);
-    wait_for(
-        Duration::from_secs(60),
-        "the incident to close",
-        &daemon,
-        || {
-            let (v, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
-            (v["incident"]["state"] == "closed").then_some(())
-        },
-    );
+    daemon.wait_for(Duration::from_secs(60), "the incident to close", || {
+        let (v, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+        (v["incident"]["state"] == "closed").then_some(())
+    });
     drop(slow_traffic);
     let quiet_incidents = incidents_of(&config, "quiet");
     assert!(
@@ -468,8 +354,7 @@ cooldown = "1s"
 
     // SIGKILL: the incident is still there, read from the database directly ...
     let mut daemon = daemon;
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
+    daemon.kill().unwrap();
     let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
     assert!(how.contains("reading the database"), "{how}");
     assert_eq!(view["incident"]["state"], "closed");
@@ -482,8 +367,13 @@ cooldown = "1s"
     assert_eq!(doc["pwru"].as_array().unwrap().len() as u64, stored);
 
     // ... and through a restarted daemon, which stops cleanly on SIGTERM.
-    let mut daemon = Daemon::start(&config, dir, &argv_log);
-    wait_for_api(&config, &daemon);
+    let mut daemon = Daemon::start(
+        &config,
+        dir,
+        &[("FAKE_PWRU_ARGV_LOG", argv_log.as_os_str())],
+    )
+    .unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
     let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
     assert!(how.contains("daemon's API"), "{how}");
     assert_eq!(view["incident"]["pwru"]["lines_stored"], stored);
@@ -492,12 +382,11 @@ cooldown = "1s"
         log.contains("baselines restored") && !log.contains("baselines=0"),
         "{log}"
     );
-    let term = Command::new("kill")
-        .args(["-TERM", &daemon.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let status = daemon.child.wait().unwrap();
+    daemon.signal(Signal::SIGTERM).unwrap();
+    let status = daemon
+        .wait_exit(Duration::from_secs(120))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no exit 120 s after SIGTERM: {}", daemon.log()));
     assert!(status.success(), "{status:?}: {}", daemon.log());
     assert!(
         !dir.join("api.sock").exists(),
