@@ -1,7 +1,9 @@
 //! SIGHUP against the real `tailtrap run`: a file with a bad value, a file with a rule
 //! broken across services and a missing file are each refused with an error naming the file
 //! (and the line and key), while the daemon keeps running with its services; a good file
-//! then adds a service at once and says that its `[storage]` change waits for a restart.
+//! then adds a service at once and says that its `[storage]` and `[capture]` changes wait
+//! for a restart (the capture restarted with the new probes keeps its running settings).
+//! `tailtrap status` shows the last reload's outcome.
 //! Finally the daemon stops cleanly on SIGTERM.
 //!
 //! Needs root and the `tailtrap` binary of the same build (`cargo build -p tailtrap`).
@@ -116,6 +118,13 @@ fn assert_refused(daemon: &mut Daemon, client: &Path, error: &str, services: &Va
         &s["services"], services,
         "services changed by a refused reload"
     );
+    // Status shows the refusal too, for whoever did not watch the log.
+    let last = &s["daemon"]["last_reload"];
+    assert_eq!(last["applied"], false, "{last}");
+    assert!(
+        last["message"].as_str().unwrap().contains(error),
+        "status does not say {error:?}: {last}"
+    );
     assert!(daemon.running(), "the daemon exited:\n{}", daemon.log());
 }
 
@@ -186,8 +195,16 @@ fn sighup_refuses_bad_files_keeping_the_running_config_and_applies_a_good_one() 
         &services,
     );
 
-    // A good file: a new service, and a restart-only change to [storage].
-    std::fs::write(&config, config_text(dir, &both, "1s", "")).unwrap();
+    // A good file: a new service, and restart-only changes to [storage] and [capture].
+    // The capture restarts with the new probes but keeps its running settings.
+    let capture_before = first["capture"]["state"].as_str().unwrap().to_owned();
+    assert!(
+        !capture_before.contains("enabled = false"),
+        "{capture_before}"
+    );
+    let mut text = config_text(dir, &both, "1s", "");
+    text.push_str("\n[capture]\nenabled = false\n");
+    std::fs::write(&config, text).unwrap();
     let before = daemon.log().len();
     daemon.signal(Signal::SIGHUP).unwrap();
     daemon.wait_for(wait(), "status to list the new service", || {
@@ -212,7 +229,8 @@ fn sighup_refuses_bad_files_keeping_the_running_config_and_applies_a_good_one() 
         .unwrap_or_else(|| panic!("no restart warning for the [storage] change:\n{new}"));
     assert!(warning.contains("WARN"), "{warning}");
     assert!(warning.contains("\"storage\""), "{warning}");
-    for unchanged in ["\"daemon\"", "\"api\"", "\"capture\"", "\"pwru\""] {
+    assert!(warning.contains("\"capture\""), "{warning}");
+    for unchanged in ["\"daemon\"", "\"api\"", "\"pwru\""] {
         assert!(!warning.contains(unchanged), "{unchanged} in {warning}");
     }
     assert!(daemon.running(), "the daemon exited:\n{}", daemon.log());
@@ -221,6 +239,25 @@ fn sighup_refuses_bad_files_keeping_the_running_config_and_applies_a_good_one() 
     assert!(
         !after["probes"].as_array().unwrap().is_empty(),
         "no probes after the reload: {after}"
+    );
+    let capture_after = after["capture"]["state"].as_str().unwrap();
+    assert!(
+        !capture_after.contains("enabled = false"),
+        "a restart-only [capture] change was applied by the reload: {capture_after}"
+    );
+    let last = &after["daemon"]["last_reload"];
+    assert_eq!(last["applied"], true, "{last}");
+    assert_eq!(
+        last["restart_needed"],
+        json!(["storage", "capture"]),
+        "{last}"
+    );
+    // Humans see it in the table.
+    let table = cli(&client, &["status"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("last reload") && table.contains("need a restart"),
+        "{table}"
     );
 
     // A clean stop.

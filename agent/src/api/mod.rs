@@ -63,6 +63,23 @@ pub struct DaemonInfo {
     pub intervals: u64,
     /// Intervals whose histograms could not be read or stored.
     pub interval_errors: u64,
+    /// The last SIGHUP reload, if any since start.
+    #[serde(default)]
+    pub last_reload: Option<ReloadOutcome>,
+}
+
+/// What a SIGHUP reload did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReloadOutcome {
+    /// When, ns since the epoch.
+    pub at_ns: u64,
+    /// True when the file was applied; false when it was refused and the running
+    /// configuration stayed.
+    pub applied: bool,
+    /// What was applied, or why the file was refused (naming the file, line and key).
+    pub message: String,
+    /// Tables changed in the file that take effect only at the next start.
+    pub restart_needed: Vec<String>,
 }
 
 /// One probe's attachment.

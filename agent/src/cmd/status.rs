@@ -80,6 +80,25 @@ fn print_report(r: &StatusReport) {
         ),
     ]);
     t.add_row(["config".to_owned(), d.config.clone()]);
+    if let Some(r) = &d.last_reload {
+        let what = if r.applied {
+            let mut m = format!("applied at {}: {}", fmt_time(r.at_ns), r.message);
+            if !r.restart_needed.is_empty() {
+                m += &format!(
+                    "; changes to [{}] need a restart",
+                    r.restart_needed.join("], [")
+                );
+            }
+            m
+        } else {
+            format!(
+                "REFUSED at {}, running configuration kept: {}",
+                fmt_time(r.at_ns),
+                r.message
+            )
+        };
+        t.add_row(["last reload".to_owned(), what]);
+    }
     t.add_row(["database".to_owned(), d.db.display().to_string()]);
     t.add_row([
         "process".to_owned(),

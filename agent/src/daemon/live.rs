@@ -8,7 +8,7 @@ use storage::Store;
 
 use crate::api::{
     CaptureReport, DaemonInfo, KernelCounters, LatencyRow, OpenIncident, ProbeRow, ProcessStats,
-    ProgCost, PwruReport, StatusReport, StoreReport,
+    ProgCost, PwruReport, ReloadOutcome, StatusReport, StoreReport,
 };
 use crate::config::Config;
 
@@ -49,6 +49,7 @@ impl Live {
                 socket: config.api.socket.clone(),
                 intervals: 0,
                 interval_errors: 0,
+                last_reload: None,
             },
             started,
             probes: Vec::new(),
@@ -86,6 +87,10 @@ impl Live {
             .iter()
             .map(|s| s.name.clone())
             .collect();
+    }
+
+    pub(super) fn set_reload(&mut self, outcome: ReloadOutcome) {
+        self.daemon.last_reload = Some(outcome);
     }
 
     pub(super) fn set_prog_stats(&mut self, stats: Vec<bpf::ProgStats>) {

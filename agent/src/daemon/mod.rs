@@ -9,7 +9,7 @@ mod live;
 mod pwru;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,7 +23,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::api::server::{self, AppState};
-use crate::api::{CaptureReport, KernelCounters, LatencyRow};
+use crate::api::{CaptureReport, KernelCounters, LatencyRow, ReloadOutcome};
 use crate::config::{self, Config};
 use incidents::Incidents;
 pub(crate) use incidents::{headline, quantile_name};
@@ -47,6 +47,13 @@ const PWRU_STOP_SLACK: Duration = Duration::from_secs(5);
 pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let started = SystemTime::now();
     let config = config::load(config_path.as_deref())?;
+    // Reloads read the file the daemon started from and require it: without this, a
+    // default file deleted after start would reload as the embedded defaults, silently
+    // dropping every service.
+    let config_path = config_path.or_else(|| {
+        let default = Path::new(config::DEFAULT_PATH);
+        default.exists().then(|| default.to_path_buf())
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .worker_threads(2)
@@ -558,34 +565,70 @@ impl Daemon {
     }
 
     /// SIGHUP: re-read the file; apply services and detector settings, keeping baselines.
+    /// The outcome is logged and shown by `tailtrap status`.
     fn reload(&mut self) {
-        let new = match config::load(self.config_path.as_deref()) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %format!("{e:#}"), "reload refused; the running configuration stays");
-                return;
+        let outcome = match self.try_reload() {
+            Ok(needs_restart) => {
+                if !needs_restart.is_empty() {
+                    tracing::warn!(tables = ?needs_restart, "reload: changes to these tables take effect at the next start");
+                }
+                tracing::info!(
+                    services = self.config.probes.services.len(),
+                    "reloaded services and detector settings; baselines kept"
+                );
+                ReloadOutcome {
+                    at_ns: unix_ns(SystemTime::now()),
+                    applied: true,
+                    message: "services and detector settings applied; baselines kept".into(),
+                    restart_needed: needs_restart.into_iter().map(str::to_owned).collect(),
+                }
             }
+            Err(message) => {
+                tracing::error!(error = %message, "reload refused; the running configuration stays");
+                ReloadOutcome {
+                    at_ns: unix_ns(SystemTime::now()),
+                    applied: false,
+                    message,
+                    restart_needed: Vec::new(),
+                }
+            }
+        };
+        lock(&self.live).set_reload(outcome);
+    }
+
+    /// Apply the configuration file; returns the tables whose changes need a restart, or
+    /// why nothing was applied.
+    fn try_reload(&mut self) -> Result<Vec<&'static str>, String> {
+        let new = config::load(self.config_path.as_deref()).map_err(|e| format!("{e:#}"))?;
+        // Restart-only tables keep their running values, also for the capture that
+        // starts with new probes.
+        let kept = Config {
+            storage: self.config.storage.clone(),
+            capture: self.config.capture.clone(),
+            pwru: self.config.pwru.clone(),
+            daemon: self.config.daemon.clone(),
+            api: self.config.api.clone(),
+            ..new.clone()
         };
         if new.probes != self.config.probes {
             match load_probes(&new.probes) {
                 Ok(mut probes) => {
                     self.disarm_all("the probes were reloaded");
-                    self.capture = start_capture(&mut probes, &new);
+                    self.capture = start_capture(&mut probes, &kept);
                     self.slots.clear();
                     self.flight_set.clear();
                     self.probes = probes;
                     // Counts restart from zero in the new maps.
                     self.prev.clear();
-                    lock(&self.live).set_probes(&new, &self.probes);
+                    lock(&self.live).set_probes(&kept, &self.probes);
                 }
                 Err(e) => {
-                    tracing::error!(error = %format!("{e:#}"), "reload: the new probe settings failed to load; the running configuration stays");
-                    return;
+                    return Err(format!("the new probe settings failed to load: {e:#}"));
                 }
             }
         }
         self.detector.reconfigure(new.detector.clone());
-        let needs_restart: Vec<&str> = [
+        let needs_restart: Vec<&'static str> = [
             ("storage", new.storage != self.config.storage),
             ("capture", new.capture != self.config.capture),
             ("pwru", new.pwru != self.config.pwru),
@@ -595,22 +638,8 @@ impl Daemon {
         .into_iter()
         .filter_map(|(t, changed)| changed.then_some(t))
         .collect();
-        if !needs_restart.is_empty() {
-            tracing::warn!(tables = ?needs_restart, "reload: changes to these tables take effect at the next start");
-        }
-        let keep = Config {
-            storage: self.config.storage.clone(),
-            capture: self.config.capture.clone(),
-            pwru: self.config.pwru.clone(),
-            daemon: self.config.daemon.clone(),
-            api: self.config.api.clone(),
-            ..new
-        };
-        self.config = keep;
-        tracing::info!(
-            services = self.config.probes.services.len(),
-            "reloaded services and detector settings; baselines kept"
-        );
+        self.config = kept;
+        Ok(needs_restart)
     }
 }
 
