@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{new_incident, sample, SEC, T0};
 use detector::{Histogram, Probe};
 use storage::{
-    HistoryLevel, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig, StoreError,
+    HistoryLevel, Incident, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig, StoreError,
 };
 
 const DAY: u64 = 86_400 * SEC;
@@ -296,6 +296,24 @@ impl Drop for SmallFs {
     }
 }
 
+/// A store with `min_free_bytes` and one incident of 100 samples, flushed.
+fn open_with_flushed_incident(path: &Path, min_free_bytes: u64) -> (Store, Incident) {
+    let cfg = StoreConfig {
+        min_free_bytes,
+        ..StoreConfig::default()
+    };
+    let s = Store::open(path, cfg).unwrap();
+    let first = s.open_incident(&new_incident("web", T0)).unwrap();
+    s.put_samples(
+        &(0..100)
+            .map(|i| sample(first.id, i, T0 + i))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    s.flush().unwrap();
+    (s, first)
+}
+
 /// Fill the store's file system with sample batches until a write fails; returns the error.
 fn fill_until_refused(s: &Store, incident: u64) -> StoreError {
     for round in 0..4000u64 {
@@ -320,19 +338,7 @@ fn fs_free(path: &Path) -> u64 {
 fn low_disk_space_refuses_bulk_writes_before_the_disk_fills_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let fs = SmallFs::mount(dir.path(), "8m");
-    let cfg = StoreConfig {
-        min_free_bytes: 2 << 20,
-        ..StoreConfig::default()
-    };
-    let s = Store::open(dir.path().join("db"), cfg).unwrap();
-    let first = s.open_incident(&new_incident("web", T0)).unwrap();
-    s.put_samples(
-        &(0..100)
-            .map(|i| sample(first.id, i, T0 + i))
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    s.flush().unwrap();
+    let (s, first) = open_with_flushed_incident(&dir.path().join("db"), 2 << 20);
 
     let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
     let err = fill_until_refused(&s, inc.id);
@@ -381,22 +387,7 @@ const FLUSHED: &str = "tailtrap-flushed-first";
 /// itself fails, then give space back and flush (which reopens the engine, or reports it
 /// still shutting down). Prints what happened; the parent checks the files afterwards.
 fn enospc_child(dir: &Path) {
-    let s = Store::open(
-        dir.join("db"),
-        StoreConfig {
-            min_free_bytes: 0,
-            ..StoreConfig::default()
-        },
-    )
-    .unwrap();
-    let first = s.open_incident(&new_incident("web", T0)).unwrap();
-    s.put_samples(
-        &(0..100)
-            .map(|i| sample(first.id, i, T0 + i))
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    s.flush().unwrap();
+    let (s, first) = open_with_flushed_incident(&dir.join("db"), 0);
     println!("{FLUSHED} {}", first.id);
     let inc = s.open_incident(&new_incident("web", T0)).unwrap();
     let err = fill_until_refused(&s, inc.id);
