@@ -87,6 +87,9 @@ pub(crate) struct Engine {
     pub(crate) live: [u64; 6],
     /// Flush generation stored in the database when it was opened.
     generation: u64,
+    /// An empty in-memory engine holding the place of the real one (while a failed one
+    /// shuts down): reads from it would wrongly look like an empty database.
+    stand_in: bool,
 }
 
 impl Engine {
@@ -482,6 +485,15 @@ impl Store {
     /// Refuse writes while the engine is known to have failed: sled would refuse them too,
     /// and a stand-in engine left by a failed reopen must never take writes that would
     /// silently vanish.
+    /// Whether queries can be answered: not while a stand-in engine holds the place of a
+    /// failed one that is still shutting down (its data would look gone).
+    pub fn readable(&self) -> Result<()> {
+        if self.engine().stand_in {
+            return Err(StoreError::Engine(ENGINE_STUCK.into()));
+        }
+        Ok(())
+    }
+
     /// Refuse bulk records (samples, pwru lines, history) when the file system is below the
     /// free-space reserve, before sled meets a full disk.
     pub(crate) fn room_for_bulk(&self) -> Result<()> {
@@ -744,6 +756,7 @@ impl Store {
             trees,
             live: [0; 6],
             generation: 0,
+            stand_in: true,
         })
     }
 
@@ -860,6 +873,7 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
             trees,
             live,
             generation,
+            stand_in: false,
         })
     }));
     match opened {

@@ -408,6 +408,7 @@ fn enospc_child(dir: &Path) {
     assert!(grown.success());
     match s.flush() {
         Ok(()) => {
+            s.readable().unwrap();
             assert_eq!(count(&s, first.id), 100);
             s.put_samples(&[sample(first.id, 1000, T0 + 1000)]).unwrap();
             s.flush().unwrap();
@@ -416,6 +417,9 @@ fn enospc_child(dir: &Path) {
         Err(e) => {
             // sled's shutdown is stuck: writes must stay refused, clearly.
             assert!(e.to_string().contains("restart tailtrap"), "{e}");
+            // Queries say so too, rather than showing an empty database.
+            assert!(s.readable().is_err());
+            assert!(s.stats().engine_failed);
             assert!(s.put_samples(&[sample(first.id, 1000, T0)]).is_err());
             println!("tailtrap-child: engine stuck, restart needed");
         }

@@ -118,9 +118,12 @@ where
     F: FnOnce(&Store) -> Result<T, QueryError> + Send + 'static,
 {
     let store = state.store.clone();
-    tokio::task::spawn_blocking(move || f(&store))
-        .await
-        .map_err(|e| QueryError::Store(storage::StoreError::Engine(format!("query task: {e}"))))?
+    tokio::task::spawn_blocking(move || {
+        store.readable()?;
+        f(&store)
+    })
+    .await
+    .map_err(|e| QueryError::Store(storage::StoreError::Engine(format!("query task: {e}"))))?
 }
 
 fn json<T: Serialize>(r: Result<T, QueryError>) -> Response {
