@@ -230,12 +230,15 @@ fn rotation_keeps_every_record_and_shrinks_the_files() {
     }
     s.flush().unwrap();
     s.enforce_retention(T0 + 31 * DAY).unwrap();
+    s.flush().unwrap();
     let before = s.stats();
     let rep = s
         .maybe_rotate()
         .unwrap()
         .expect("amplified enough to rotate");
-    assert_eq!(rep.size_before, before.size_on_disk);
+    // sled's own background work may still add to its files between the two readings;
+    // they never shrink by themselves.
+    assert!(rep.size_before >= before.size_on_disk, "{rep:?} {before:?}");
     assert!(rep.size_after < rep.size_before, "{rep:?}");
     assert_eq!(rep.dropped_records, 0);
     assert_eq!(s.stats().rotations, 1);
