@@ -131,6 +131,26 @@ impl VethPair {
             Err(e) => Err(e),
         }
     }
+
+    /// Caps the segments per GSO packet the host end sends (`ip link set ... gso_max_segs`).
+    /// With 1, TCP hands the qdisc one MSS-sized packet at a time, so netem can reorder
+    /// within a message; by default a whole message may travel as one GSO packet.
+    /// Affects connections made afterwards.
+    pub fn set_gso_max_segs(&self, segs: u32) -> Result<()> {
+        let segs = segs.to_string();
+        run(
+            "ip",
+            &[
+                "link",
+                "set",
+                "dev",
+                &self.host_ifname,
+                "gso_max_segs",
+                &segs,
+            ],
+        )
+        .map(|_| ())
+    }
 }
 
 impl Drop for VethPair {
