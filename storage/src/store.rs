@@ -406,13 +406,10 @@ impl Store {
         // One id per batch, the chunk number and index in the low bits: unique, and
         // cheaper than an id per sample or per chunk.
         let batch_id = self.counted(eng.db.generate_id().map_err(StoreError::from))?;
-        let chunks = chunk::encode_batch(batch_id, samples);
-        if matches!(chunks, Err(StoreError::TooLarge { .. })) {
-            self.counters.oversized.fetch_add(1, Ordering::Relaxed);
-        }
+        let chunks = self.counted_encoding(chunk::encode_batch(batch_id, samples))?;
         let mut batch = sled::Batch::default();
         let mut bytes = 0u64;
-        for c in self.counted(chunks)? {
+        for c in chunks {
             bytes += (c.key.len() + c.value.len()) as u64;
             batch.insert(&c.key[..], c.value);
         }
@@ -581,7 +578,11 @@ impl Store {
         value: &V,
         max: usize,
     ) -> Result<Vec<u8>> {
-        let r = codec::encode(kind, value, max);
+        self.counted_encoding(codec::encode(kind, value, max))
+    }
+
+    /// Count a failed encoding (and whether the record was over its cap) and pass it on.
+    fn counted_encoding<V>(&self, r: Result<V>) -> Result<V> {
         if matches!(r, Err(StoreError::TooLarge { .. })) {
             self.counters.oversized.fetch_add(1, Ordering::Relaxed);
         }
