@@ -8,12 +8,14 @@
 //!   needs, and says in one line whether sessions can run.
 //! - [`SessionRequest`] holds the typed, validated inputs of one session and turns them
 //!   into pwru's argv; nothing from outside is pasted into a shell or a string.
+//!   [`SessionRequest::for_incident`] builds the one an incident asks for.
 //! - [`SessionManager::run`] supervises the process (readiness, deadline, SIGTERM, SIGKILL,
 //!   reaping), streams each stdout line as a [`PwruLine`] and returns a [`SessionStatus`].
 //! - [`PwruConfig`] is the `[pwru]` configuration table, checked when loaded.
 
 mod config;
 mod event;
+mod incident;
 mod prereq;
 mod request;
 mod session;
@@ -21,6 +23,7 @@ mod stderr;
 
 pub use config::PwruConfig;
 pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
+pub use incident::{IncidentRequestError, IncidentScope};
 pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};
 pub use request::{
     FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits, SessionRequest,
