@@ -31,6 +31,43 @@ pub fn fmt_ns(ns: f64) -> String {
     }
 }
 
+/// An incident's strongest shift: `tcp-socket-read p99 120µs -> 21.0ms (175x)`.
+pub fn headline(inc: &detector::Incident) -> String {
+    let h = &inc.headline;
+    format!(
+        "{} {} {} -> {} ({:.1}x)",
+        h.probe,
+        quantile_name(h.quantile),
+        fmt_ns(h.baseline.value_ns),
+        fmt_ns(h.observed.value_ns),
+        h.ratio
+    )
+}
+
+/// A quantile as people write it: `p99`, `p99.9`, `p50`.
+pub fn quantile_name(q: f64) -> String {
+    let pct = q * 100.0;
+    // Round away float noise (0.999 * 100 = 99.899999...).
+    let pct = (pct * 1000.0).round() / 1000.0;
+    format!("p{pct}")
+}
+
+/// The stage an incident's time went to, `-` when the detector could not attribute one.
+pub fn stage(inc: &detector::Incident) -> String {
+    inc.stage
+        .as_ref()
+        .map_or_else(|| "-".to_owned(), |s| s.verdict.clone())
+}
+
+/// Probe names joined by commas: `ip-start,tcp-socket-read`.
+pub fn probe_list(probes: &[detector::Probe]) -> String {
+    probes
+        .iter()
+        .map(|p| p.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// A time in ns since the Unix epoch as RFC 3339 (UTC, seconds).
 pub fn fmt_time(ns: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
@@ -81,6 +118,13 @@ mod tests {
         assert_eq!(fmt_ns(12_340.0), "12.3µs");
         assert_eq!(fmt_ns(4_560_000.0), "4.56ms");
         assert_eq!(fmt_ns(1.2e9), "1.20s");
+    }
+
+    #[test]
+    fn quantile_names() {
+        assert_eq!(quantile_name(0.99), "p99");
+        assert_eq!(quantile_name(0.999), "p99.9");
+        assert_eq!(quantile_name(0.5), "p50");
     }
 
     #[test]

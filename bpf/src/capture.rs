@@ -58,6 +58,10 @@ pub enum CaptureError {
     /// Starting the reader thread failed.
     #[error("starting the capture reader thread: {0}")]
     Thread(std::io::Error),
+    /// An operation on capture before capture was set up on the probe set (for users that
+    /// hold the probe set and its capture together).
+    #[error("in-kernel capture was not started on these probes")]
+    NotStarted,
 }
 
 /// Rate limits and sampling of capture, all applied in the kernel.

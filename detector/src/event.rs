@@ -58,6 +58,26 @@ pub struct Incident {
     pub stage: Option<StageAttribution>,
 }
 
+impl Incident {
+    /// What identifies this incident in every event about it.
+    pub fn key(&self) -> IncidentKey {
+        IncidentKey {
+            service: self.service.clone(),
+            opened_at: self.opened_at,
+        }
+    }
+}
+
+/// The identity of an incident: its service and when it opened (at most one is open per
+/// service, and `opened_at` never changes after the Opened event).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IncidentKey {
+    /// The service.
+    pub service: String,
+    /// When it opened.
+    pub opened_at: SystemTime,
+}
+
 /// Why an incident closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

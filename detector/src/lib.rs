@@ -22,6 +22,6 @@ mod window;
 pub use baseline::BaselineError;
 pub use config::{ConfigError, DetectorConfig};
 pub use engine::Detector;
-pub use event::{Event, Incident};
+pub use event::{Event, Incident, IncidentKey};
 pub use hist::Histogram;
 pub use probe::Probe;

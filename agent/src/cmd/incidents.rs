@@ -7,8 +7,7 @@ use storage::{CaptureState, Incident, IncidentState, PwruState, SampleSummary};
 
 use crate::api::query::IncidentsParams;
 use crate::api::IncidentView;
-use crate::daemon::{headline, quantile_name};
-use crate::output::{fmt_ns, fmt_span, fmt_time, print_json, table};
+use crate::output::{fmt_ns, fmt_span, fmt_time, headline, print_json, quantile_name, table};
 use crate::source::{block_on, Source, Target};
 
 /// Arguments of `tailtrap incidents`.

@@ -1,33 +1,22 @@
-//! Acting on the detector's events: incident records in the store, pwru sessions.
+//! The incidents' records in the store: opened, updated and closed as the detector says,
+//! changed as capture and pwru report, and found again by the detector's identity of an
+//! incident (never by its service alone).
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use capture::pwru::{NetnsFilter, PcapFilter, Protocol, SessionManager, SessionRequest};
-use capture::sample::Flow;
-use detector::{Event, Probe};
-use storage::{IncidentState, NewIncident, PwruState, Store};
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use detector::IncidentKey;
+use storage::{IncidentState, NewIncident, Store};
 
-use super::pwru::{self, Finished};
 use super::unix_ns;
 use crate::api::OpenIncident;
-use crate::config::Config;
+use crate::output::{headline, probe_list, stage};
 
-/// Most local ports taken from samples for a pwru filter.
-const MAX_SAMPLE_PORTS: usize = 4;
-
-/// The open incidents, by service, and the pwru sessions running for any incident.
+/// The open incidents, by the detector's key.
 pub(super) struct Incidents {
     store: Arc<Store>,
-    open: HashMap<String, Open>,
-    manager: SessionManager,
-    pwru_done: mpsc::Sender<Finished>,
-    sessions: JoinSet<()>,
+    open: HashMap<IncidentKey, Open>,
 }
 
 struct Open {
@@ -36,29 +25,10 @@ struct Open {
 }
 
 impl Incidents {
-    pub(super) fn new(
-        store: Arc<Store>,
-        manager: SessionManager,
-        pwru_done: mpsc::Sender<Finished>,
-    ) -> Incidents {
+    pub(super) fn new(store: Arc<Store>) -> Incidents {
         Incidents {
             store,
             open: HashMap::new(),
-            manager,
-            pwru_done,
-            sessions: JoinSet::new(),
-        }
-    }
-
-    /// Act on an Updated or Closed event (Opened goes through [`Incidents::opened`] and
-    /// [`Incidents::start_pwru`]); one log line each.
-    pub(super) fn handle(&mut self, event: Event) {
-        match event {
-            Event::Opened(inc) => {
-                self.opened(inc);
-            }
-            Event::Updated(inc) => self.updated(inc),
-            Event::Closed(inc) => self.closed(inc),
         }
     }
 
@@ -88,13 +58,18 @@ impl Incidents {
         );
         let id = record.id;
         self.open.insert(
-            inc.service.clone(),
+            inc.key(),
             Open {
                 record,
                 detail: inc,
             },
         );
         Some(id)
+    }
+
+    /// The store id of an open incident.
+    pub(super) fn id_of(&self, key: &IncidentKey) -> Option<u64> {
+        self.open.get(key).map(|o| o.record.id)
     }
 
     /// Change an incident's record (open or already closed) and store it.
@@ -120,8 +95,9 @@ impl Incidents {
         }
     }
 
-    fn updated(&mut self, inc: detector::Incident) {
-        let Some(open) = self.open.get_mut(&inc.service) else {
+    /// More probes or a stronger shift: the record follows.
+    pub(super) fn updated(&mut self, inc: detector::Incident) {
+        let Some(open) = self.open.get_mut(&inc.key()) else {
             return;
         };
         open.record.probes = inc.probes.clone();
@@ -140,8 +116,9 @@ impl Incidents {
         open.detail = inc;
     }
 
-    fn closed(&mut self, inc: detector::Incident) {
-        let Some(mut open) = self.open.remove(&inc.service) else {
+    /// The detector closed it: close the record.
+    pub(super) fn closed(&mut self, inc: detector::Incident) {
+        let Some(mut open) = self.open.remove(&inc.key()) else {
             return;
         };
         let closed_at = inc.closed_at.unwrap_or_else(SystemTime::now);
@@ -183,126 +160,6 @@ impl Incidents {
         v
     }
 
-    /// Start the incident's pwru session when the configuration allows one; the outcome
-    /// comes back through [`Incidents::pwru_finished`].
-    pub(super) fn start_pwru(&mut self, service: &str, flows: &[Flow], config: &Config) {
-        let Some(open) = self.open.get_mut(service) else {
-            return;
-        };
-        let (record, inc) = (&mut open.record, &open.detail);
-        Self::request_pwru(
-            record,
-            inc,
-            flows,
-            config,
-            &self.manager,
-            &self.store,
-            &mut self.sessions,
-            &self.pwru_done,
-        );
-        if let Err(e) = self.store.update_incident(record) {
-            tracing::error!(incident = record.id, error = %e, "storing the incident's status failed");
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn request_pwru(
-        record: &mut storage::Incident,
-        inc: &detector::Incident,
-        flows: &[Flow],
-        config: &Config,
-        manager: &SessionManager,
-        store: &Arc<Store>,
-        sessions: &mut JoinSet<()>,
-        pwru_done: &mpsc::Sender<Finished>,
-    ) {
-        if !config.pwru.enabled() {
-            record.pwru.message = "pwru sessions are off ([pwru] enabled = false)".to_owned();
-            return;
-        }
-        let spec = config
-            .probes
-            .services
-            .iter()
-            .find(|s| s.name == inc.service);
-        let mut ports = spec.map(|s| s.ports.clone()).unwrap_or_default();
-        if ports.is_empty() {
-            // A service known by its cgroup alone: the local ports its slow samples hit.
-            for f in flows {
-                if f.dport != 0 && !ports.contains(&f.dport) && ports.len() < MAX_SAMPLE_PORTS {
-                    ports.push(f.dport);
-                }
-            }
-        }
-        let filter = match PcapFilter::from_flows(
-            protocol_of(&inc.probes),
-            &ports,
-            flows,
-            config.pwru.max_peers(),
-        ) {
-            Ok(f) => f,
-            Err(e) => {
-                record.pwru.message =
-                    format!("no session: {e} (no ports configured and no samples captured)");
-                return;
-            }
-        };
-        let mut request = SessionRequest::new(inc.service.clone(), filter.clone())
-            .with_filter_funcs(config.pwru.filter_funcs(&inc.probes))
-            .with_limits(config.pwru.limits());
-        if let Some(ino) = spec
-            .and_then(|s| s.cgroup.as_deref())
-            .and_then(foreign_netns)
-        {
-            request = request.with_netns(NetnsFilter::inode(ino));
-        }
-        record.pwru.state = PwruState::Running;
-        record.pwru.started_ns = Some(unix_ns(SystemTime::now()));
-        record.pwru.message = format!("requested: {}", filter.expression());
-        pwru::spawn(
-            sessions,
-            manager.clone(),
-            store.clone(),
-            record.id,
-            request,
-            pwru_done.clone(),
-        );
-    }
-
-    /// A session ended: record its status with its incident (open or not).
-    pub(super) fn pwru_finished(&mut self, done: Finished) {
-        let status = pwru::status_of(&done.status, done.stored);
-        tracing::info!(
-            incident = done.incident,
-            state = %done.status.state,
-            lines = done.stored,
-            reason = %done.status.reason,
-            "pwru session ended"
-        );
-        self.update(done.incident, |record| {
-            record.pwru = status;
-            record.counters.store_errors += done.store_errors;
-        });
-    }
-
-    /// Shutdown: stop a running session and record its outcome (waiting at most `wait`).
-    pub(super) async fn stop_pwru(&mut self, done: &mut mpsc::Receiver<Finished>, wait: Duration) {
-        if self.manager.stop() {
-            tracing::info!("stopping the running pwru session");
-        }
-        let sessions = &mut self.sessions;
-        let joined = tokio::time::timeout(wait, async {
-            while sessions.join_next().await.is_some() {}
-        })
-        .await;
-        if joined.is_err() {
-            tracing::warn!("a pwru session did not end in time; its status stays `running`");
-        }
-        while let Ok(d) = done.try_recv() {
-            self.pwru_finished(d);
-        }
-    }
-
     /// Shutdown: incidents still open end as interrupted at `now_ns` (monitoring stopped,
     /// not the anomaly).
     pub(super) fn interrupt_open(&mut self, now_ns: u64) {
@@ -323,112 +180,6 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-fn probe_list(probes: &[Probe]) -> String {
-    probes
-        .iter()
-        .map(|p| p.name())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// `tcp-socket-read p99 120µs -> 21.0ms (175x)`.
-pub(crate) fn headline(inc: &detector::Incident) -> String {
-    let h = &inc.headline;
-    format!(
-        "{} {} {} -> {} ({:.1}x)",
-        h.probe,
-        quantile_name(h.quantile),
-        crate::output::fmt_ns(h.baseline.value_ns),
-        crate::output::fmt_ns(h.observed.value_ns),
-        h.ratio
-    )
-}
-
-/// `p99`, `p99.9`, `p50`.
-pub(crate) fn quantile_name(q: f64) -> String {
-    let pct = q * 100.0;
-    // Round away float noise (0.999 * 100 = 99.899999...).
-    let pct = (pct * 1000.0).round() / 1000.0;
-    format!("p{pct}")
-}
-
-fn stage(inc: &detector::Incident) -> String {
-    inc.stage
-        .as_ref()
-        .map_or_else(|| "-".to_owned(), |s| s.verdict.clone())
-}
-
 fn intervals(opened: SystemTime, closed: SystemTime) -> u64 {
     closed.duration_since(opened).map_or(0, |d| d.as_secs())
-}
-
-/// TCP unless every hot probe is on the UDP path.
-fn protocol_of(probes: &[Probe]) -> Protocol {
-    let udp = |p: &Probe| {
-        matches!(
-            p,
-            Probe::UdpStart | Probe::UdpSocketEnqueued | Probe::UdpSocketRead
-        )
-    };
-    if probes.iter().any(udp) && !probes.iter().any(|p| !udp(p) && *p != Probe::IpStart) {
-        Protocol::Udp
-    } else {
-        Protocol::Tcp
-    }
-}
-
-/// The network namespace inode of the first process in `cgroup` (relative to the cgroup2
-/// mount), when it differs from the daemon's own.
-fn foreign_netns(cgroup: &Path) -> Option<u32> {
-    let dir = cgroup2_mount()?.join(cgroup.strip_prefix("/").unwrap_or(cgroup));
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
-    let pid: u32 = procs.lines().next()?.trim().parse().ok()?;
-    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
-    let ours = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
-    (theirs != ours).then(|| u32::try_from(theirs).ok())?
-}
-
-fn cgroup2_mount() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|line| {
-        // "... mount-point options - fstype source super-options"
-        let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn protocol_follows_the_hot_probes() {
-        assert_eq!(protocol_of(&[Probe::UdpSocketRead]), Protocol::Udp);
-        assert_eq!(
-            protocol_of(&[Probe::IpStart, Probe::UdpStart]),
-            Protocol::Udp
-        );
-        assert_eq!(protocol_of(&[Probe::TcpSocketRead]), Protocol::Tcp);
-        assert_eq!(protocol_of(&[Probe::IpStart]), Protocol::Tcp);
-        assert_eq!(
-            protocol_of(&[Probe::UdpStart, Probe::TcpStart]),
-            Protocol::Tcp
-        );
-    }
-
-    #[test]
-    fn quantile_names() {
-        assert_eq!(quantile_name(0.99), "p99");
-        assert_eq!(quantile_name(0.999), "p99.9");
-        assert_eq!(quantile_name(0.5), "p50");
-    }
-
-    #[test]
-    fn own_namespace_is_not_foreign() {
-        // The root cgroup holds processes of the host namespace (or none at all).
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let rel = own.trim().rsplit("::").next().unwrap_or("/").to_owned();
-        assert_eq!(foreign_netns(Path::new(&rel)), None);
-    }
 }

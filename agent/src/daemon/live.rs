@@ -1,8 +1,9 @@
-//! What `GET /v1/status` reports, kept up to date by the interval loop.
+//! What `GET /v1/status` reports: what the daemon set up ([`Live`]) and what the interval
+//! loop saw last ([`LoopStatus`]).
 
 use std::time::SystemTime;
 
-use bpf::ProbeSet;
+use bpf::Attachment;
 use capture::pwru::{Prerequisites, SessionManager};
 use storage::Store;
 
@@ -12,21 +13,65 @@ use crate::api::{
 };
 use crate::config::Config;
 
-/// The daemon's state as the API shows it.
+/// The daemon's set-up as the API shows it.
 pub(super) struct Live {
     daemon: DaemonInfo,
     started: SystemTime,
     probes: Vec<ProbeRow>,
     services: Vec<String>,
-    pub(super) latency: Vec<LatencyRow>,
-    pub(super) open_incidents: Vec<OpenIncident>,
-    pub(super) kernel_counters: KernelCounters,
-    pub(super) capture: CaptureReport,
-    pub(super) intervals: u64,
-    pub(super) interval_errors: u64,
     pwru: (Prerequisites, bool, SessionManager),
     pwru_enabled: bool,
-    bpf_cost: Vec<ProgCost>,
+}
+
+/// What the interval loop updates.
+pub(super) struct LoopStatus {
+    /// Intervals run.
+    pub(super) intervals: u64,
+    /// Intervals whose probes could not be read.
+    pub(super) interval_errors: u64,
+    /// The last interval's quantiles per (service, probe).
+    pub(super) latency: Vec<LatencyRow>,
+    /// Incidents open now.
+    pub(super) open_incidents: Vec<OpenIncident>,
+    /// The kernel's event counters.
+    pub(super) kernel_counters: KernelCounters,
+    /// In-kernel capture.
+    pub(super) capture: CaptureReport,
+    /// The BPF programs' cost, read now and then.
+    pub(super) bpf_cost: Vec<ProgCost>,
+}
+
+impl Default for LoopStatus {
+    fn default() -> Self {
+        LoopStatus {
+            intervals: 0,
+            interval_errors: 0,
+            latency: Vec::new(),
+            open_incidents: Vec::new(),
+            kernel_counters: KernelCounters::default(),
+            capture: CaptureReport {
+                available: false,
+                state: "starting".into(),
+            },
+            bpf_cost: Vec::new(),
+        }
+    }
+}
+
+impl LoopStatus {
+    /// The programs' run-time statistics.
+    pub(super) fn set_prog_stats(&mut self, stats: Vec<bpf::ProgStats>) {
+        self.bpf_cost = stats
+            .into_iter()
+            .map(|s| ProgCost {
+                program: s.program,
+                attach_point: s.attach_point,
+                probes: s.probes,
+                run_cnt: s.run_cnt,
+                run_time_ns: s.run_time_ns,
+            })
+            .collect();
+    }
 }
 
 impl Live {
@@ -34,7 +79,7 @@ impl Live {
     /// `started`: when the process started (CPU use is averaged from there).
     pub(super) fn new(
         config: &Config,
-        probes: &ProbeSet,
+        probes: &[Attachment],
         pwru: (Prerequisites, bool, SessionManager),
         started: SystemTime,
     ) -> Live {
@@ -54,27 +99,16 @@ impl Live {
             started,
             probes: Vec::new(),
             services: Vec::new(),
-            latency: Vec::new(),
-            open_incidents: Vec::new(),
-            kernel_counters: KernelCounters::default(),
-            capture: CaptureReport {
-                available: false,
-                state: "starting".into(),
-            },
-            intervals: 0,
-            interval_errors: 0,
             pwru,
             pwru_enabled: config.pwru.enabled(),
-            bpf_cost: Vec::new(),
         };
         live.set_probes(config, probes);
         live
     }
 
     /// After a (re)load of the probes.
-    pub(super) fn set_probes(&mut self, config: &Config, probes: &ProbeSet) {
+    pub(super) fn set_probes(&mut self, config: &Config, probes: &[Attachment]) {
         self.probes = probes
-            .attachments()
             .iter()
             .map(|a| ProbeRow {
                 probe: a.probe,
@@ -93,24 +127,12 @@ impl Live {
         self.daemon.last_reload = Some(outcome);
     }
 
-    pub(super) fn set_prog_stats(&mut self, stats: Vec<bpf::ProgStats>) {
-        self.bpf_cost = stats
-            .into_iter()
-            .map(|s| ProgCost {
-                program: s.program,
-                attach_point: s.attach_point,
-                probes: s.probes,
-                run_cnt: s.run_cnt,
-                run_time_ns: s.run_time_ns,
-            })
-            .collect();
-    }
-
-    /// The full report, with the process's and the store's figures read now.
-    pub(super) fn report(&self, store: &Store) -> StatusReport {
+    /// The full report with the loop's status, the process's and the store's figures read
+    /// now.
+    pub(super) fn report(&self, status: &LoopStatus, store: &Store) -> StatusReport {
         let mut daemon = self.daemon.clone();
-        daemon.intervals = self.intervals;
-        daemon.interval_errors = self.interval_errors;
+        daemon.intervals = status.intervals;
+        daemon.interval_errors = status.interval_errors;
         let (prereq, ignored, manager) = &self.pwru;
         let pwru = PwruReport {
             enabled: self.pwru_enabled,
@@ -122,12 +144,12 @@ impl Live {
             daemon,
             probes: self.probes.clone(),
             services: self.services.clone(),
-            latency: self.latency.clone(),
-            open_incidents: self.open_incidents.clone(),
-            capture: self.capture.clone(),
-            kernel_counters: self.kernel_counters,
+            latency: status.latency.clone(),
+            open_incidents: status.open_incidents.clone(),
+            capture: status.capture.clone(),
+            kernel_counters: status.kernel_counters,
             pwru,
-            bpf_cost: self.bpf_cost.clone(),
+            bpf_cost: status.bpf_cost.clone(),
             process: process_stats(self.started),
             store: StoreReport::from(store.stats()),
         }

@@ -1,4 +1,4 @@
-//! One pwru session for an incident, run on a worker: its lines go to the store as they
+//! pwru sessions for incidents, each run on a worker: its lines go to the store as they
 //! come; its outcome goes back to the interval loop, the only writer of incident records.
 
 use std::sync::Arc;
@@ -31,53 +31,94 @@ pub(super) struct Finished {
     pub(super) store_errors: u64,
 }
 
-/// Start a session for `incident` on the runtime's workers (pwru's parent-death signal is
-/// tied to the thread that spawns it, and workers live as long as the daemon).
-pub(super) fn spawn(
-    set: &mut JoinSet<()>,
+/// Where the interval loop hands the session an incident asks for.
+pub(super) trait PwruStarter {
+    /// Start a session for `incident`; its end comes back as a [`Finished`].
+    fn start(&mut self, incident: u64, request: SessionRequest);
+}
+
+/// The real sessions: the session manager runs them on the runtime's workers (pwru's
+/// parent-death signal is tied to the thread that spawns it, and workers live as long as
+/// the daemon).
+pub(super) struct PwruSessions {
     manager: SessionManager,
     store: Arc<Store>,
-    incident: u64,
-    request: SessionRequest,
+    sessions: JoinSet<()>,
     done: mpsc::Sender<Finished>,
-) {
-    set.spawn(async move {
-        let (tx, mut rx) = mpsc::channel(LINE_BUFFER);
-        let run = manager.run(request, tx);
-        tokio::pin!(run);
-        let mut writer = Writer {
+}
+
+impl PwruSessions {
+    pub(super) fn new(
+        manager: SessionManager,
+        store: Arc<Store>,
+        done: mpsc::Sender<Finished>,
+    ) -> PwruSessions {
+        PwruSessions {
+            manager,
             store,
-            incident,
-            batch: Vec::with_capacity(BATCH),
-            stored: 0,
-            errors: 0,
-        };
-        let mut tick = tokio::time::interval(FLUSH_EVERY);
-        let status = loop {
-            tokio::select! {
-                Some(line) = rx.recv() => writer.push(line),
-                _ = tick.tick() => writer.flush(),
-                status = &mut run => break status,
-            }
-        };
-        // The sender went away with the finished session: take what is left.
-        while let Some(line) = rx.recv().await {
-            writer.push(line);
+            sessions: JoinSet::new(),
+            done,
         }
-        writer.flush();
-        let finished = Finished {
-            incident,
-            status,
-            stored: writer.stored,
-            store_errors: writer.errors,
-        };
-        if done.send(finished).await.is_err() {
-            tracing::warn!(
+    }
+
+    /// Shutdown: stop a running session and wait at most `wait` for every one to end
+    /// (their outcomes are then in the [`Finished`] channel).
+    pub(super) async fn stop(&mut self, wait: Duration) {
+        if self.manager.stop() {
+            tracing::info!("stopping the running pwru session");
+        }
+        let sessions = &mut self.sessions;
+        let joined = tokio::time::timeout(wait, async {
+            while sessions.join_next().await.is_some() {}
+        })
+        .await;
+        if joined.is_err() {
+            tracing::warn!("a pwru session did not end in time; its status stays `running`");
+        }
+    }
+}
+
+impl PwruStarter for PwruSessions {
+    fn start(&mut self, incident: u64, request: SessionRequest) {
+        let (manager, store, done) = (self.manager.clone(), self.store.clone(), self.done.clone());
+        self.sessions.spawn(async move {
+            let (tx, mut rx) = mpsc::channel(LINE_BUFFER);
+            let run = manager.run(request, tx);
+            tokio::pin!(run);
+            let mut writer = Writer {
+                store,
                 incident,
-                "pwru session ended after the daemon stopped listening"
-            );
-        }
-    });
+                batch: Vec::with_capacity(BATCH),
+                stored: 0,
+                errors: 0,
+            };
+            let mut tick = tokio::time::interval(FLUSH_EVERY);
+            let status = loop {
+                tokio::select! {
+                    Some(line) = rx.recv() => writer.push(line),
+                    _ = tick.tick() => writer.flush(),
+                    status = &mut run => break status,
+                }
+            };
+            // The sender went away with the finished session: take what is left.
+            while let Some(line) = rx.recv().await {
+                writer.push(line);
+            }
+            writer.flush();
+            let finished = Finished {
+                incident,
+                status,
+                stored: writer.stored,
+                store_errors: writer.errors,
+            };
+            if done.send(finished).await.is_err() {
+                tracing::warn!(
+                    incident,
+                    "pwru session ended after the daemon stopped listening"
+                );
+            }
+        });
+    }
 }
 
 struct Writer {

@@ -1,0 +1,456 @@
+//! The interval loop without its runtime: histograms → deltas → history and detector →
+//! incident records, capture and pwru requests, status. Time comes in as arguments and the
+//! kernel and pwru sit behind traits, so the loop runs in tests on scripted data.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use capture::pwru::{IncidentScope, SessionRequest};
+use capture::sample::Sample;
+use detector::{Detector, Event, Histogram, Probe};
+use storage::{CaptureState, CaptureStatus, PwruState, Store};
+
+use super::capture::CaptureController;
+use super::incidents::Incidents;
+use super::kernel::Kernel;
+use super::live::LoopStatus;
+use super::pwru::{self, Finished, PwruStarter};
+use super::{lock, unix_ns};
+use crate::api::{KernelCounters, LatencyRow};
+use crate::config::Config;
+
+/// How many intervals between two reads of the BPF programs' run-time statistics (the read
+/// walks every BPF program on the host).
+const PROG_STATS_EVERY: u64 = 10;
+
+/// The moment an interval ends, on both clocks: the wall clock for records, the monotonic
+/// one for spans.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Now {
+    /// Wall-clock time.
+    pub(super) wall: SystemTime,
+    /// Monotonic time.
+    pub(super) mono: Instant,
+}
+
+impl Now {
+    /// Now, read from the clocks.
+    pub(super) fn read() -> Now {
+        Now {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        }
+    }
+}
+
+/// Everything the interval loop owns.
+pub(super) struct DaemonCore<K, P> {
+    config: Config,
+    kernel: K,
+    capture: CaptureController,
+    detector: Detector,
+    store: Arc<Store>,
+    incidents: Incidents,
+    pwru: P,
+    deltas: Deltas,
+    status: Arc<Mutex<LoopStatus>>,
+    intervals: u64,
+    last_baseline_save: Instant,
+    last_retention: Instant,
+}
+
+/// Interval histograms from cumulative ones.
+#[derive(Default)]
+struct Deltas {
+    /// Cumulative histograms of the previous interval.
+    prev: HashMap<(String, Probe), Histogram>,
+    /// Services whose history could not be stored, warned about once.
+    history_warned: Vec<String>,
+}
+
+impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
+    /// A loop on `kernel` (capture is taken over now) with `detector`'s baselines as they
+    /// are; `now` starts the baseline-save and retention periods.
+    pub(super) fn new(
+        config: Config,
+        mut kernel: K,
+        detector: Detector,
+        store: Arc<Store>,
+        pwru: P,
+        now: Instant,
+    ) -> Self {
+        let capture = CaptureController::start(&mut kernel, &config.capture);
+        DaemonCore {
+            incidents: Incidents::new(store.clone()),
+            config,
+            kernel,
+            capture,
+            detector,
+            store,
+            pwru,
+            deltas: Deltas::default(),
+            status: Arc::new(Mutex::new(LoopStatus::default())),
+            intervals: 0,
+            last_baseline_save: now,
+            last_retention: now,
+        }
+    }
+
+    /// The running configuration.
+    pub(super) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What the loop reports, shared with the API.
+    pub(super) fn status(&self) -> Arc<Mutex<LoopStatus>> {
+        self.status.clone()
+    }
+
+    /// The pwru side.
+    pub(super) fn pwru_mut(&mut self) -> &mut P {
+        &mut self.pwru
+    }
+
+    /// One interval from `start` to `now`: histograms → deltas → history and detector →
+    /// incident events, capture, status, and the periodic saves.
+    pub(super) fn interval(&mut self, start: SystemTime, now: Now) {
+        self.intervals += 1;
+        let intervals = self.intervals;
+        let snapshot = match self.kernel.snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the probes failed");
+                lock(&self.status).interval_errors += 1;
+                return;
+            }
+        };
+        let start_ns = unix_ns(start);
+        let mut rows = Vec::new();
+        for sh in &snapshot.hists {
+            let Some(delta) =
+                self.deltas
+                    .next(&self.store, &sh.service, sh.probe, &sh.hist, start_ns)
+            else {
+                continue;
+            };
+            self.detector
+                .observe(now.wall, &sh.service, sh.probe, &delta);
+            rows.push((sh.service.clone(), sh.probe, delta));
+        }
+        let events = self.detector.end_interval(now.wall);
+        let latency = rows
+            .iter()
+            .map(|(service, probe, h)| self.latency_row(service, *probe, h))
+            .collect();
+        let drained = self.capture.drain(&mut self.kernel, now.mono, now.wall);
+        for event in events {
+            match event {
+                Event::Opened(inc) => self.opened(inc, now),
+                Event::Updated(inc) => self.incidents.updated(inc),
+                Event::Closed(inc) => {
+                    if let Some(id) = self.incidents.id_of(&inc.key()) {
+                        self.finish_capture(id, "the incident closed");
+                    }
+                    self.incidents.closed(inc);
+                }
+            }
+        }
+        self.store_samples(&drained.samples, false);
+        for (incident, why) in drained.over {
+            self.finish_capture(incident, &why);
+        }
+        self.capture.update_flight(
+            &mut self.kernel,
+            &self.detector,
+            rows.iter().map(|(s, p, _)| (s.as_str(), *p)),
+            intervals,
+        );
+        let prog_stats = (intervals % PROG_STATS_EVERY == 1).then(|| self.kernel.prog_stats());
+        {
+            let mut status = lock(&self.status);
+            status.intervals = intervals;
+            status.latency = latency;
+            status.kernel_counters = KernelCounters::from(snapshot.counters);
+            status.open_incidents = self.incidents.open_summaries();
+            status.capture = self.capture.report(&self.kernel);
+            if let Some(stats) = prog_stats {
+                status.set_prog_stats(stats);
+            }
+        }
+        if elapsed(self.last_baseline_save, now.mono) >= self.config.daemon.baseline_save_every {
+            self.save_baselines(now.mono);
+        }
+        if elapsed(self.last_retention, now.mono) >= self.config.daemon.retention_every {
+            self.last_retention = now.mono;
+            self.enforce_retention(now.wall);
+        }
+    }
+
+    fn latency_row(&self, service: &str, probe: Probe, h: &Histogram) -> LatencyRow {
+        let base = |q| {
+            self.detector
+                .baseline_quantile(service, probe, q)
+                .map(|e| e.value_ns)
+        };
+        LatencyRow {
+            service: service.to_owned(),
+            probe,
+            count: h.count(),
+            p50_ns: h.quantile(0.5).map(|e| e.value_ns),
+            p99_ns: h.quantile(0.99).map(|e| e.value_ns),
+            baseline_p50_ns: base(0.5),
+            baseline_p99_ns: base(0.99),
+        }
+    }
+
+    /// An incident opened: store it, arm capture for its hot probes, store the flight
+    /// recorder's samples as pre-trigger, and ask for pwru on the flows they show.
+    fn opened(&mut self, inc: detector::Incident, now: Now) {
+        let Some(id) = self.incidents.opened(inc.clone()) else {
+            return;
+        };
+        let armed = self.capture.arm(
+            &mut self.kernel,
+            &self.detector,
+            id,
+            &inc,
+            now.mono,
+            now.wall,
+        );
+        let (status, pre) = match armed {
+            Ok(armed) => {
+                let thresholds = armed.thresholds_text();
+                tracing::info!(incident = id, service = %inc.service, thresholds = %thresholds, pre_trigger = armed.pre_trigger.len(), "capture armed");
+                let status = CaptureStatus {
+                    state: CaptureState::Armed,
+                    message: format!("armed at {thresholds}"),
+                    ..Default::default()
+                };
+                (status, armed.pre_trigger)
+            }
+            Err(why) => {
+                tracing::warn!(incident = id, service = %inc.service, reason = %why, "capture not armed");
+                let status = CaptureStatus {
+                    state: CaptureState::NotArmed,
+                    message: why.to_string(),
+                    ..Default::default()
+                };
+                (status, Vec::new())
+            }
+        };
+        self.incidents.update(id, |r| r.capture = status);
+        self.store_samples(&pre, true);
+        let flows: Vec<capture::sample::Flow> = pre.iter().map(|s| s.flow).collect();
+        self.request_pwru(id, &inc, &flows, now.wall);
+    }
+
+    /// Ask for the incident's pwru session, or record why there is none.
+    fn request_pwru(
+        &mut self,
+        id: u64,
+        inc: &detector::Incident,
+        flows: &[capture::sample::Flow],
+        now: SystemTime,
+    ) {
+        let spec = self
+            .config
+            .probes
+            .services
+            .iter()
+            .find(|s| s.name == inc.service);
+        let scope = IncidentScope {
+            service: &inc.service,
+            probes: &inc.probes,
+            ports: spec.map_or(&[], |s| s.ports.as_slice()),
+            cgroup: spec.and_then(|s| s.cgroup.as_deref()),
+            flows,
+        };
+        match SessionRequest::for_incident(&self.config.pwru, &scope) {
+            Ok(request) => {
+                self.incidents.update(id, |r| {
+                    r.pwru.state = PwruState::Running;
+                    r.pwru.started_ns = Some(unix_ns(now));
+                    r.pwru.message = format!("requested: {}", request.filter().expression());
+                });
+                self.pwru.start(id, request);
+            }
+            Err(why) => self
+                .incidents
+                .update(id, |r| r.pwru.message = why.to_string()),
+        }
+    }
+
+    /// A pwru session ended: record its status with its incident (open or not).
+    pub(super) fn pwru_finished(&mut self, done: Finished) {
+        let status = pwru::status_of(&done.status, done.stored);
+        tracing::info!(
+            incident = done.incident,
+            state = %done.status.state,
+            lines = done.stored,
+            reason = %done.status.reason,
+            "pwru session ended"
+        );
+        self.incidents.update(done.incident, |record| {
+            record.pwru = status;
+            record.counters.store_errors += done.store_errors;
+        });
+    }
+
+    /// Disarm the incident's capture and record why with it.
+    fn finish_capture(&mut self, incident: u64, why: &str) {
+        match self.capture.disarm(&mut self.kernel, incident) {
+            Ok(Some(d)) => {
+                tracing::info!(incident, service = %d.service, samples = d.samples, reason = why, "capture disarmed");
+                self.incidents.update(incident, |r| {
+                    r.capture.state = CaptureState::Disarmed;
+                    r.capture.emitted = d.counters.emitted;
+                    r.capture.dropped = d.counters.ring_full;
+                    r.capture.rate_limited = d.counters.rate_limited;
+                    r.capture.message = format!("disarmed: {why}");
+                });
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(incident, error = %e, "disarming capture failed"),
+        }
+    }
+
+    /// Disarm every armed incident, recording `why`.
+    fn disarm_all(&mut self, why: &str) {
+        for incident in self.capture.armed_incidents() {
+            self.finish_capture(incident, why);
+        }
+    }
+
+    /// Store samples and count them with their incidents.
+    fn store_samples(&mut self, samples: &[Sample], pre_trigger: bool) {
+        if samples.is_empty() {
+            return;
+        }
+        let mut per: HashMap<u64, u64> = HashMap::new();
+        for s in samples {
+            *per.entry(s.incident).or_default() += 1;
+        }
+        let result = self.store.put_samples(samples);
+        if let Err(e) = &result {
+            tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
+        }
+        for (id, n) in per {
+            let ok = result.is_ok();
+            self.incidents.update(id, |r| {
+                if ok {
+                    r.capture.stored += n;
+                    if pre_trigger {
+                        r.capture.pre_trigger += n;
+                    }
+                } else {
+                    r.counters.store_errors += n;
+                }
+            });
+        }
+    }
+
+    /// Put every baseline in the store.
+    pub(super) fn save_baselines(&mut self, now: Instant) {
+        self.last_baseline_save = now;
+        let mut failed = 0usize;
+        let baselines = self.detector.save_baselines();
+        for (service, probe, bytes) in &baselines {
+            if self.store.put_baseline(service, *probe, bytes).is_err() {
+                failed += 1;
+            }
+        }
+        if failed > 0 {
+            tracing::warn!(
+                failed,
+                total = baselines.len(),
+                "some baselines could not be saved"
+            );
+        } else {
+            tracing::debug!(saved = baselines.len(), "baselines saved");
+        }
+    }
+
+    fn enforce_retention(&self, now: SystemTime) {
+        match self.store.enforce_retention(unix_ns(now)) {
+            Ok(r) if r.incidents + r.samples + r.pwru + r.history_points > 0 => tracing::info!(
+                incidents = r.incidents,
+                samples = r.samples,
+                pwru = r.pwru,
+                history_points = r.history_points,
+                "retention removed old records"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "retention failed"),
+        }
+        match self.store.maybe_rotate() {
+            Ok(Some(r)) => tracing::info!(
+                size_before = r.size_before,
+                size_after = r.size_after,
+                "database rotated"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "database rotation failed"),
+        }
+    }
+
+    /// New probes (a reload): disarm on the old ones, take capture over on the new ones
+    /// under `config`'s capture settings, and count deltas afresh (the new maps start at 0).
+    pub(super) fn replace_kernel(&mut self, mut kernel: K, config: &Config) {
+        self.disarm_all("the probes were reloaded");
+        self.capture = CaptureController::start(&mut kernel, &config.capture);
+        self.kernel = kernel;
+        self.deltas.prev.clear();
+    }
+
+    /// A reload's configuration: the detector's settings apply at once, baselines kept.
+    pub(super) fn reconfigure(&mut self, config: Config) {
+        self.detector.reconfigure(config.detector.clone());
+        self.config = config;
+    }
+
+    /// Shutdown, once pwru has stopped: disarm, mark open incidents interrupted, save the
+    /// baselines and flush.
+    pub(super) fn stop(&mut self, now: Now) {
+        self.disarm_all("the daemon is stopping");
+        self.incidents.interrupt_open(unix_ns(now.wall));
+        self.save_baselines(now.mono);
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "final flush failed");
+        }
+    }
+}
+
+impl Deltas {
+    /// The interval's histogram of a key from its cumulative one, stored as history; None
+    /// when the interval saw nothing.
+    fn next(
+        &mut self,
+        store: &Store,
+        service: &str,
+        probe: Probe,
+        cumulative: &Histogram,
+        start_ns: u64,
+    ) -> Option<Histogram> {
+        let key = (service.to_owned(), probe);
+        let delta = match self.prev.get(&key) {
+            Some(p) => cumulative.delta_since(p).hist,
+            None => cumulative.clone(),
+        };
+        self.prev.insert(key, cumulative.clone());
+        if delta.is_empty() {
+            return None;
+        }
+        if let Err(e) = store.record_history(service, probe, start_ns, &delta) {
+            if !self.history_warned.iter().any(|s| s == service) {
+                tracing::warn!(%service, error = %e, "history not stored for this service");
+                self.history_warned.push(service.to_owned());
+            }
+        }
+        Some(delta)
+    }
+}
+
+fn elapsed(since: Instant, now: Instant) -> Duration {
+    now.saturating_duration_since(since)
+}

@@ -1,0 +1,106 @@
+//! The kernel side of the interval loop: what the loop reads and sets in the BPF maps,
+//! behind a trait so the loop also runs on recorded data (tests, without root or BPF).
+
+use bpf::{
+    CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader, CaptureRecord,
+    ProbeSet, ProgStats, ReadError, Snapshot,
+};
+use detector::Probe;
+
+/// The probes and their capture, as the interval loop uses them.
+pub(super) trait Kernel {
+    /// Refresh the clock the probes compare timestamps with, then read the cumulative
+    /// histograms and counters.
+    fn snapshot(&mut self) -> Result<Snapshot, ReadError>;
+    /// The slot of a service in the probes' maps (None: the probes do not know it).
+    fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError>;
+    /// Run-time statistics of the BPF programs.
+    fn prog_stats(&self) -> Vec<ProgStats>;
+    /// Take over capture: apply `limits`, clear every threshold, start reading records.
+    fn start_capture(&mut self, limits: &CaptureLimits) -> Result<(), CaptureError>;
+    /// Arm a service slot at these thresholds (ns).
+    fn arm(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError>;
+    /// Disarm a service slot (the flight recorder carries on).
+    fn disarm(&mut self, slot: u32) -> Result<(), CaptureError>;
+    /// Set a slot's flight-recorder thresholds (ns).
+    fn set_flight(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError>;
+    /// The kernel's capture counters since load.
+    fn capture_counters(&mut self) -> Result<CaptureCounters, CaptureError>;
+    /// Append every capture record read since the last call to `out`.
+    fn take_records(&mut self, out: &mut Vec<CaptureRecord>);
+    /// Records lost between the ring-buffer reader and the loop.
+    fn capture_overflow(&self) -> u64;
+}
+
+/// The real thing: a loaded probe set and, once started, its capture.
+pub(super) struct BpfKernel {
+    probes: ProbeSet,
+    capture: Option<(CaptureControl, CaptureReader)>,
+}
+
+impl BpfKernel {
+    pub(super) fn new(probes: ProbeSet) -> BpfKernel {
+        BpfKernel {
+            probes,
+            capture: None,
+        }
+    }
+
+    fn control(&mut self) -> Result<(&mut ProbeSet, &mut CaptureControl), CaptureError> {
+        match &mut self.capture {
+            Some((control, _)) => Ok((&mut self.probes, control)),
+            None => Err(CaptureError::NotStarted),
+        }
+    }
+}
+
+impl Kernel for BpfKernel {
+    fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
+        self.probes.refresh_clock()?;
+        self.probes.snapshot()
+    }
+
+    fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
+        self.probes.service_slot(service)
+    }
+
+    fn prog_stats(&self) -> Vec<ProgStats> {
+        self.probes.prog_stats()
+    }
+
+    fn start_capture(&mut self, limits: &CaptureLimits) -> Result<(), CaptureError> {
+        let control = CaptureControl::new(&mut self.probes, limits)?;
+        let reader = CaptureReader::start(&mut self.probes)?;
+        self.capture = Some((control, reader));
+        Ok(())
+    }
+
+    fn arm(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError> {
+        let (set, control) = self.control()?;
+        control.arm(set, slot, thresholds)
+    }
+
+    fn disarm(&mut self, slot: u32) -> Result<(), CaptureError> {
+        let (set, control) = self.control()?;
+        control.disarm(set, slot)
+    }
+
+    fn set_flight(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError> {
+        let (set, control) = self.control()?;
+        control.set_flight_thresholds(set, slot, thresholds)
+    }
+
+    fn capture_counters(&mut self) -> Result<CaptureCounters, CaptureError> {
+        bpf::capture_counters(&mut self.probes)
+    }
+
+    fn take_records(&mut self, out: &mut Vec<CaptureRecord>) {
+        if let Some((_, reader)) = &self.capture {
+            out.extend(reader.records().try_iter());
+        }
+    }
+
+    fn capture_overflow(&self) -> u64 {
+        self.capture.as_ref().map_or(0, |(_, r)| r.overflow())
+    }
+}

@@ -1,0 +1,434 @@
+//! The interval loop on a scripted kernel: a real detector and a real store in a temporary
+//! directory, time driven by the test, no root, no BPF, no sleeps.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bpf::{
+    CaptureCounters, CaptureError, CaptureLimits, CaptureRecord, Counters, ProgStats, ReadError,
+    ServiceHist, ServiceSpec, Snapshot,
+};
+use capture::pwru::{PwruConfig, SessionRequest};
+use capture::sample::{Comm, Flow, Sample, SampleFlags, Transport};
+use detector::{Detector, DetectorConfig, Histogram, Probe};
+use storage::{CaptureState, IncidentState, PwruState, SampleFilter, Store, StoreConfig};
+
+use super::interval::{DaemonCore, Now};
+use super::kernel::Kernel;
+use super::lock;
+use super::pwru::PwruStarter;
+use crate::config::{ApiConfig, CaptureConfig, Config, DaemonConfig};
+
+const SERVICE: &str = "web";
+const SLOT: u32 = 3;
+const PORT: u16 = 8080;
+const HOT: Probe = Probe::TcpSocketRead;
+const QUIET_NS: u64 = 50_000;
+const SLOW_NS: u64 = 5_000_000;
+const PER_INTERVAL: u64 = 1000;
+
+/// What the scripted kernel holds and what was done to it.
+#[derive(Default)]
+struct KernelState {
+    cumulative: BTreeMap<(String, Probe), Histogram>,
+    fail_next_snapshot: bool,
+    capture_fails: bool,
+    armed: HashMap<u32, Vec<(Probe, u64)>>,
+    disarmed: Vec<u32>,
+    flight: BTreeMap<(u32, Probe), u64>,
+    records: Vec<CaptureRecord>,
+    counters: CaptureCounters,
+}
+
+#[derive(Clone, Default)]
+struct FakeKernel(Arc<Mutex<KernelState>>);
+
+impl FakeKernel {
+    fn state(&self) -> std::sync::MutexGuard<'_, KernelState> {
+        lock(&self.0)
+    }
+
+    /// `n` packets of `ns` at `probe` of the service, this interval.
+    fn traffic(&self, probe: Probe, ns: u64, n: u64) {
+        let mut st = self.state();
+        let h = st
+            .cumulative
+            .entry((SERVICE.to_owned(), probe))
+            .or_default();
+        h.record_n(ns, n);
+    }
+
+    /// A capture record read from the ring (armed capture counts as emitted).
+    fn record(&self, flight: bool, sample: Sample) {
+        let mut st = self.state();
+        if !flight {
+            st.counters.emitted += 1;
+        }
+        st.records.push(CaptureRecord {
+            service_slot: SLOT,
+            flight,
+            sample,
+        });
+    }
+}
+
+impl Kernel for FakeKernel {
+    fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
+        let mut st = self.state();
+        if std::mem::take(&mut st.fail_next_snapshot) {
+            return Err(ReadError::Clock(std::io::Error::other("scripted failure")));
+        }
+        Ok(Snapshot {
+            hists: st
+                .cumulative
+                .iter()
+                .map(|((service, probe), hist)| ServiceHist {
+                    service: service.clone(),
+                    probe: *probe,
+                    hist: hist.clone(),
+                })
+                .collect(),
+            counters: Counters::default(),
+        })
+    }
+
+    fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
+        Ok((service == SERVICE).then_some(SLOT))
+    }
+
+    fn prog_stats(&self) -> Vec<ProgStats> {
+        Vec::new()
+    }
+
+    fn start_capture(&mut self, _: &CaptureLimits) -> Result<(), CaptureError> {
+        if self.state().capture_fails {
+            return Err(CaptureError::Thread(std::io::Error::other(
+                "no ring buffer",
+            )));
+        }
+        Ok(())
+    }
+
+    fn arm(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError> {
+        self.state().armed.insert(slot, thresholds.to_vec());
+        Ok(())
+    }
+
+    fn disarm(&mut self, slot: u32) -> Result<(), CaptureError> {
+        let mut st = self.state();
+        st.armed.remove(&slot);
+        st.disarmed.push(slot);
+        Ok(())
+    }
+
+    fn set_flight(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError> {
+        let mut st = self.state();
+        for &(p, ns) in thresholds {
+            st.flight.insert((slot, p), ns);
+        }
+        Ok(())
+    }
+
+    fn capture_counters(&mut self) -> Result<CaptureCounters, CaptureError> {
+        Ok(self.state().counters)
+    }
+
+    fn take_records(&mut self, out: &mut Vec<CaptureRecord>) {
+        out.append(&mut self.state().records);
+    }
+
+    fn capture_overflow(&self) -> u64 {
+        0
+    }
+}
+
+/// Session requests handed out, by incident.
+#[derive(Clone, Default)]
+struct FakePwru(Arc<Mutex<Vec<(u64, SessionRequest)>>>);
+
+impl PwruStarter for FakePwru {
+    fn start(&mut self, incident: u64, request: SessionRequest) {
+        lock(&self.0).push((incident, request));
+    }
+}
+
+/// The loop, its kernel, store and pwru, and the test's clock (one second per interval).
+struct Harness {
+    core: DaemonCore<FakeKernel, FakePwru>,
+    kernel: FakeKernel,
+    pwru: FakePwru,
+    store: Arc<Store>,
+    wall: SystemTime,
+    mono: Instant,
+    _dir: tempfile::TempDir,
+}
+
+fn config() -> Config {
+    Config {
+        origin: "test".into(),
+        probes: bpf::ProbeConfig {
+            services: vec![ServiceSpec {
+                name: SERVICE.into(),
+                cgroup: None,
+                ports: vec![PORT],
+            }],
+            ..Default::default()
+        },
+        // Short windows and warm-up so a scenario takes a few dozen intervals.
+        detector: DetectorConfig {
+            window: Duration::from_secs(1),
+            max_window: Duration::from_secs(10),
+            min_samples: 100,
+            warmup_samples: 2000,
+            warmup_time: Duration::from_secs(5),
+            open_after: 2,
+            open_window: 3,
+            close_after: 2,
+            cooldown: Duration::from_secs(5),
+            ..DetectorConfig::default()
+        },
+        storage: StoreConfig::default(),
+        capture: CaptureConfig::default(),
+        pwru: PwruConfig::default(),
+        daemon: DaemonConfig {
+            baseline_save_every: Duration::from_secs(5),
+            ..DaemonConfig::default()
+        },
+        api: ApiConfig::default(),
+    }
+}
+
+impl Harness {
+    fn new(kernel: FakeKernel) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config();
+        let store = Arc::new(Store::open(dir.path().join("db"), config.storage.clone()).unwrap());
+        let detector = Detector::new(config.detector.clone());
+        let pwru = FakePwru::default();
+        let mono = Instant::now();
+        let core = DaemonCore::new(
+            config,
+            kernel.clone(),
+            detector,
+            store.clone(),
+            pwru.clone(),
+            mono,
+        );
+        Harness {
+            core,
+            kernel,
+            pwru,
+            store,
+            wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            mono,
+            _dir: dir,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        super::unix_ns(self.wall)
+    }
+
+    /// One interval of `ns` packets at the hot probe (and quiet ones at tcp-start).
+    fn tick(&mut self, ns: u64) {
+        self.kernel.traffic(Probe::TcpStart, 10_000, PER_INTERVAL);
+        self.kernel.traffic(HOT, ns, PER_INTERVAL);
+        let start = self.wall;
+        self.wall += Duration::from_secs(1);
+        self.mono += Duration::from_secs(1);
+        self.core.interval(
+            start,
+            Now {
+                wall: self.wall,
+                mono: self.mono,
+            },
+        );
+    }
+
+    fn open_ids(&self) -> Vec<u64> {
+        let status = self.core.status();
+        let ids = lock(&status).open_incidents.iter().map(|o| o.id).collect();
+        ids
+    }
+
+    /// Quiet until the baselines are warm (no incident meanwhile).
+    fn warm_up(&mut self) {
+        for _ in 0..8 {
+            self.tick(QUIET_NS);
+        }
+        assert!(self.open_ids().is_empty());
+    }
+
+    /// Slow intervals until an incident opens; its id.
+    fn slow_until_open(&mut self) -> u64 {
+        for _ in 0..5 {
+            self.tick(SLOW_NS);
+            if let [id] = self.open_ids()[..] {
+                return id;
+            }
+        }
+        panic!("no incident opened");
+    }
+
+    fn incident(&self, id: u64) -> storage::Incident {
+        self.store.incident(id).unwrap().expect("incident stored")
+    }
+}
+
+fn sample(time_ns: u64, latency_ns: u64, src: &str) -> Sample {
+    Sample {
+        time_ns,
+        incident: 0,
+        probe: HOT,
+        latency_ns,
+        flow: Flow {
+            transport: Transport::Tcp,
+            src: src.parse::<IpAddr>().unwrap(),
+            sport: 40000,
+            dst: "10.0.0.1".parse().unwrap(),
+            dport: PORT,
+        },
+        cgroup_id: 0,
+        pid: None,
+        comm: Comm::default(),
+        cpu: 0,
+        ifindex: 0,
+        netns_ino: 0,
+        skb_len: 100,
+        socket_queue: None,
+        tcp_seq: None,
+        flags: SampleFlags::empty(),
+    }
+}
+
+/// The baseline's p99 bucket bound of the quiet traffic: what capture arms at.
+fn quiet_p99_upper() -> u64 {
+    let mut h = Histogram::new();
+    h.record_n(QUIET_NS, PER_INTERVAL);
+    h.quantile(0.99).unwrap().upper_ns
+}
+
+#[test]
+fn an_incident_opens_captures_asks_for_pwru_and_closes() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.warm_up();
+    // The flight recorder follows the warm baseline at the service's slot.
+    assert!(kernel.state().flight.contains_key(&(SLOT, HOT)));
+
+    // The flight recorder saw a few slow packets just before.
+    for src in ["10.0.0.5", "10.0.0.5", "10.0.0.6"] {
+        kernel.record(true, sample(h.now_ns(), SLOW_NS, src));
+    }
+    let id = h.slow_until_open();
+
+    // Stored, with the hot probe in its headline.
+    let rec = h.incident(id);
+    assert_eq!(rec.service, SERVICE);
+    assert_eq!(rec.state, IncidentState::Open);
+    assert!(rec.probes.contains(&HOT), "{:?}", rec.probes);
+    let status = h.core.status();
+    let headline = lock(&status).open_incidents[0].headline.clone();
+    assert!(headline.starts_with("tcp-socket-read "), "{headline}");
+
+    // Armed at the baseline's p99 at the hot probe, on the service's slot.
+    let armed = kernel.state().armed.get(&SLOT).cloned().expect("armed");
+    assert_eq!(armed, [(HOT, quiet_p99_upper())]);
+    assert_eq!(rec.capture.state, CaptureState::Armed);
+    assert!(rec
+        .capture
+        .message
+        .starts_with("armed at tcp-socket-read ≥ "));
+    assert_eq!(rec.capture.pre_trigger, 3);
+
+    // pwru asked for the service's port and the dominant peers.
+    let requests = lock(&h.pwru.0).clone();
+    assert_eq!(requests.len(), 1);
+    let (for_id, request) = &requests[0];
+    assert_eq!(*for_id, id);
+    assert_eq!(
+        request.filter().expression(),
+        "tcp and port 8080 and (host 10.0.0.5 or host 10.0.0.6)"
+    );
+    assert_eq!(rec.pwru.state, PwruState::Running);
+
+    // Armed samples are stored and counted with the incident.
+    for _ in 0..4 {
+        kernel.record(false, sample(h.now_ns(), SLOW_NS, "10.0.0.5"));
+    }
+    h.tick(SLOW_NS);
+    let rec = h.incident(id);
+    assert_eq!(rec.capture.stored, 7);
+    let page = h
+        .store
+        .samples(id, &SampleFilter::default(), None, 100)
+        .unwrap();
+    assert_eq!(page.samples.len(), 7);
+
+    // Quiet again: closed, disarmed with the reason.
+    for _ in 0..6 {
+        h.tick(QUIET_NS);
+        if h.open_ids().is_empty() {
+            break;
+        }
+    }
+    assert!(h.open_ids().is_empty(), "the incident did not close");
+    let rec = h.incident(id);
+    assert_eq!(rec.state, IncidentState::Closed);
+    assert_eq!(rec.capture.state, CaptureState::Disarmed);
+    assert_eq!(rec.capture.message, "disarmed: the incident closed");
+    assert_eq!(rec.capture.emitted, 4);
+    assert_eq!(kernel.state().disarmed, [SLOT]);
+    assert!(kernel.state().armed.is_empty());
+
+    // Baselines went to the store on the way.
+    let saved = h.store.baselines().unwrap();
+    assert!(
+        saved.iter().any(|(s, p, _)| s == SERVICE && *p == HOT),
+        "baselines not saved"
+    );
+}
+
+#[test]
+fn without_capture_the_incident_is_stored_with_the_reason() {
+    let kernel = FakeKernel::default();
+    kernel.state().capture_fails = true;
+    let mut h = Harness::new(kernel.clone());
+    h.warm_up();
+    let id = h.slow_until_open();
+    let rec = h.incident(id);
+    assert_eq!(rec.capture.state, CaptureState::NotArmed);
+    assert_eq!(
+        rec.capture.message,
+        "in-kernel capture unavailable: starting the capture reader thread: no ring buffer"
+    );
+    assert!(kernel.state().armed.is_empty());
+    // Without samples, pwru still gets the configured port.
+    let requests = lock(&h.pwru.0).clone();
+    assert_eq!(requests[0].1.filter().expression(), "tcp and port 8080");
+    let status = h.core.status();
+    assert!(!lock(&status).capture.available);
+}
+
+#[test]
+fn a_failed_read_counts_an_interval_error_and_the_loop_goes_on() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.tick(QUIET_NS);
+    kernel.state().fail_next_snapshot = true;
+    h.tick(QUIET_NS);
+    h.tick(QUIET_NS);
+    let status = h.core.status();
+    let status = lock(&status);
+    assert_eq!(status.interval_errors, 1);
+    assert_eq!(status.intervals, 3);
+    // The failed interval's packets show up in the next delta.
+    let row = status
+        .latency
+        .iter()
+        .find(|r| r.probe == HOT)
+        .expect("a latency row");
+    assert_eq!(row.count, 2 * PER_INTERVAL);
+}
