@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
-use capture::sample::Sample;
+use model::Sample;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::chunk;

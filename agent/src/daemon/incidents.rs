@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use capture::pwru::{NetnsFilter, PcapFilter, Protocol, SessionManager, SessionRequest};
-use capture::sample::Flow;
-use detector::{Event, Probe};
+use detector::Event;
+use model::{Flow, Probe};
 use storage::{IncidentState, NewIncident, PwruState, Store};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;

@@ -7,8 +7,8 @@ use std::time::{Instant, SystemTime};
 
 use bpf::{CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader, ProbeSet};
 use capture::recorder::{FlightRecorder, IncidentCapture, IncidentLimits, StopReason};
-use capture::sample::Sample;
-use detector::{Detector, Probe};
+use detector::Detector;
+use model::{Probe, Sample};
 
 use super::unix_ns;
 use crate::config::{CaptureConfig, Threshold};

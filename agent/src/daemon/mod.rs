@@ -16,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use bpf::ProbeSet;
 use capture::pwru::{Prerequisites, SessionManager};
-use detector::{Detector, Event, Histogram, Probe};
+use detector::{Detector, Event};
+use model::{Histogram, Probe};
 use sd_notify::NotifyState;
 use storage::Store;
 use tokio::signal::unix::{signal, SignalKind};
@@ -384,7 +385,7 @@ impl Daemon {
         };
         self.incidents.update(id, |r| r.capture = status);
         self.store_samples(&pre, true);
-        let flows: Vec<capture::sample::Flow> = pre.iter().map(|s| s.flow).collect();
+        let flows: Vec<model::Flow> = pre.iter().map(|s| s.flow).collect();
         self.incidents
             .start_pwru(&inc.service, &flows, &self.config);
     }
@@ -394,7 +395,7 @@ impl Daemon {
         &mut self,
         id: u64,
         inc: &detector::Incident,
-    ) -> Result<(Vec<capture::sample::Sample>, String), String> {
+    ) -> Result<(Vec<model::Sample>, String), String> {
         let cfg = &self.config.capture;
         let Ok(capture) = &mut self.capture else {
             return Err(match &self.capture {
@@ -462,7 +463,7 @@ impl Daemon {
     }
 
     /// Store samples and count them with their incidents.
-    fn store_samples(&mut self, samples: &[capture::sample::Sample], pre_trigger: bool) {
+    fn store_samples(&mut self, samples: &[model::Sample], pre_trigger: bool) {
         if samples.is_empty() {
             return;
         }
