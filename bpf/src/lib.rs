@@ -31,6 +31,7 @@ pub use capture::{
     capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
     CaptureRecord,
 };
+pub use cgroup::cgroup2_mount;
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};

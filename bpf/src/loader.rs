@@ -10,7 +10,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 use model::{Histogram, Probe};
 use serde::Serialize;
 
-use crate::cgroup::{cgroup2_mount, cgroup_id, CgroupNames};
+use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
 use crate::config::{ProbeConfig, ServiceSpec};
 use crate::probes::{variants, Variant, SK_DATA_READY_PROG};
 use crate::skel::types;
@@ -222,7 +222,7 @@ impl ProbeSet {
             return Err(LoadError::NoBtf);
         }
         validate(config)?;
-        let mount = cgroup2_mount();
+        let mount = cgroup2_mount_or_default();
         let service_cgroups = resolve_service_cgroups(&config.services, &mount)?;
         let filter_cgroups = config
             .filters

@@ -2,10 +2,11 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use bpf::cgroup2_mount;
 use capture::pwru::{NetnsFilter, PcapFilter, Protocol, SessionManager, SessionRequest};
 use detector::Event;
 use model::{Flow, Probe};
@@ -386,16 +387,6 @@ fn foreign_netns(cgroup: &Path) -> Option<u32> {
     let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
     let ours = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
     (theirs != ours).then(|| u32::try_from(theirs).ok())?
-}
-
-fn cgroup2_mount() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|line| {
-        // "... mount-point options - fstype source super-options"
-        let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-    })
 }
 
 #[cfg(test)]
