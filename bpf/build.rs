@@ -1,5 +1,5 @@
 //! Builds the BPF object and its libbpf-rs skeleton into OUT_DIR, and the host build of the
-//! bucket function that `tests/bucket_agreement.rs` compares with `detector::hist`.
+//! bucket function that `tests/bucket_agreement.rs` compares with `model::hist`.
 
 use std::env;
 use std::path::PathBuf;

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use capture::pwru::PwruConfig;
-use detector::{DetectorConfig, Probe};
+use detector::DetectorConfig;
+use model::Probe;
 use serde::{Deserialize, Serialize};
 use storage::StoreConfig;
 

@@ -60,7 +60,7 @@ pub fn stage(inc: &detector::Incident) -> String {
 }
 
 /// Probe names joined by commas: `ip-start,tcp-socket-read`.
-pub fn probe_list(probes: &[detector::Probe]) -> String {
+pub fn probe_list(probes: &[model::Probe]) -> String {
     probes
         .iter()
         .map(|p| p.name())

@@ -20,7 +20,7 @@ use bpf::{
     capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
     ProbeConfig, ProbeSet, ServiceSpec,
 };
-use detector::Probe;
+use model::Probe;
 
 const NEVER_NS: u64 = 10_000_000_000;
 

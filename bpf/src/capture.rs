@@ -1,5 +1,5 @@
 //! In-kernel capture of slow SKBs: arming per (service, probe) thresholds, the rate limits,
-//! and the ring-buffer reader that turns kernel records into [`capture::sample::Sample`]s.
+//! and the ring-buffer reader that turns kernel records into [`model::Sample`]s.
 //!
 //! The BPF side (`src/bpf/capture.bpf.h`) checks one `.bss` word before any capture work,
 //! so while nothing is armed and the flight recorder has no thresholds the probes cost
@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use capture::sample::{Comm, Flow, Sample, SampleFlags, SocketQueue, Transport};
-use detector::Probe;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder};
+use model::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue, Transport};
 use serde::Serialize;
 
 use crate::loader::ProbeSet;

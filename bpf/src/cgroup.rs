@@ -7,20 +7,36 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Where cgroup2 is mounted: the first `cgroup2` entry of /proc/self/mountinfo, else the
-/// usual /sys/fs/cgroup.
-pub(crate) fn cgroup2_mount() -> PathBuf {
-    fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines().find_map(|line| {
-                // "... mount-point options - fstype source super-options"
-                let (left, right) = line.split_once(" - ")?;
-                let fstype = right.split_whitespace().next()?;
-                (fstype == "cgroup2").then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-            })
-        })
-        .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup"))
+/// Where the cgroup2 hierarchy is mounted, from /proc/self/mountinfo: `/sys/fs/cgroup`
+/// when cgroup2 is mounted there (a unified host), else the first cgroup2 mount (e.g.
+/// `/sys/fs/cgroup/unified` on a hybrid host); `None` without any.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    cgroup2_mount_in(&info).map(PathBuf::from)
+}
+
+/// The choice of [`cgroup2_mount`] in the text of a mountinfo file.
+fn cgroup2_mount_in(mountinfo: &str) -> Option<&str> {
+    let mut mounts = mountinfo.lines().filter_map(|line| {
+        // "id parent major:minor root mount-point options... - fstype source super-options"
+        let (left, right) = line.split_once(" - ")?;
+        let fstype = right.split_whitespace().next()?;
+        (fstype == "cgroup2").then(|| left.split_whitespace().nth(4))?
+    });
+    let first = mounts.next()?;
+    if first == DEFAULT_MOUNT {
+        return Some(first);
+    }
+    Some(mounts.find(|m| *m == DEFAULT_MOUNT).unwrap_or(first))
+}
+
+/// The usual place of cgroup2.
+const DEFAULT_MOUNT: &str = "/sys/fs/cgroup";
+
+/// [`cgroup2_mount`], or the usual `/sys/fs/cgroup` when mountinfo names none, so the
+/// loader's errors still name the directories it looked for.
+pub(crate) fn cgroup2_mount_or_default() -> PathBuf {
+    cgroup2_mount().unwrap_or_else(|| PathBuf::from(DEFAULT_MOUNT))
 }
 
 /// The id of the cgroup at `rel` (relative to `mount`).
@@ -89,14 +105,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mountinfo_prefers_the_usual_place_else_the_first_cgroup2() {
+        let hybrid = "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+                      41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount_in(hybrid), Some("/sys/fs/cgroup/unified"));
+        let two = "50 1 0:40 / /run/other rw - cgroup2 cgroup2 rw\n\
+                   51 1 0:40 / /sys/fs/cgroup rw shared:9 - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount_in(two), Some("/sys/fs/cgroup"));
+        assert_eq!(
+            cgroup2_mount_in("31 23 0:28 / /sys rw - sysfs sysfs rw\n"),
+            None
+        );
+    }
+
+    #[test]
     fn root_cgroup_round_trips() {
-        let mount = cgroup2_mount();
+        let mount = cgroup2_mount_or_default();
         let id = cgroup_id(&mount, Path::new("")).unwrap();
         assert_eq!(CgroupNames::new(mount).name(id), "/");
     }
 
     #[test]
     fn missing_cgroup_is_an_error() {
-        assert!(cgroup_id(&cgroup2_mount(), Path::new("no/such/tailtrap-cgroup")).is_err());
+        assert!(cgroup_id(
+            &cgroup2_mount_or_default(),
+            Path::new("no/such/tailtrap-cgroup")
+        )
+        .is_err());
     }
 }

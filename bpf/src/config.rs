@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use detector::Probe;
+use model::Probe;
 
 /// Auto-grouped services at most, unless configured otherwise.
 pub const DEFAULT_AUTO_SERVICE_LIMIT: u32 = 64;

@@ -4,7 +4,7 @@
 //! probe points and add it to per-CPU histograms keyed by service and probe. This crate
 //! picks an attach method per probe (fentry/fexit first, tp_btf where the kernel refuses
 //! trampolines), loads and attaches the programs, and reads the histograms back as
-//! [`detector::Histogram`]s.
+//! [`model::Histogram`]s.
 //!
 //! ```no_run
 //! let mut set = bpf::ProbeSet::load(&bpf::ProbeConfig::default(), &mut |m| eprintln!("{m}"))?;
@@ -31,6 +31,7 @@ pub use capture::{
     capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
     CaptureRecord,
 };
+pub use cgroup::cgroup2_mount;
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
@@ -51,8 +52,8 @@ mod tests {
 
     #[test]
     fn histogram_memory_stays_within_64_mib_for_64_services_all_probes_64_cpus() {
-        let bytes = hist_map_bytes(64, detector::Probe::ALL.len(), 64);
-        assert_eq!(HIST_VALUE_BYTES, (detector::hist::NUM_BUCKETS + 1) * 8);
+        let bytes = hist_map_bytes(64, model::Probe::ALL.len(), 64);
+        assert_eq!(HIST_VALUE_BYTES, (model::hist::NUM_BUCKETS + 1) * 8);
         assert!(bytes <= 64 << 20, "{bytes} bytes");
     }
 }

@@ -5,12 +5,12 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use detector::{Histogram, Probe};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+use model::{Histogram, Probe};
 use serde::Serialize;
 
-use crate::cgroup::{cgroup2_mount, cgroup_id, CgroupNames};
+use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
 use crate::config::{ProbeConfig, ServiceSpec};
 use crate::probes::{variants, Variant, SK_DATA_READY_PROG};
 use crate::skel::types;
@@ -19,10 +19,10 @@ use crate::snapshot::{Counters, ServiceHist, Snapshot};
 
 // The Rust and BPF sides must agree on the histogram layout and the probe numbering.
 const _: () = assert!(
-    std::mem::size_of::<types::tt_hist>() == (detector::hist::NUM_BUCKETS + 1) * 8,
+    std::mem::size_of::<types::tt_hist>() == (model::hist::NUM_BUCKETS + 1) * 8,
     "tt_hist must be NUM_BUCKETS counts and a sum"
 );
-const _: fn(&types::tt_hist) -> &[u64; detector::hist::NUM_BUCKETS] = |h| &h.buckets;
+const _: fn(&types::tt_hist) -> &[u64; model::hist::NUM_BUCKETS] = |h| &h.buckets;
 const _: () = assert!(std::mem::size_of::<types::tt_hist_key>() == 8);
 const _: () = {
     assert!(types::tt_probe::TT_PROBE_IP_START.0 == Probe::IpStart.id());
@@ -166,7 +166,7 @@ pub enum ReadError {
     },
     /// A histogram from the kernel was inconsistent.
     #[error("histogram from the kernel: {0}")]
-    Hist(#[from] detector::hist::HistError),
+    Hist(#[from] model::hist::HistError),
     /// Reading the TAI offset failed.
     #[error("reading the TAI offset: {0}")]
     Clock(std::io::Error),
@@ -222,7 +222,7 @@ impl ProbeSet {
             return Err(LoadError::NoBtf);
         }
         validate(config)?;
-        let mount = cgroup2_mount();
+        let mount = cgroup2_mount_or_default();
         let service_cgroups = resolve_service_cgroups(&config.services, &mount)?;
         let filter_cgroups = config
             .filters
@@ -372,7 +372,7 @@ impl ProbeSet {
             let Some(probe) = Probe::from_id(key.probe) else {
                 continue;
             };
-            let mut buckets = [0u64; detector::hist::NUM_BUCKETS];
+            let mut buckets = [0u64; model::hist::NUM_BUCKETS];
             let mut sum_ns = 0u64;
             for cpu in &per_cpu {
                 let h: types::tt_hist = decode("hists", cpu)?;

@@ -1,6 +1,8 @@
-//! Which BPF program implements which probe, per attach method.
+//! Which BPF program implements which probe, per attach method. The program names are
+//! this crate's; what each program hooks comes from [`Probe::hooks`], the one table of
+//! kernel attach points.
 
-use detector::Probe;
+use model::Probe;
 
 /// One way of attaching a probe: the programs to load and what they hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,67 +27,140 @@ impl Variant {
 /// records is set in its read-only data.
 pub(crate) const SK_DATA_READY_PROG: &str = "socket_enqueued_tp";
 
+/// Pairs `programs` with the functions `probe` hooks, in order. Evaluated at compile time,
+/// so a program list that does not match the model's table fails the build.
+const fn fentry<const N: usize>(
+    probe: Probe,
+    programs: [&'static str; N],
+) -> [(&'static str, &'static str); N] {
+    let functions = probe.hooks().functions;
+    assert!(
+        functions.len() == N,
+        "one fentry/fexit program per hooked function"
+    );
+    let mut out = [("", ""); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = (programs[i], functions[i]);
+        i += 1;
+    }
+    out
+}
+
+/// The tp_btf variant of `probe` with `program` on the model's tracepoint.
+const fn tp_btf(probe: Probe, program: &'static str) -> Variant {
+    match probe.hooks().tracepoint {
+        Some(tracepoint) => Variant::TpBtf(program, tracepoint),
+        None => panic!("the probe has no stand-in tracepoint"),
+    }
+}
+
+const IP_START_FENTRY: [(&str, &str); 2] =
+    fentry(Probe::IpStart, ["ip_start_fentry_v4", "ip_start_fentry_v6"]);
+const TCP_START_FENTRY: [(&str, &str); 2] = fentry(
+    Probe::TcpStart,
+    ["tcp_start_fentry_v4", "tcp_start_fentry_v6"],
+);
+const UDP_START_FENTRY: [(&str, &str); 2] = fentry(
+    Probe::UdpStart,
+    ["udp_start_fentry_v4", "udp_start_fentry_v6"],
+);
+const TCP_ENQUEUED_FEXIT: [(&str, &str); 1] =
+    fentry(Probe::TcpSocketEnqueued, ["tcp_socket_enqueued_fexit"]);
+const UDP_ENQUEUED_FEXIT: [(&str, &str); 1] =
+    fentry(Probe::UdpSocketEnqueued, ["udp_socket_enqueued_fexit"]);
+const TCP_READ_FENTRY: [(&str, &str); 1] = fentry(Probe::TcpSocketRead, ["tcp_socket_read_fentry"]);
+const UDP_READ_FENTRY: [(&str, &str); 1] = fentry(Probe::UdpSocketRead, ["udp_socket_read_fentry"]);
+
+const IP_START: &[Variant] = &[
+    Variant::Fentry(&IP_START_FENTRY),
+    tp_btf(Probe::IpStart, "ip_start_tp"),
+];
+const TCP_START: &[Variant] = &[
+    Variant::Fentry(&TCP_START_FENTRY),
+    tp_btf(Probe::TcpStart, "tcp_start_tp"),
+];
+const UDP_START: &[Variant] = &[Variant::Fentry(&UDP_START_FENTRY)];
+const TCP_SOCKET_ENQUEUED: &[Variant] = &[
+    Variant::Fentry(&TCP_ENQUEUED_FEXIT),
+    tp_btf(Probe::TcpSocketEnqueued, SK_DATA_READY_PROG),
+];
+const UDP_SOCKET_ENQUEUED: &[Variant] = &[
+    Variant::Fentry(&UDP_ENQUEUED_FEXIT),
+    tp_btf(Probe::UdpSocketEnqueued, SK_DATA_READY_PROG),
+];
+const TCP_SOCKET_READ: &[Variant] = &[
+    Variant::Fentry(&TCP_READ_FENTRY),
+    tp_btf(Probe::TcpSocketRead, "tcp_socket_read_tp"),
+];
+const UDP_SOCKET_READ: &[Variant] = &[Variant::Fentry(&UDP_READ_FENTRY)];
+
 /// Attach variants of `probe`, preferred first.
 pub(crate) fn variants(probe: Probe) -> &'static [Variant] {
-    use Variant::{Fentry, TpBtf};
     match probe {
-        Probe::IpStart => &[
-            Fentry(&[
-                ("ip_start_fentry_v4", "ip_rcv_core"),
-                ("ip_start_fentry_v6", "ip6_rcv_core"),
-            ]),
-            TpBtf("ip_start_tp", "netif_receive_skb"),
-        ],
-        Probe::TcpStart => &[
-            Fentry(&[
-                ("tcp_start_fentry_v4", "tcp_v4_rcv"),
-                ("tcp_start_fentry_v6", "tcp_v6_rcv"),
-            ]),
-            TpBtf("tcp_start_tp", "tcp_probe"),
-        ],
-        Probe::UdpStart => &[Fentry(&[
-            ("udp_start_fentry_v4", "udp_rcv"),
-            ("udp_start_fentry_v6", "udpv6_rcv"),
-        ])],
-        Probe::TcpSocketEnqueued => &[
-            Fentry(&[("tcp_socket_enqueued_fexit", "tcp_queue_rcv")]),
-            TpBtf(SK_DATA_READY_PROG, "sk_data_ready"),
-        ],
-        Probe::UdpSocketEnqueued => &[
-            Fentry(&[("udp_socket_enqueued_fexit", "__udp_enqueue_schedule_skb")]),
-            TpBtf(SK_DATA_READY_PROG, "sk_data_ready"),
-        ],
-        Probe::TcpSocketRead => &[
-            Fentry(&[("tcp_socket_read_fentry", "tcp_recv_timestamp")]),
-            TpBtf("tcp_socket_read_tp", "skb_copy_datagram_iovec"),
-        ],
-        Probe::UdpSocketRead => &[Fentry(&[("udp_socket_read_fentry", "skb_consume_udp")])],
+        Probe::IpStart => IP_START,
+        Probe::TcpStart => TCP_START,
+        Probe::UdpStart => UDP_START,
+        Probe::TcpSocketEnqueued => TCP_SOCKET_ENQUEUED,
+        Probe::UdpSocketEnqueued => UDP_SOCKET_ENQUEUED,
+        Probe::TcpSocketRead => TCP_SOCKET_READ,
+        Probe::UdpSocketRead => UDP_SOCKET_READ,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    use std::collections::{BTreeMap, BTreeSet};
 
-    #[test]
-    fn every_program_in_the_object_belongs_to_a_probe() {
-        use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-        use std::collections::BTreeSet;
-
+    /// Program name → the attach target in its ELF section (`fentry/ip_rcv_core` →
+    /// `ip_rcv_core`), as compiled from probes.bpf.c.
+    fn sections() -> BTreeMap<String, String> {
         let mut storage = std::mem::MaybeUninit::uninit();
         let open = crate::skel::ProbesSkelBuilder::default()
             .open(&mut storage)
             .unwrap();
-        let in_object: BTreeSet<String> = open
-            .open_object()
+        open.open_object()
             .progs()
-            .map(|p| p.name().to_string_lossy().into_owned())
-            .collect();
+            .map(|p| {
+                let section = p.section().to_string_lossy().into_owned();
+                let target = section.split_once('/').map_or("", |(_, t)| t).to_owned();
+                (p.name().to_string_lossy().into_owned(), target)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_program_in_the_object_belongs_to_a_probe() {
+        let in_object: BTreeSet<String> = sections().into_keys().collect();
         let in_table: BTreeSet<String> = Probe::ALL
             .iter()
             .flat_map(|p| variants(*p).iter().flat_map(|v| v.programs()))
             .map(str::to_owned)
             .collect();
         assert_eq!(in_object, in_table);
+    }
+
+    /// The C sources name their targets in SEC() too; this keeps that copy equal to the
+    /// model's table until the loader sets targets itself.
+    #[test]
+    fn section_targets_match_the_model() {
+        let sections = sections();
+        for p in Probe::ALL {
+            for v in variants(p) {
+                let pairs: Vec<(&str, &str)> = match *v {
+                    Variant::Fentry(list) => list.to_vec(),
+                    Variant::TpBtf(prog, tp) => vec![(prog, tp)],
+                };
+                for (prog, target) in pairs {
+                    assert_eq!(
+                        sections.get(prog).map(String::as_str),
+                        Some(target),
+                        "{p}: program {prog}"
+                    );
+                }
+            }
+        }
     }
 }

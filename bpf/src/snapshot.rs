@@ -1,6 +1,6 @@
 //! What [`crate::ProbeSet::snapshot`] returns.
 
-use detector::{Histogram, Probe};
+use model::{Histogram, Probe};
 use serde::Serialize;
 
 /// Cumulative histograms since load, and the kernel-side event counters.

@@ -1,7 +1,7 @@
 //! The BPF bucket function (bpf/src/bpf/bucket.h, compiled for the host by build.rs) must
-//! put every value in the same bucket as `detector::hist::bucket_index`.
+//! put every value in the same bucket as `model::hist::bucket_index`.
 
-use detector::hist::{bucket_index, bucket_lower, NUM_BUCKETS};
+use model::hist::{bucket_index, bucket_lower, NUM_BUCKETS};
 
 #[link(name = "tailtrap_bucket_shim", kind = "static")]
 extern "C" {

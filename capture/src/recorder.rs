@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::sample::{Sample, SampleFlags};
+use model::{Sample, SampleFlags};
 
 /// The last `window` of flight-recorder samples, all services together, in arrival order;
 /// `K` names the service (its name, or the daemon's service slot).
@@ -172,39 +172,14 @@ impl IncidentCapture {
 
 #[cfg(test)]
 mod tests {
-    use std::net::{IpAddr, Ipv4Addr};
-
-    use detector::Probe;
-
     use super::*;
-    use crate::sample::{Comm, Flow, Transport};
 
     const S: u64 = 1_000_000_000;
 
     fn sample(time_ns: u64, dport: u16) -> Sample {
-        Sample {
-            time_ns,
-            incident: 0,
-            probe: Probe::TcpSocketRead,
-            latency_ns: 25_000_000,
-            flow: Flow {
-                transport: Transport::Tcp,
-                src: IpAddr::V4(Ipv4Addr::LOCALHOST),
-                sport: 40_000,
-                dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
-                dport,
-            },
-            cgroup_id: 1,
-            pid: Some(7),
-            comm: Comm::from_kernel(b"reader"),
-            cpu: 0,
-            ifindex: 1,
-            netns_ino: 4_026_531_840,
-            skb_len: 200,
-            socket_queue: None,
-            tcp_seq: None,
-            flags: SampleFlags::empty(),
-        }
+        let mut s = model::fixtures::sample(0, 10, time_ns);
+        s.flow.dport = dport;
+        s
     }
 
     #[test]

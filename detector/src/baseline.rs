@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::hist::{bucket_lower, bucket_upper, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS};
+use model::hist::{bucket_lower, bucket_upper, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS};
 
 /// Version byte in front of every saved baseline; bump when the layout changes.
 const FORMAT_VERSION: u8 = 1;
@@ -222,7 +222,7 @@ impl Cumulative {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hist::{bucket_index, Histogram};
+    use model::hist::{bucket_index, Histogram};
 
     fn t(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::probe::Probe;
+use model::Probe;
 
 /// Settings of the detector (the `[detector]` table). The threshold keys here are the
 /// defaults for every service; `[detector.services.<name>]` overrides them per service.

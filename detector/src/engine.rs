@@ -7,10 +7,10 @@ use std::time::SystemTime;
 use crate::baseline::{Baseline, BaselineError, Cumulative};
 use crate::config::{DetectorConfig, Slo, Thresholds};
 use crate::event::{attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident};
-use crate::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
-use crate::probe::Probe;
 use crate::stats::{binomial_upper_tail, holm};
 use crate::window::{Reach, Snapshot, Window};
+use model::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
+use model::Probe;
 
 /// An Updated event is sent when the headline ratio grows by this factor since the last event.
 const UPDATE_RATIO_STEP: f64 = 1.5;
@@ -243,7 +243,7 @@ impl Detector {
             for key in svc.keys.values() {
                 keys += 1;
                 bytes += std::mem::size_of::<KeyState>()
-                    + std::mem::size_of::<[f64; crate::hist::NUM_BUCKETS]>()
+                    + std::mem::size_of::<[f64; model::hist::NUM_BUCKETS]>()
                     + key.window.heap_bytes();
             }
         }
@@ -420,7 +420,7 @@ impl ServiceState {
 
 /// Same path, or `p` is the shared ip-start before it.
 fn on_path(p: Probe, of: Probe) -> bool {
-    use crate::probe::Path;
+    use model::Path;
     p.path() == of.path() || p.path() == Path::Ip
 }
 

@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::probe::Probe;
+use model::Probe;
 
 /// A change of an incident, in the order they happen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

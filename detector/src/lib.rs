@@ -1,6 +1,6 @@
-//! tailtrap's detector: latency histograms, per-service tail baselines and tail-shift
-//! detection, plus the replay format and the scenario generator used to try it. Pure
-//! computation: no BPF, no sockets, no files.
+//! tailtrap's detector: per-service tail baselines and tail-shift detection over
+//! [`model::Histogram`]s, plus the replay format and the scenario generator used to try it.
+//! Pure computation: no BPF, no sockets, no files.
 //!
 //! The daemon builds a [`Detector`] from a [`DetectorConfig`] (the `[detector]` table of its
 //! config file), calls [`Detector::observe`] for each (service, probe) histogram of an
@@ -12,8 +12,6 @@ mod baseline;
 pub mod config;
 mod engine;
 pub mod event;
-pub mod hist;
-pub mod probe;
 pub mod replay;
 pub mod scenario;
 mod stats;
@@ -23,5 +21,3 @@ pub use baseline::BaselineError;
 pub use config::{ConfigError, DetectorConfig};
 pub use engine::Detector;
 pub use event::{Event, Incident, IncidentKey};
-pub use hist::Histogram;
-pub use probe::Probe;

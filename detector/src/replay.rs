@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Detector;
 use crate::event::{Event, Incident};
-use crate::hist::Histogram;
-use crate::probe::Probe;
+use model::hist::Histogram;
+use model::Probe;
 
 /// One line of a replay file: the histogram of one (service, probe) over one interval.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +52,7 @@ pub enum RecordError {
     ZeroInterval,
     /// Buckets or count are inconsistent.
     #[error(transparent)]
-    Histogram(#[from] crate::hist::HistError),
+    Histogram(#[from] model::hist::HistError),
     /// The line's time is before the previous line's.
     #[error("ts {ts} is before the previous line's {previous}: lines must be in time order")]
     OutOfOrder {
@@ -264,7 +264,7 @@ mod tests {
 
     #[test]
     fn bucket_examples_of_the_format_doc_hold() {
-        use crate::hist::{bucket_index, bucket_lower, bucket_upper};
+        use model::hist::{bucket_index, bucket_lower, bucket_upper};
         assert_eq!(bucket_index(1_000), 63);
         assert_eq!((bucket_lower(63), bucket_upper(63)), (960, 1024));
         assert_eq!(bucket_index(1_000_000), 143);

@@ -16,9 +16,9 @@ use statrs::function::erf::erfc;
 
 use crate::config::{parse_toml, ConfigError};
 use crate::event::Incident;
-use crate::hist::{bucket_lower, bucket_mid, Histogram, MAX_BUCKET, NUM_BUCKETS};
-use crate::probe::Probe;
 use crate::replay::Record;
+use model::hist::{bucket_lower, bucket_mid, Histogram, MAX_BUCKET, NUM_BUCKETS};
+use model::Probe;
 
 /// A scenario: what to simulate, for how long, and which anomalies to inject.
 #[derive(Debug, Clone, Deserialize)]

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::hist::{Histogram, NUM_BUCKETS};
+use model::hist::{Histogram, NUM_BUCKETS};
 
 /// One interval: when it started and ended, and its non-empty buckets.
 #[derive(Debug, Clone)]
@@ -63,7 +63,7 @@ impl Window {
         if let Some(last) = self.intervals.back_mut().filter(|iv| iv.end == end) {
             let mut merged = Histogram::new();
             for &(i, c) in last.buckets.iter() {
-                merged.record_n(crate::hist::bucket_lower(usize::from(i)), u64::from(c));
+                merged.record_n(model::hist::bucket_lower(usize::from(i)), u64::from(c));
             }
             merged.merge(hist);
             let start = last.start;

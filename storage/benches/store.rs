@@ -9,12 +9,10 @@
 //! docs/storage.md; that write path is gone, so it is not measured here.
 #![allow(clippy::unwrap_used)] // a benchmark aborts on any failure
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use capture::sample::{Comm, Flow, Sample, SampleFlags, SocketQueue, Transport};
-use detector::{Histogram, Probe};
+use model::{Histogram, Probe, Sample};
 use storage::{HistoryLevel, NewIncident, SampleFilter, Store, StoreConfig};
 
 const T0: u64 = 1_790_000_000_000_000_000;
@@ -24,43 +22,7 @@ const INCIDENT_SAMPLES: u64 = 10_000;
 const BIG_STORE_BYTES: u64 = 1 << 30;
 
 fn sample(incident: u64, i: u64) -> Sample {
-    // Varied enough that postcard's varints see realistic magnitudes.
-    Sample {
-        time_ns: T0 + incident * 3600 * SEC + i * 97_000,
-        incident,
-        probe: if i % 3 == 0 {
-            Probe::TcpSocketEnqueued
-        } else {
-            Probe::TcpSocketRead
-        },
-        latency_ns: 2_000_000 + (i * 7919) % 30_000_000,
-        flow: Flow {
-            transport: Transport::Tcp,
-            src: IpAddr::V4(Ipv4Addr::new(10, 1, (i % 200) as u8, (i % 250) as u8 + 1)),
-            sport: 32768 + (i % 28000) as u16,
-            dst: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-            dport: 443,
-        },
-        cgroup_id: 0x1234_5678,
-        pid: Some(4000 + (i % 16) as u32),
-        comm: Comm::from_kernel(b"nginx-worker\0"),
-        cpu: (i % 2) as u32,
-        ifindex: 2,
-        netns_ino: 4026531840,
-        skb_len: 1448,
-        socket_queue: Some(SocketQueue {
-            bytes: (i % 64) as u32 * 1448,
-            skbs: (i % 64) as u32,
-            rmem_alloc: (i % 64) as u32 * 2304,
-            rcvbuf: 6_291_456,
-        }),
-        tcp_seq: Some((i * 1448) as u32),
-        flags: if i % 50 == 0 {
-            SampleFlags::HOL_SUSPECT
-        } else {
-            SampleFlags::empty()
-        },
-    }
+    model::fixtures::sample(incident, i, T0 + incident * 3600 * SEC + i * 97_000)
 }
 
 fn new_incident(opened_ns: u64) -> NewIncident {

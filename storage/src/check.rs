@@ -7,7 +7,7 @@ use crate::codec;
 use crate::error::Result;
 use crate::model::{Incident, IncidentState, PwruRecord};
 use crate::store::{Store, StoreStats, SCHEMA_VERSION, T};
-use detector::Histogram;
+use model::Histogram;
 
 /// One tree's figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -9,7 +9,7 @@
 //! index in the chunk`, so the chunk holding a sample is found from the sequence number
 //! alone.
 
-use capture::sample::Sample;
+use model::Sample;
 
 use crate::codec::{self, DecodeError, SAMPLE_CHUNK_VERSION};
 use crate::error::{Result, StoreError};
@@ -101,34 +101,9 @@ pub(crate) fn sample_count(value: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use capture::sample::{Comm, Flow, SampleFlags, Transport};
-    use detector::Probe;
-    use std::net::{IpAddr, Ipv4Addr};
 
     fn sample(incident: u64, time_ns: u64) -> Sample {
-        Sample {
-            time_ns,
-            incident,
-            probe: Probe::TcpSocketRead,
-            latency_ns: 5_000_000,
-            flow: Flow {
-                transport: Transport::Tcp,
-                src: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
-                sport: 40000,
-                dst: IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-                dport: 443,
-            },
-            cgroup_id: 1,
-            pid: Some(10),
-            comm: Comm::from_kernel(b"worker\0"),
-            cpu: 0,
-            ifindex: 2,
-            netns_ino: 1,
-            skb_len: 100,
-            socket_queue: None,
-            tcp_seq: Some(time_ns as u32),
-            flags: SampleFlags::empty(),
-        }
+        model::fixtures::sample(incident, time_ns, time_ns)
     }
 
     #[test]

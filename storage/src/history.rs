@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
-use detector::{Histogram, Probe};
+use model::{Histogram, Probe};
 use serde::Serialize;
 
 use crate::codec;

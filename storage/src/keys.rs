@@ -1,7 +1,7 @@
 //! Big-endian composite keys: byte order equals numeric order, so time ranges within an
 //! incident or a history stream are contiguous range scans.
 
-use detector::Probe;
+use model::Probe;
 
 use crate::error::{Result, StoreError};
 

@@ -26,16 +26,15 @@ mod query;
 mod retention;
 mod store;
 
-pub use capture::sample::Sample;
+pub use crate::model::{
+    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, NewIncident,
+    PwruRecord, PwruState, PwruStatus,
+};
 pub use check::{CheckReport, TreeCheck};
 pub use config::{HistoryLevel, StoreConfig, MAX_HISTORY_LEVELS};
 pub use error::{LockHolder, Result, StoreError};
 pub use history::HistorySeries;
 pub use keys::MAX_SERVICE_LEN;
-pub use model::{
-    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, NewIncident,
-    PwruRecord, PwruState, PwruStatus,
-};
 pub use query::{
     FlowCount, FlowFilter, IncidentBundle, IncidentPage, IncidentQuery, LatencyQuantiles,
     ProcessCount, SampleCursor, SampleFilter, SamplePage, SampleSummary, MAX_PAGE,

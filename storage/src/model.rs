@@ -1,7 +1,6 @@
-//! The records the store keeps (other than [`capture::sample::Sample`], shared with capture).
+//! The records the store keeps (other than [`model::Sample`], shared with capture).
 
-use capture::sample::Flow;
-use detector::Probe;
+use model::{Flow, Probe};
 use serde::{Deserialize, Serialize};
 
 /// Where an incident stands.

@@ -6,8 +6,7 @@ use std::net::IpAddr;
 use std::ops::Bound;
 use std::str::FromStr;
 
-use capture::sample::{Flow, Sample, SampleFlags, Transport};
-use detector::Probe;
+use model::{Flow, Probe, Sample, SampleFlags, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::chunk;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
-use capture::sample::Sample;
+use model::Sample;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::chunk;
@@ -500,11 +500,9 @@ impl Store {
         }
         // An unreadable file system size is no reason to refuse; sled will report real
         // trouble itself.
-        let Ok(fs) = nix::sys::statvfs::statvfs(&self.path) else {
+        let Some(free) = available_bytes(&self.path) else {
             return Ok(());
         };
-        #[allow(clippy::useless_conversion)] // the field types differ between libcs
-        let free = u64::from(fs.blocks_available()).saturating_mul(u64::from(fs.fragment_size()));
         if free >= reserve {
             return Ok(());
         }
@@ -1005,4 +1003,22 @@ pub(crate) fn unused_sibling(path: &Path, suffix: &str) -> PathBuf {
 pub(crate) fn timestamp() -> String {
     let t = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     t.chars().filter(|c| *c != '-' && *c != ':').collect()
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `path`
+/// (`f_bavail * f_frsize`); `None` when statvfs fails.
+fn available_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is NUL-terminated and outlives the call; `st` is writable memory of
+    // the type statvfs fills.
+    if unsafe { libc::statvfs(c_path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::useless_conversion)] // the field types differ between libcs
+    let free = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
+    Some(free)
 }

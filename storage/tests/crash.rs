@@ -11,8 +11,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{new_incident, sample, SEC, T0};
-use detector::{Histogram, Probe};
+use common::{new_incident, SEC, T0};
+use model::fixtures::sample;
+use model::{Histogram, Probe};
 use rand::Rng;
 use storage::{IncidentState, SampleFilter, Store, StoreConfig};
 

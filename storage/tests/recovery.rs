@@ -8,7 +8,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{new_incident, sample, SEC, T0};
+use common::{new_incident, SEC, T0};
+use model::fixtures::sample;
 use storage::{SampleFilter, Store, StoreConfig, StoreError};
 
 const CHILD_ENV: &str = "TAILTRAP_STORAGE_TEST_LOCK_HOLDER";

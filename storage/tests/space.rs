@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{new_incident, sample, SEC, T0};
-use detector::{Histogram, Probe};
+use common::{new_incident, SEC, T0};
+use model::fixtures::sample;
+use model::{Histogram, Probe};
 use storage::{
     HistoryLevel, Incident, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig, StoreError,
 };

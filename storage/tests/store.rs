@@ -5,8 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{new_incident, sample, SEC, T0};
-use detector::{Histogram, Probe};
+use common::{new_incident, SEC, T0};
+use model::fixtures::sample;
+use model::{Histogram, Probe};
 use storage::{
     FlowFilter, IncidentQuery, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig,
     StoreError,

@@ -8,26 +8,6 @@ use crate::error::{Error, Result};
 /// Directory under the cgroup2 mount that holds every test cgroup.
 const PARENT: &str = "tailtrap-test";
 
-/// Where the cgroup2 hierarchy is mounted: `/sys/fs/cgroup` on a unified host,
-/// `/sys/fs/cgroup/unified` on a hybrid one. Read from `/proc/self/mountinfo`.
-pub fn cgroup2_mount() -> Result<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo")
-        .map_err(Error::io("cannot read /proc/self/mountinfo"))?;
-    // Fields: id parent major:minor root mount-point options... - fstype source super-options
-    let mounts: Vec<&str> = info
-        .lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            (right.split(' ').next() == Some("cgroup2")).then(|| left.split(' ').nth(4))?
-        })
-        .collect();
-    let preferred = mounts.iter().find(|m| **m == "/sys/fs/cgroup");
-    preferred
-        .or(mounts.first())
-        .map(PathBuf::from)
-        .ok_or(Error::NoCgroup2)
-}
-
 /// A cgroup2 group `<mount>/tailtrap-test/<name>-<pid>`, removed on drop.
 ///
 /// Sockets are charged to the cgroup of the process that creates them, at creation; the
@@ -44,7 +24,7 @@ impl Cgroup {
     /// Creates the group; fails if this process already has one of that name. Empty groups
     /// left behind by test processes that died are removed on the way.
     pub fn create(name: &str) -> Result<Cgroup> {
-        let mount = cgroup2_mount()?;
+        let mount = bpf::cgroup2_mount().ok_or(Error::NoCgroup2)?;
         let parent = mount.join(PARENT);
         fs::create_dir_all(&parent)
             .map_err(Error::io(format!("cannot create {}", parent.display())))?;

@@ -24,7 +24,7 @@ mod traffic;
 mod veth;
 
 pub use bins::{expected_attach, tailtrap_bin, traffic_bin, vm_kernel};
-pub use cgroup::{cgroup2_mount, Cgroup};
+pub use cgroup::Cgroup;
 pub use daemon::{cli, cli_json, Daemon, ScratchDir};
 pub use error::{Error, Result};
 pub use netns::Netns;

@@ -15,8 +15,7 @@ use bpf::{
     capture_counters, AttachMethod, CaptureControl, CaptureLimits, CaptureReader, CaptureRecord,
     ProbeConfig, ProbeSet,
 };
-use capture::sample::Transport;
-use detector::Probe;
+use model::{Probe, Transport};
 use probes_support::{client, load, server, service};
 use tailtrap_tests::{run_client, Cgroup, Proto, TcpServer};
 

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bpf::{AttachMethod, LoadError, ProbeConfig};
-use detector::Probe;
+use model::Probe;
 use probes_support::{all_services, attached, client, hist, load, q, server, service};
 use tailtrap_tests::{
     run_client, tailtrap_bin, Cgroup, Netns, Proto, TcpServer, UdpServer, VethPair,

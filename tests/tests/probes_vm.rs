@@ -11,7 +11,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use bpf::ProbeConfig;
-use detector::Probe;
+use model::Probe;
 use probes_support::{all_services, attached, client, load, q, server};
 use tailtrap_tests::{run_client, vm_kernel, Netns, Proto, TcpServer, UdpServer, VethPair};
 

@@ -10,7 +10,7 @@ pub mod server;
 use std::path::PathBuf;
 
 use capture::pwru::Prerequisites;
-use detector::Probe;
+use model::Probe;
 use serde::{Deserialize, Serialize};
 use storage::{Incident, SampleSummary};
 

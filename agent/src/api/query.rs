@@ -1,7 +1,7 @@
 //! The read endpoints' parameters and answers, computed from a [`Store`]: the daemon's API
 //! and the CLI's direct database access share them.
 
-use detector::Probe;
+use model::Probe;
 use serde::{Deserialize, Serialize};
 use storage::{
     FlowFilter, IncidentPage, IncidentQuery, IncidentState, PwruRecord, SampleCursor, SampleFilter,

@@ -214,7 +214,7 @@ mod tests {
         let opened = store
             .open_incident(&NewIncident {
                 service: "web".into(),
-                probes: vec![detector::Probe::TcpSocketRead],
+                probes: vec![model::Probe::TcpSocketRead],
                 opened_ns: 1_700_000_000_000_000_000,
                 evidence_json: "{}".into(),
                 stages_json: "null".into(),

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use bpf::{AttachMethod, Attachment, ProbeSet, Snapshot};
-use detector::hist::QuantileEstimate;
-use detector::{Histogram, Probe};
+use model::hist::QuantileEstimate;
+use model::{Histogram, Probe};
 use serde::Serialize;
 
 use crate::output::{fmt_ns, table};

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use detector::Probe;
+use model::Probe;
 
 use crate::api::query::SamplesParams;
 use crate::output::{fmt_ns, fmt_time, print_json, table};

@@ -9,8 +9,9 @@ use std::time::{Instant, SystemTime};
 
 use bpf::{CaptureCounters, CaptureError, CaptureLimits};
 use capture::recorder::{FlightRecorder, IncidentCapture, IncidentLimits, StopReason};
-use capture::sample::Sample;
-use detector::{Detector, Probe};
+use detector::Detector;
+use model::Probe;
+use model::Sample;
 
 use super::kernel::Kernel;
 use super::unix_ns;

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use capture::pwru::{IncidentScope, SessionRequest};
-use capture::sample::Sample;
-use detector::{Detector, Event, Histogram, Probe};
+use detector::{Detector, Event};
+use model::Sample;
+use model::{Histogram, Probe};
 use storage::{CaptureState, CaptureStatus, PwruState, Store};
 
 use super::capture::CaptureController;
@@ -241,7 +242,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         };
         self.incidents.update(id, |r| r.capture = status);
         self.store_samples(&pre, true);
-        let flows: Vec<capture::sample::Flow> = pre.iter().map(|s| s.flow).collect();
+        let flows: Vec<model::Flow> = pre.iter().map(|s| s.flow).collect();
         self.request_pwru(id, &inc, &flows, now.wall);
     }
 
@@ -250,7 +251,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         &mut self,
         id: u64,
         inc: &detector::Incident,
-        flows: &[capture::sample::Flow],
+        flows: &[model::Flow],
         now: SystemTime,
     ) {
         let spec = self
@@ -259,11 +260,15 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             .services
             .iter()
             .find(|s| s.name == inc.service);
+        let cgroup_dir = spec.and_then(|s| s.cgroup.as_deref()).and_then(|c| {
+            let rel = c.strip_prefix("/").unwrap_or(c);
+            bpf::cgroup2_mount().map(|m| m.join(rel))
+        });
         let scope = IncidentScope {
             service: &inc.service,
             probes: &inc.probes,
             ports: spec.map_or(&[], |s| s.ports.as_slice()),
-            cgroup: spec.and_then(|s| s.cgroup.as_deref()),
+            cgroup_dir: cgroup_dir.as_deref(),
             flows,
         };
         match SessionRequest::for_incident(&self.config.pwru, &scope) {

@@ -5,7 +5,7 @@ use bpf::{
     CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader, CaptureRecord,
     ProbeSet, ProgStats, ReadError, Snapshot,
 };
-use detector::Probe;
+use model::Probe;
 
 /// The probes and their capture, as the interval loop uses them.
 pub(super) trait Kernel {

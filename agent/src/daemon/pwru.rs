@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capture::pwru::{PwruLine, SessionManager, SessionRequest, SessionState, SessionStatus};
-use capture::sample::{Flow, Transport};
+use model::{Flow, Transport};
 use storage::{PwruRecord, PwruState, PwruStatus, Store};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;

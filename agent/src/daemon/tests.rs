@@ -11,8 +11,9 @@ use bpf::{
     ServiceHist, ServiceSpec, Snapshot,
 };
 use capture::pwru::{PwruConfig, SessionRequest};
-use capture::sample::{Comm, Flow, Sample, SampleFlags, Transport};
-use detector::{Detector, DetectorConfig, Histogram, Probe};
+use detector::{Detector, DetectorConfig};
+use model::{Comm, Flow, Sample, SampleFlags, Transport};
+use model::{Histogram, Probe};
 use storage::{CaptureState, IncidentState, PwruState, SampleFilter, Store, StoreConfig};
 
 use super::interval::{DaemonCore, Now};

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use detector::Probe;
+use model::Probe;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 

@@ -3,13 +3,12 @@
 //! dominant flows, and its network namespace when the service lives in another one.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use detector::Probe;
+use model::{Flow, Probe};
 
 use super::config::PwruConfig;
 use super::request::{NetnsFilter, PcapFilter, Protocol, RequestError, SessionRequest};
-use crate::sample::Flow;
 
 /// Most local ports taken from samples for a filter.
 const MAX_SAMPLE_PORTS: usize = 4;
@@ -23,8 +22,9 @@ pub struct IncidentScope<'a> {
     pub probes: &'a [Probe],
     /// The service's configured local ports (empty: taken from `flows`).
     pub ports: &'a [u16],
-    /// The service's configured cgroup, relative to the cgroup2 mount.
-    pub cgroup: Option<&'a Path>,
+    /// The directory of the service's configured cgroup (absolute: the cgroup2 mount
+    /// joined with the configured path); the caller resolves the mount.
+    pub cgroup_dir: Option<&'a Path>,
     /// The flows of the incident's slow samples, dominant ones first or not: they are counted.
     pub flows: &'a [Flow],
 }
@@ -60,7 +60,7 @@ impl SessionRequest {
         let mut request = SessionRequest::new(scope.service, filter)
             .with_filter_funcs(config.filter_funcs(scope.probes))
             .with_limits(config.limits());
-        if let Some(netns) = scope.cgroup.and_then(NetnsFilter::of_cgroup) {
+        if let Some(netns) = scope.cgroup_dir.and_then(NetnsFilter::of_cgroup) {
             request = request.with_netns(netns);
         }
         Ok(request)
@@ -103,37 +103,26 @@ impl Protocol {
 }
 
 impl NetnsFilter {
-    /// The network namespace of the first process in `cgroup` (relative to the cgroup2
-    /// mount), when it differs from this process's own; `None` when it is the same or
-    /// cannot be read.
-    pub fn of_cgroup(cgroup: &Path) -> Option<NetnsFilter> {
-        foreign_netns(cgroup).map(NetnsFilter::inode)
+    /// The network namespace of the first process in the cgroup directory `cgroup_dir`,
+    /// when it differs from this process's own; `None` when it is the same or cannot be
+    /// read.
+    pub fn of_cgroup(cgroup_dir: &Path) -> Option<NetnsFilter> {
+        foreign_netns(cgroup_dir).map(NetnsFilter::inode)
     }
 }
 
-fn foreign_netns(cgroup: &Path) -> Option<u32> {
-    let dir = cgroup2_mount()?.join(cgroup.strip_prefix("/").unwrap_or(cgroup));
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+fn foreign_netns(cgroup_dir: &Path) -> Option<u32> {
+    let procs = std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).ok()?;
     let pid: u32 = procs.lines().next()?.trim().parse().ok()?;
     let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net")).ok()?.ino();
     let ours = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
     (theirs != ours).then(|| u32::try_from(theirs).ok())?
 }
 
-fn cgroup2_mount() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|line| {
-        // "... mount-point options - fstype source super-options"
-        let (left, right) = line.split_once(" - ")?;
-        (right.split_whitespace().next()? == "cgroup2")
-            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::Transport;
+    use model::Transport;
 
     fn flow(t: Transport, src: &str, dport: u16) -> Flow {
         Flow {
@@ -150,7 +139,7 @@ mod tests {
             service: "web",
             probes,
             ports,
-            cgroup: None,
+            cgroup_dir: None,
             flows,
         }
     }
@@ -231,9 +220,15 @@ mod tests {
 
     #[test]
     fn own_namespace_is_not_foreign() {
-        // The root cgroup holds processes of the host namespace (or none at all).
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let rel = own.trim().rsplit("::").next().unwrap_or("/").to_owned();
-        assert_eq!(NetnsFilter::of_cgroup(Path::new(&rel)), None);
+        // A cgroup directory whose first process is this one: same namespace.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("cgroup.procs"),
+            format!("{}\n", std::process::id()),
+        )
+        .unwrap();
+        assert_eq!(NetnsFilter::of_cgroup(dir.path()), None);
+        // No readable process list: no filter either.
+        assert_eq!(NetnsFilter::of_cgroup(&dir.path().join("gone")), None);
     }
 }

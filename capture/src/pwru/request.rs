@@ -11,10 +11,8 @@ use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use detector::Probe;
+use model::{Flow, Probe, Transport};
 use serde::{Deserialize, Serialize};
-
-use crate::sample::{Flow, Transport};
 
 /// Why a session request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -313,21 +311,6 @@ const MAX_FUNCS: usize = 64;
 /// (pwru skips the name the running kernel lacks).
 const DROP_POINTS: [&str; 2] = ["kfree_skb_reason", "sk_skb_reason_drop"];
 
-/// The kernel functions behind a probe that pwru can attach to. pwru only traces functions
-/// taking an `struct sk_buff *`; tcp-socket-read's `tcp_recv_timestamp` takes none, so
-/// `skb_copy_datagram_iter` (the copy of a segment to the reader) stands in for it.
-fn probe_functions(probe: Probe) -> &'static [&'static str] {
-    match probe {
-        Probe::IpStart => &["ip_rcv_core", "ip6_rcv_core"],
-        Probe::TcpStart => &["tcp_v4_rcv", "tcp_v6_rcv"],
-        Probe::UdpStart => &["udp_rcv", "udpv6_rcv"],
-        Probe::TcpSocketEnqueued => &["tcp_queue_rcv"],
-        Probe::UdpSocketEnqueued => &["__udp_enqueue_schedule_skb"],
-        Probe::TcpSocketRead => &["skb_copy_datagram_iter"],
-        Probe::UdpSocketRead => &["skb_consume_udp"],
-    }
-}
-
 impl FilterFuncs {
     /// Checked function names (duplicates dropped, order kept).
     pub fn new<I, S>(names: I) -> Result<Self, RequestError>
@@ -358,11 +341,12 @@ impl FilterFuncs {
         Ok(FilterFuncs(out))
     }
 
-    /// The functions behind `probes` plus the drop points.
+    /// The functions pwru follows for `probes` ([`model::KernelHooks::skb_functions`]) plus
+    /// the drop points.
     pub fn for_probes(probes: &[Probe]) -> Self {
         let names = probes
             .iter()
-            .flat_map(|p| probe_functions(*p).iter().copied())
+            .flat_map(|p| p.hooks().skb_functions.iter().copied())
             .chain(DROP_POINTS);
         let mut out: Vec<String> = Vec::new();
         for n in names {

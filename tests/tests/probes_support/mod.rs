@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bpf::{AttachMethod, ProbeConfig, ProbeSet, ServiceSpec, Snapshot};
-use detector::{Histogram, Probe};
+use model::{Histogram, Probe};
 use tailtrap_tests::{expected_attach, Cgroup, ClientOpts, Netns, Proto, ServerOpts};
 
 /// RX timestamping is switched on from a kernel workqueue after the socket asks for it.
@@ -116,6 +116,6 @@ pub fn client(
 }
 
 /// ns in a quantile estimate, for messages.
-pub fn q(h: &Histogram, q: f64) -> detector::hist::QuantileEstimate {
+pub fn q(h: &Histogram, q: f64) -> model::hist::QuantileEstimate {
     h.quantile(q).expect("histogram has samples")
 }

@@ -1,4 +1,5 @@
-//! The receive-path probe points, named as in the netstacklat paper.
+//! The receive-path probe points, named as in the netstacklat paper, and the one table of
+//! the kernel functions and tracepoints behind each.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +34,19 @@ pub enum Path {
     Tcp,
     /// UDP receive path.
     Udp,
+}
+
+/// Where a probe hooks into the kernel. The BPF loader attaches to these and the pwru
+/// sessions follow them, so there is one table rather than a copy per user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelHooks {
+    /// Kernel functions hooked with fentry/fexit, one BPF program each (IPv4 before IPv6).
+    pub functions: &'static [&'static str],
+    /// The BTF tracepoint (tp_btf) standing in where the kernel refuses trampolines.
+    pub tracepoint: Option<&'static str>,
+    /// Functions taking a `struct sk_buff *` that a packet tracer follows for this probe.
+    /// Equal to `functions` except where the hooked function has no skb parameter.
+    pub skb_functions: &'static [&'static str],
 }
 
 impl Probe {
@@ -86,6 +100,33 @@ impl Probe {
         }
     }
 
+    /// The kernel functions and tracepoint behind this probe.
+    pub const fn hooks(self) -> KernelHooks {
+        const fn same(functions: &'static [&'static str], tp: Option<&'static str>) -> KernelHooks {
+            KernelHooks {
+                functions,
+                tracepoint: tp,
+                skb_functions: functions,
+            }
+        }
+        match self {
+            Probe::IpStart => same(&["ip_rcv_core", "ip6_rcv_core"], Some("netif_receive_skb")),
+            Probe::TcpStart => same(&["tcp_v4_rcv", "tcp_v6_rcv"], Some("tcp_probe")),
+            Probe::UdpStart => same(&["udp_rcv", "udpv6_rcv"], None),
+            Probe::TcpSocketEnqueued => same(&["tcp_queue_rcv"], Some("sk_data_ready")),
+            Probe::UdpSocketEnqueued => {
+                same(&["__udp_enqueue_schedule_skb"], Some("sk_data_ready"))
+            }
+            // tcp_recv_timestamp takes no skb: the copy of a segment to the reader stands in.
+            Probe::TcpSocketRead => KernelHooks {
+                functions: &["tcp_recv_timestamp"],
+                tracepoint: Some("skb_copy_datagram_iovec"),
+                skb_functions: &["skb_copy_datagram_iter"],
+            },
+            Probe::UdpSocketRead => same(&["skb_consume_udp"], None),
+        }
+    }
+
     /// Stable small number (the index in [`Probe::ALL`]); the BPF side uses the same numbering.
     pub const fn id(self) -> u32 {
         self as u32
@@ -131,6 +172,19 @@ mod tests {
             );
         }
         assert!("tcp-read".parse::<Probe>().is_err());
+    }
+
+    #[test]
+    fn packet_tracers_follow_the_hooked_functions_where_they_carry_an_skb() {
+        for p in Probe::ALL {
+            let h = p.hooks();
+            assert!(!h.functions.is_empty(), "{p}");
+            if p == Probe::TcpSocketRead {
+                assert_eq!(h.skb_functions, ["skb_copy_datagram_iter"]);
+            } else {
+                assert_eq!(h.skb_functions, h.functions, "{p}");
+            }
+        }
     }
 
     #[test]

@@ -8,8 +8,9 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use detector::Probe;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::Probe;
 
 /// One slow SKB.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -314,34 +315,10 @@ mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn sample() -> Sample {
-        Sample {
-            time_ns: 1_700_000_000_123_456_789,
-            incident: 7,
-            probe: Probe::TcpSocketRead,
-            latency_ns: 21_000_000,
-            flow: Flow {
-                transport: Transport::Tcp,
-                src: IpAddr::V6(Ipv6Addr::LOCALHOST),
-                sport: 40000,
-                dst: IpAddr::V6(Ipv6Addr::LOCALHOST),
-                dport: 443,
-            },
-            cgroup_id: 1234,
-            pid: Some(42),
-            comm: Comm::from_kernel(b"nginx\0\0\0\0\0\0\0\0\0\0\0"),
-            cpu: 1,
-            ifindex: 1,
-            netns_ino: 4026531840,
-            skb_len: 1448,
-            socket_queue: Some(SocketQueue {
-                bytes: 2896,
-                skbs: 2,
-                rmem_alloc: 4608,
-                rcvbuf: 131072,
-            }),
-            tcp_seq: Some(99),
-            flags: SampleFlags::PRE_TRIGGER | SampleFlags::HOL_SUSPECT,
-        }
+        let mut s = crate::fixtures::sample(7, 1, 1_700_000_000_123_456_789);
+        s.comm = Comm::from_kernel(b"nginx\0\0\0\0\0\0\0\0\0\0\0");
+        s.flags = SampleFlags::PRE_TRIGGER | SampleFlags::HOL_SUSPECT;
+        s
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!
 //! Bucket `i >= 8` covers `[(8+j) * 2^(k-3), (9+j) * 2^(k-3))` with `k = i/8 + 2`, `j = i%8`,
 //! so its width is at most 1/8 of its lower bound and a midpoint estimate is within 6.25%.
-//! The BPF side mirrors this in `bpf/src/bpf/hist.bpf.h`; a test there checks both agree.
+//! The BPF side mirrors this in `bpf/src/bpf/bucket.h`; `bpf/tests/bucket_agreement.rs`
+//! checks both agree.
 //! The interchange files (replay JSON Lines, storage) carry bucket indices of this scheme, so
 //! it must never change.
 

@@ -1,0 +1,25 @@
+//! tailtrap's shared data model: what the crates hand each other along
+//! bpf → detector → capture → storage → agent.
+//!
+//! - [`Probe`] and [`Path`]: the receive-path measurement points, with [`Probe::hooks`], the
+//!   one table of the kernel functions and tracepoints behind each ([`KernelHooks`]).
+//! - [`hist`]: the log-linear bucket scheme and [`Histogram`], the type the BPF side's
+//!   maps are read into and the detector computes on.
+//! - [`Sample`] and [`Flow`]: the record of one slow SKB, decoded from the kernel, kept by
+//!   the flight recorder, stored per incident.
+//!
+//! It exists so that these types have one home with no machinery attached: the BPF loader
+//! and the store depend on it without pulling in pwru's process handling or the detector's
+//! statistics. Plain data and pure functions only; no I/O. With the `fixtures` feature,
+//! [`fixtures`] builds samples for other crates' tests.
+#![deny(missing_docs)]
+
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
+pub mod hist;
+mod probe;
+mod sample;
+
+pub use hist::{HistError, Histogram};
+pub use probe::{KernelHooks, Path, Probe};
+pub use sample::{Comm, CommTooLong, Flow, Sample, SampleFlags, SocketQueue, Transport, COMM_MAX};
