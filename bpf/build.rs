@@ -7,11 +7,14 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const SOURCES: [&str; 11] = [
+const SOURCES: [&str; 14] = [
     "tailtrap.h",
     "bucket.h",
+    "counter.bpf.h",
     "hist.bpf.h",
     "clock.bpf.h",
+    "ip.bpf.h",
+    "sample.bpf.h",
     "service.bpf.h",
     "filter.bpf.h",
     "hol.bpf.h",

@@ -263,8 +263,9 @@ impl CaptureControl {
 
 /// The kernel's capture counters, summed over CPUs.
 pub fn capture_counters(set: &mut ProbeSet) -> Result<CaptureCounters, CaptureError> {
-    let map = &set.skel_mut().maps.capture_counters;
-    let read = |c: types::tt_capture_counter| -> Result<u64, CaptureError> {
+    // Capture's counters share the probes' counter array, at their own indexes.
+    let map = &set.skel_mut().maps.counters;
+    let read = |c: types::tt_counter| -> Result<u64, CaptureError> {
         let per_cpu = map
             .lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY)
             .map_err(bpf_err("reading the capture counters"))?
@@ -274,7 +275,7 @@ pub fn capture_counters(set: &mut ProbeSet) -> Result<CaptureCounters, CaptureEr
             .filter_map(|v| v.as_slice().try_into().ok().map(u64::from_ne_bytes))
             .fold(0u64, u64::saturating_add))
     };
-    use types::tt_capture_counter as C;
+    use types::tt_counter as C;
     Ok(CaptureCounters {
         emitted: read(C::TT_CAPTURE_ARMED_EMITTED)?,
         ring_full: read(C::TT_CAPTURE_ARMED_RING_FULL)?,
