@@ -26,8 +26,8 @@ const RECORD_BYTES: usize = std::mem::size_of::<types::tt_capture_record>();
 const _: () = assert!(RECORD_BYTES == 136, "tt_capture_record layout changed");
 const _: () = assert!(std::mem::size_of::<types::tt_capture_threshold>() == 16);
 
-/// Service slots that can be armed (`TT_CAPTURE_MAX_SLOTS`).
-const MAX_SLOTS: u32 = 1024;
+/// Service slots that can be armed: the kernel's `TT_CAPTURE_MAX_SLOTS`, from the skeleton.
+const MAX_SLOTS: u32 = types::tt_capture_limit::TT_CAPTURE_MAX_SLOTS.0;
 /// Bursts the rate limits let through at once, as a share of one second of their rate.
 const BURST: Duration = Duration::from_millis(100);
 /// Records buffered between the reader thread and the consumer.

@@ -20,6 +20,10 @@
 #include "ip.bpf.h"
 #include "sample.bpf.h"
 
+/* The thresholds map is indexed in __u32 by service * TT_NUM_PROBES + probe. */
+_Static_assert((__u64)TT_CAPTURE_MAX_SLOTS * TT_NUM_PROBES <= 0xffffffffULL,
+	       "capture threshold index overflows __u32");
+
 /* 4 MiB: ~30 000 records, 15 s at the default armed rate. */
 #define TT_CAPTURE_RING_BYTES (4 << 20)
 

@@ -35,6 +35,7 @@ struct tt_capture_record tt_type_capture_record;
 struct tt_capture_threshold tt_type_capture_threshold;
 enum tt_capture_mode tt_type_capture_mode;
 enum tt_capture_flag tt_type_capture_flag;
+enum tt_capture_limit tt_type_capture_limit;
 
 /*
  * The one place a sample is filtered, timed, attributed, added to a histogram and offered

@@ -67,8 +67,11 @@ struct tt_hist {
 
 /* ---- In-kernel capture of slow SKBs (capture.bpf.h) ---- */
 
-/* Service slots that can be armed; later slots are never captured. */
-#define TT_CAPTURE_MAX_SLOTS 1024
+/* An enum, not a #define, so that Rust reads the limit from the skeleton's BTF. */
+enum tt_capture_limit {
+	/* Service slots that can be armed; later slots are never captured. */
+	TT_CAPTURE_MAX_SLOTS = 1024,
+};
 
 /* Bits of capture_mode: which kinds of capture have thresholds set. */
 enum tt_capture_mode {
