@@ -25,8 +25,8 @@ const RECORD_BYTES: usize = std::mem::size_of::<types::tt_capture_record>();
 const _: () = assert!(RECORD_BYTES == 136, "tt_capture_record layout changed");
 const _: () = assert!(std::mem::size_of::<types::tt_capture_threshold>() == 16);
 
-/// Service slots that can be armed (`TT_CAPTURE_MAX_SLOTS`).
-const MAX_SLOTS: u32 = 1024;
+/// Service slots that can be armed: the kernel's `TT_CAPTURE_MAX_SLOTS`, from the skeleton.
+const MAX_SLOTS: u32 = types::tt_capture_limit::TT_CAPTURE_MAX_SLOTS.0;
 /// Bursts the rate limits let through at once, as a share of one second of their rate.
 const BURST: Duration = Duration::from_millis(100);
 /// Records buffered between the reader thread and the consumer.
@@ -266,8 +266,9 @@ impl CaptureControl {
 
 /// The kernel's capture counters, summed over CPUs.
 pub fn capture_counters(set: &mut ProbeSet) -> Result<CaptureCounters, CaptureError> {
-    let map = &set.skel_mut().maps.capture_counters;
-    let read = |c: types::tt_capture_counter| -> Result<u64, CaptureError> {
+    // Capture's counters share the probes' counter array, at their own indexes.
+    let map = &set.skel_mut().maps.counters;
+    let read = |c: types::tt_counter| -> Result<u64, CaptureError> {
         let per_cpu = map
             .lookup_percpu(&c.0.to_ne_bytes(), MapFlags::ANY)
             .map_err(bpf_err("reading the capture counters"))?
@@ -277,7 +278,7 @@ pub fn capture_counters(set: &mut ProbeSet) -> Result<CaptureCounters, CaptureEr
             .filter_map(|v| v.as_slice().try_into().ok().map(u64::from_ne_bytes))
             .fold(0u64, u64::saturating_add))
     };
-    use types::tt_capture_counter as C;
+    use types::tt_counter as C;
     Ok(CaptureCounters {
         emitted: read(C::TT_CAPTURE_ARMED_EMITTED)?,
         ring_full: read(C::TT_CAPTURE_ARMED_RING_FULL)?,

@@ -4,10 +4,25 @@
  * While nothing is armed the cost is one read of capture_mode. Armed capture emits a
  * ring-buffer record for a sample at or above its (service, probe) threshold, optionally
  * one in N, through a global rate limit; the flight recorder does the same with its own
- * (higher) threshold and its own small rate limit. Needs struct tt_sample: include after it.
+ * (higher) threshold and its own small rate limit.
  */
 #ifndef TT_CAPTURE_BPF_H
 #define TT_CAPTURE_BPF_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+
+#include "tailtrap.h"
+#include "clock.bpf.h"
+#include "counter.bpf.h"
+#include "ip.bpf.h"
+#include "sample.bpf.h"
+
+/* The thresholds map is indexed in __u32 by service * TT_NUM_PROBES + probe. */
+_Static_assert((__u64)TT_CAPTURE_MAX_SLOTS * TT_NUM_PROBES <= 0xffffffffULL,
+	       "capture threshold index overflows __u32");
 
 /* 4 MiB: ~30 000 records, 15 s at the default armed rate. */
 #define TT_CAPTURE_RING_BYTES (4 << 20)
@@ -37,21 +52,6 @@ struct {
 	__uint(max_entries, TT_CAPTURE_RING_BYTES);
 } capture_ring SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, TT_CAPTURE_NUM_COUNTERS);
-	__type(key, __u32);
-	__type(value, __u64);
-} capture_counters SEC(".maps");
-
-static __always_inline void capture_count(__u32 counter)
-{
-	__u64 *n = bpf_map_lookup_elem(&capture_counters, &counter);
-
-	if (n)
-		*n += 1;
-}
-
 /* Take one record's worth of the rate limit; a lost race with another CPU counts as limited. */
 static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns)
 {
@@ -79,32 +79,16 @@ static __always_inline void copy_in6(__u8 *dst, const struct in6_addr *a)
 /* Family, protocol and ports/addresses from the IP header at ip (src = sender). */
 static __always_inline void tuple_from_packet(struct tt_capture_record *r, const __u8 *ip)
 {
-	__u8 first = 0, proto = 0, ihl;
-	const __u8 *l4;
+	struct tt_ip_header h;
 	__be16 ports[2] = {};
 
-	if (bpf_probe_read_kernel(&first, 1, ip))
+	if (!parse_ip_header(ip, &h, r->saddr, r->daddr))
 		return;
-	if (first >> 4 == 4) {
-		bpf_probe_read_kernel(&proto, 1, ip + 9);
-		bpf_probe_read_kernel(r->saddr, 4, ip + 12);
-		bpf_probe_read_kernel(r->daddr, 4, ip + 16);
-		r->family = TT_AF_INET;
-		ihl = first & 0xf;
-		l4 = ip + ihl * 4;
-	} else if (first >> 4 == 6) {
-		/* Extension headers are not walked: ports stay 0 behind them. */
-		bpf_probe_read_kernel(&proto, 1, ip + 6);
-		bpf_probe_read_kernel(r->saddr, 16, ip + 8);
-		bpf_probe_read_kernel(r->daddr, 16, ip + 24);
-		r->family = TT_AF_INET6;
-		l4 = ip + 40;
-	} else {
-		return;
-	}
-	r->ip_proto = proto;
-	if (proto == TT_IPPROTO_TCP || proto == TT_IPPROTO_UDP) {
-		bpf_probe_read_kernel(ports, sizeof(ports), l4);
+	r->family = h.family;
+	r->ip_proto = h.proto;
+	/* Ports stay 0 behind IPv6 extension headers (proto is then not TCP/UDP). */
+	if (h.proto == TT_IPPROTO_TCP || h.proto == TT_IPPROTO_UDP) {
+		bpf_probe_read_kernel(ports, sizeof(ports), h.l4);
 		r->sport = bpf_ntohs(ports[0]);
 		r->dport = bpf_ntohs(ports[1]);
 	}
@@ -190,7 +174,8 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 	__u32 mode = capture_mode;
 	struct tt_capture_threshold *t;
 	struct tt_capture_record *r;
-	__u32 idx, flags = 0, emitted, ring_full;
+	__u32 idx, flags = 0;
+	enum tt_counter emitted, ring_full;
 
 	if (!mode)
 		return;
@@ -209,14 +194,14 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 			flags |= TT_CAPTURE_F_SUBSAMPLED;
 		}
 		if (!take_token(&armed_tat, armed_interval_ns, armed_burst_ns)) {
-			capture_count(TT_CAPTURE_ARMED_RATE_LIMITED);
+			count_event(TT_CAPTURE_ARMED_RATE_LIMITED);
 			return;
 		}
 		emitted = TT_CAPTURE_ARMED_EMITTED;
 		ring_full = TT_CAPTURE_ARMED_RING_FULL;
 	} else if ((mode & TT_CAPTURE_MODE_FLIGHT) && t->flight_ns && latency_ns >= t->flight_ns) {
 		if (!take_token(&flight_tat, flight_interval_ns, flight_burst_ns)) {
-			capture_count(TT_CAPTURE_FLIGHT_RATE_LIMITED);
+			count_event(TT_CAPTURE_FLIGHT_RATE_LIMITED);
 			return;
 		}
 		flags |= TT_CAPTURE_F_FLIGHT;
@@ -229,13 +214,13 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 		flags |= TT_CAPTURE_F_HOL_SUSPECT;
 	r = bpf_ringbuf_reserve(&capture_ring, sizeof(*r), 0);
 	if (!r) {
-		capture_count(ring_full);
+		count_event(ring_full);
 		return;
 	}
 	__builtin_memset(r, 0, sizeof(*r));
 	fill_record(r, s, service, latency_ns, flags);
 	bpf_ringbuf_submit(r, 0);
-	capture_count(emitted);
+	count_event(emitted);
 }
 
 #endif /* TT_CAPTURE_BPF_H */

@@ -7,6 +7,12 @@
 #ifndef TT_CLOCK_BPF_H
 #define TT_CLOCK_BPF_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#include "counter.bpf.h"
+
 enum tt_clock {
 	TT_CLOCK_REALTIME = 0,
 	TT_CLOCK_MONOTONIC = 1,

@@ -7,6 +7,11 @@
 #ifndef TT_FILTER_BPF_H
 #define TT_FILTER_BPF_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+#include "service.bpf.h" /* sock_cgroup(), cgroup_id() */
+
 const volatile bool filter_pids = false;
 const volatile bool filter_cgroups = false;
 const volatile bool filter_ifindexes = false;

@@ -1,9 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
-/* Per-CPU histograms keyed by (service slot, probe), and the event counters. */
+/* Per-CPU histograms keyed by (service slot, probe). */
 #ifndef TT_HIST_BPF_H
 #define TT_HIST_BPF_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+#include "tailtrap.h"
 #include "bucket.h"
+#include "counter.bpf.h"
 
 #define TT_EEXIST 17
 
@@ -22,21 +27,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct tt_hist);
 } empty_hist SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, TT_NUM_COUNTERS);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
-
-static __always_inline void count_event(__u32 counter)
-{
-	__u64 *n = bpf_map_lookup_elem(&counters, &counter);
-
-	if (n)
-		*n += 1;
-}
 
 static __always_inline void hist_add(__u32 service, __u32 probe, __u64 latency_ns)
 {

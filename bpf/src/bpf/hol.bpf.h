@@ -9,6 +9,10 @@
 #ifndef TT_HOL_BPF_H
 #define TT_HOL_BPF_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
 const volatile bool hol_filter = true;
 
 /* Sockets whose out-of-order state is tracked at once; the least recently read drop out. */

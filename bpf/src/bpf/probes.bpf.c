@@ -11,20 +11,17 @@
 #include <bpf/bpf_endian.h>
 
 #include "tailtrap.h"
+#include "counter.bpf.h"
 #include "hist.bpf.h"
 #include "clock.bpf.h"
+#include "ip.bpf.h"
+#include "sample.bpf.h"
 #include "service.bpf.h"
 #include "filter.bpf.h"
 #include "hol.bpf.h"
+#include "capture.bpf.h"
 
-#define TT_ETH_P_IP 0x0800
-#define TT_ETH_P_IPV6 0x86DD
-#define TT_IPPROTO_TCP 6
-#define TT_IPPROTO_UDP 17
 #define TT_SOCK_STREAM 1
-#define TT_AF_INET 2
-#define TT_AF_INET6 10
-#define TT_IP_OFFSET_MASK 0x1fff
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -38,23 +35,7 @@ struct tt_capture_record tt_type_capture_record;
 struct tt_capture_threshold tt_type_capture_threshold;
 enum tt_capture_mode tt_type_capture_mode;
 enum tt_capture_flag tt_type_capture_flag;
-enum tt_capture_counter tt_type_capture_counter;
-
-/* One latency sample: where it was taken and what is known about it there. */
-struct tt_sample {
-	const struct sk_buff *skb; /* NULL when the probe has no skb */
-	const struct sock *sk; /* NULL before socket lookup */
-	__u64 stamp_ns;
-	__u32 probe;
-	__u16 local_port; /* host order; 0 when unknown */
-	__u8 clock;
-	bool process_context;
-	/* tcp-socket-read: check head-of-line blocking of a read ending at read_end_seq */
-	bool tcp_read;
-	__u32 read_end_seq;
-};
-
-#include "capture.bpf.h"
+enum tt_capture_limit tt_type_capture_limit;
 
 /*
  * The one place a sample is filtered, timed, attributed, added to a histogram and offered
@@ -110,33 +91,15 @@ static __always_inline __u16 read_dport(const void *l4)
 /* Local port from a packet whose data starts at the IP header; only when port rules exist. */
 static __always_inline __u16 dport_at_network_header(const struct sk_buff *skb)
 {
-	const unsigned char *data = skb->data;
-	__u8 first, proto;
+	struct tt_ip_header h;
 
-	if (!have_port_rules || bpf_probe_read_kernel(&first, 1, data))
+	if (!have_port_rules || !parse_ip_header(skb->data, &h, NULL, NULL))
 		return 0;
-	if (first >> 4 == 4) {
-		__be16 frag;
-
-		if (bpf_probe_read_kernel(&proto, 1, data + 9) ||
-		    bpf_probe_read_kernel(&frag, 2, data + 6))
-			return 0;
-		/* Later fragments carry no transport header. */
-		if (bpf_ntohs(frag) & TT_IP_OFFSET_MASK)
-			return 0;
-		if (proto != TT_IPPROTO_TCP && proto != TT_IPPROTO_UDP)
-			return 0;
-		return read_dport(data + (first & 0xf) * 4);
-	}
-	if (first >> 4 == 6) {
-		/* Extension headers are not walked: such packets count toward "host". */
-		if (bpf_probe_read_kernel(&proto, 1, data + 6))
-			return 0;
-		if (proto != TT_IPPROTO_TCP && proto != TT_IPPROTO_UDP)
-			return 0;
-		return read_dport(data + 40);
-	}
-	return 0;
+	/* Later fragments carry no transport header; behind IPv6 extension headers proto is
+	 * not TCP/UDP, and such packets count toward "host". */
+	if (h.later_fragment || (h.proto != TT_IPPROTO_TCP && h.proto != TT_IPPROTO_UDP))
+		return 0;
+	return read_dport(h.l4);
 }
 
 /* Local port when skb->data is at the transport header (tcp_v4_rcv, udp_rcv, ...). */

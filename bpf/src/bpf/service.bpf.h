@@ -9,6 +9,13 @@
 #ifndef TT_SERVICE_BPF_H
 #define TT_SERVICE_BPF_H
 
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+
+#include "tailtrap.h"
+#include "counter.bpf.h"
+
 /* Deepest cgroup ancestor checked against the configured cgroups. */
 #define TT_MAX_CGROUP_DEPTH 16
 

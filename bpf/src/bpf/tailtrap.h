@@ -30,7 +30,7 @@ enum tt_service_slot {
 	TT_SERVICE_FIRST = 2,
 };
 
-/* Event counters (per-CPU array index). */
+/* Event counters: indexes of the one per-CPU counter array (counter.bpf.h). */
 enum tt_counter {
 	/* A sample found the histogram map full: dropped. */
 	TT_COUNTER_MAP_FULL = 0,
@@ -42,7 +42,15 @@ enum tt_counter {
 	TT_COUNTER_HOL_EXCLUDED = 3,
 	/* A sample went to "other" because the auto-service limit was reached. */
 	TT_COUNTER_AUTO_OVERFLOW = 4,
-	TT_NUM_COUNTERS = 5,
+	/* Capture (capture.bpf.h): records emitted, lost to a full ring, held back by the
+	 * rate limit; for armed capture and for the flight recorder. */
+	TT_CAPTURE_ARMED_EMITTED = 5,
+	TT_CAPTURE_ARMED_RING_FULL = 6,
+	TT_CAPTURE_ARMED_RATE_LIMITED = 7,
+	TT_CAPTURE_FLIGHT_EMITTED = 8,
+	TT_CAPTURE_FLIGHT_RING_FULL = 9,
+	TT_CAPTURE_FLIGHT_RATE_LIMITED = 10,
+	TT_NUM_COUNTERS = 11,
 };
 
 /* Key of the histogram map: one histogram per (service slot, probe). */
@@ -59,8 +67,11 @@ struct tt_hist {
 
 /* ---- In-kernel capture of slow SKBs (capture.bpf.h) ---- */
 
-/* Service slots that can be armed; later slots are never captured. */
-#define TT_CAPTURE_MAX_SLOTS 1024
+/* An enum, not a #define, so that Rust reads the limit from the skeleton's BTF. */
+enum tt_capture_limit {
+	/* Service slots that can be armed; later slots are never captured. */
+	TT_CAPTURE_MAX_SLOTS = 1024,
+};
 
 /* Bits of capture_mode: which kinds of capture have thresholds set. */
 enum tt_capture_mode {
@@ -82,17 +93,6 @@ enum tt_capture_flag {
 	TT_CAPTURE_F_TCP_SEQ = 16,
 	/* Armed capture kept one slow SKB in N (N > 1). */
 	TT_CAPTURE_F_SUBSAMPLED = 32,
-};
-
-/* Capture counters (per-CPU array index). */
-enum tt_capture_counter {
-	TT_CAPTURE_ARMED_EMITTED = 0,
-	TT_CAPTURE_ARMED_RING_FULL = 1,
-	TT_CAPTURE_ARMED_RATE_LIMITED = 2,
-	TT_CAPTURE_FLIGHT_EMITTED = 3,
-	TT_CAPTURE_FLIGHT_RING_FULL = 4,
-	TT_CAPTURE_FLIGHT_RATE_LIMITED = 5,
-	TT_CAPTURE_NUM_COUNTERS = 6,
 };
 
 /* Thresholds of one (service slot, probe); 0 means that kind of capture is off. */

@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/* One latency sample, as the probes hand it to record_latency() and on to capture. */
+#ifndef TT_SAMPLE_BPF_H
+#define TT_SAMPLE_BPF_H
+
+#include "vmlinux.h"
+
+/* One latency sample: where it was taken and what is known about it there. */
+struct tt_sample {
+	const struct sk_buff *skb; /* NULL when the probe has no skb */
+	const struct sock *sk; /* NULL before socket lookup */
+	__u64 stamp_ns;
+	__u32 probe;
+	__u16 local_port; /* host order; 0 when unknown */
+	__u8 clock;
+	bool process_context;
+	/* tcp-socket-read: check head-of-line blocking of a read ending at read_end_seq */
+	bool tcp_read;
+	__u32 read_end_seq;
+};
+
+#endif /* TT_SAMPLE_BPF_H */
