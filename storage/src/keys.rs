@@ -5,8 +5,7 @@ use model::Probe;
 
 use crate::error::{Result, StoreError};
 
-/// Longest service name the store accepts, bytes (it is one length byte in keys).
-pub const MAX_SERVICE_LEN: usize = 128;
+pub use model::MAX_SERVICE_LEN;
 
 /// Check a service name for use in keys and records.
 pub(crate) fn check_service(name: &str) -> Result<()> {

@@ -10,10 +10,12 @@
 //!
 //! It exists so that these types have one home with no machinery attached: the BPF loader
 //! and the store depend on it without pulling in pwru's process handling or the detector's
-//! statistics. Plain data and pure functions only; no I/O. With the `fixtures` feature,
+//! statistics. Plain data and pure functions only; no I/O. [`config`] holds the one type
+//! every crate reports configuration problems with. With the `fixtures` feature,
 //! [`fixtures`] builds samples for other crates' tests.
 #![deny(missing_docs)]
 
+pub mod config;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod hist;
@@ -23,3 +25,7 @@ mod sample;
 pub use hist::{HistError, Histogram};
 pub use probe::{KernelHooks, Path, Probe};
 pub use sample::{Comm, CommTooLong, Flow, Sample, SampleFlags, SocketQueue, Transport, COMM_MAX};
+
+/// Longest service name, bytes: the store keys records by it with one length byte, and the
+/// config check refuses longer names up front.
+pub const MAX_SERVICE_LEN: usize = 128;
