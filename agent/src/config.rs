@@ -1,127 +1,34 @@
-//! The daemon config file's probe sections: `[probes]` (with `[probes.enable]` and
-//! `[probes.filters]`) and `[[services]]`. Unknown keys are errors naming file, line and
-//! key. The other top-level tables belong to other parts of tailtrap and are passed over.
+//! The daemon's configuration file, read once: one TOML parse, then each top-level table
+//! deserialized and checked by the crate that owns it — `[probes]` and `[[services]]` by
+//! `bpf`, `[detector]` by `detector`, `[storage]` by `storage`, `[capture]` and `[pwru]` by
+//! `capture`, `[daemon]` and `[api]` here. Owners report problems by key
+//! ([`KeyProblem`]); this module alone turns a key into a line of the file, and reports
+//! every problem of the file at once ([`ConfigError`]).
+//!
+//! Where a new key goes: into the owner's table struct (checked by its deserializer, or in
+//! its [`Validate`] impl when a rule spans keys), with its commented default in the owner's
+//! `defaults.toml` (a test fails without it) and its line in docs/operations.md (or the doc
+//! it points to). A new table owned here: a struct below, one field in [`Config`], one
+//! `tables.read("name")` line in [`parse`] and its defaults in `defaults.toml`; a table
+//! owned by another crate also adds that crate's snippet to [`DEFAULTS`].
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
 use std::time::Duration;
 
 use capture::pwru::PwruConfig;
+use capture::CaptureConfig;
 use detector::DetectorConfig;
-use model::Probe;
+use model::config::{KeyProblem, Validate};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use storage::StoreConfig;
 
-/// A config error with its place: `FILE, line N: key `a.b`: reason`.
-#[derive(Debug)]
-pub struct ConfigError {
-    origin: String,
-    line: Option<usize>,
-    key: Option<String>,
-    reason: String,
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.origin)?;
-        if let Some(line) = self.line {
-            write!(f, ", line {line}")?;
-        }
-        if let Some(key) = &self.key {
-            write!(f, ": key `{key}`")?;
-        }
-        write!(f, ": {}", self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct File {
-    #[serde(default)]
-    probes: ProbesTable,
-    #[serde(default)]
-    services: Vec<ServiceTable>,
-    // Checked by `DetectorConfig::from_toml_str`, which reads the same text.
-    #[serde(default, rename = "detector")]
-    _detector: serde::de::IgnoredAny,
-    #[serde(default)]
-    storage: StoreConfig,
-    #[serde(default)]
-    capture: CaptureConfig,
-    #[serde(default)]
-    pwru: PwruConfig,
-    #[serde(default)]
-    daemon: DaemonConfig,
-    #[serde(default)]
-    api: ApiConfig,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProbesTable {
-    #[serde(default)]
-    enable: BTreeMap<Probe, bool>,
-    #[serde(default = "default_true")]
-    hol_filter: bool,
-    #[serde(default = "default_auto_limit")]
-    auto_service_limit: u32,
-    #[serde(default)]
-    filters: FiltersTable,
-}
-
-impl Default for ProbesTable {
-    fn default() -> Self {
-        Self {
-            enable: BTreeMap::new(),
-            hol_filter: true,
-            auto_service_limit: bpf::DEFAULT_AUTO_SERVICE_LIMIT,
-            filters: FiltersTable::default(),
-        }
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FiltersTable {
-    #[serde(default)]
-    pids: Vec<u32>,
-    #[serde(default)]
-    cgroups: Vec<PathBuf>,
-    #[serde(default)]
-    ifindexes: Vec<u32>,
-    #[serde(default)]
-    netns: Vec<u32>,
-    #[serde(default)]
-    min_queue_len: u32,
-    #[serde(default)]
-    sample_one_in: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ServiceTable {
-    name: String,
-    #[serde(default)]
-    cgroup: Option<PathBuf>,
-    #[serde(default)]
-    ports: Vec<u16>,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_auto_limit() -> u32 {
-    bpf::DEFAULT_AUTO_SERVICE_LIMIT
-}
-
 /// The whole daemon configuration, every table checked.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Config {
     /// Where it came from: the file, or `embedded defaults`.
+    #[serde(skip)]
     pub origin: String,
     /// `[probes]` and `[[services]]`.
     pub probes: bpf::ProbeConfig,
@@ -142,9 +49,81 @@ pub struct Config {
 /// Where the daemon looks for its configuration when `--config` is not given.
 pub const DEFAULT_PATH: &str = "/etc/tailtrap/tailtrap.toml";
 
-/// The defaults, as a commented configuration file (`tailtrap config defaults`). A test
-/// checks that it parses to exactly the built-in defaults.
-pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+/// The commented defaults of every table, each snippet kept by the table's owner; `tailtrap
+/// config defaults` prints them in this order. A test checks that each parses to its
+/// owner's defaults and names every key.
+pub const DEFAULTS: [&str; 6] = [
+    include_str!("defaults.toml"),
+    bpf::DEFAULTS_TOML,
+    detector::DEFAULTS_TOML,
+    capture::DEFAULTS_TOML,
+    storage::DEFAULTS_TOML,
+    capture::pwru::DEFAULTS_TOML,
+];
+
+/// The defaults as one commented configuration file.
+pub fn defaults_toml() -> String {
+    DEFAULTS.join("\n")
+}
+
+/// A configuration that cannot be used: the file could not be read, or it has problems
+/// (all of them, each with its line and key when known).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading config {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The text has problems; one line each when shown.
+    #[error("{}", lines(origin, problems).join("\n"))]
+    Invalid {
+        /// The file, or another name for the text.
+        origin: String,
+        /// Every problem, in the order of their lines.
+        problems: Vec<Problem>,
+    },
+}
+
+/// One problem of a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// Dotted key from the file's root (`services[1].ports`), when known.
+    pub key: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// One line per problem, `FILE, line N: key `a.b`: reason`.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            ConfigError::Read { .. } => vec![self.to_string()],
+            ConfigError::Invalid { origin, problems } => lines(origin, problems),
+        }
+    }
+}
+
+fn lines(origin: &str, problems: &[Problem]) -> Vec<String> {
+    problems
+        .iter()
+        .map(|p| {
+            let mut s = origin.to_owned();
+            if let Some(line) = p.line {
+                s += &format!(", line {line}");
+            }
+            if let Some(key) = &p.key {
+                s += &format!(": key `{key}`");
+            }
+            s + ": " + &p.reason
+        })
+        .collect()
+}
 
 /// The `[daemon]` table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +157,39 @@ impl Default for DaemonConfig {
     }
 }
 
+impl Validate for DaemonConfig {
+    fn validate(&self) -> Vec<KeyProblem> {
+        let mut problems = Vec::new();
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(60) {
+            problems.push(KeyProblem::new(
+                "interval",
+                format!(
+                    "{} is outside 10ms..=60s",
+                    humantime::format_duration(self.interval)
+                ),
+            ));
+        }
+        for (key, v) in [
+            ("baseline_save_every", self.baseline_save_every),
+            ("retention_every", self.retention_every),
+        ] {
+            if v < self.interval {
+                problems.push(KeyProblem::new(
+                    key,
+                    "must not be shorter than daemon.interval",
+                ));
+            }
+        }
+        problems.extend(absolute("db", &self.db));
+        problems
+    }
+}
+
+/// A root daemon must not write wherever its working directory happens to be.
+fn absolute(key: &str, p: &Path) -> Option<KeyProblem> {
+    (!p.is_absolute()).then(|| KeyProblem::new(key, format!("{p:?} must be an absolute path")))
+}
+
 /// The `[api]` table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -194,122 +206,33 @@ impl Default for ApiConfig {
     }
 }
 
-/// A capture threshold: a quantile of the service's learned baseline at the probe, or a
-/// fixed latency. Written `"p99"`, `"p99.9"` or a duration such as `"2ms"`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Threshold {
-    /// The baseline's value of this quantile, in (0, 1).
-    Quantile(f64),
-    /// A fixed latency.
-    Latency(Duration),
-}
-
-impl std::str::FromStr for Threshold {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Threshold, String> {
-        if let Some(pct) = s.strip_prefix('p') {
-            let q = pct
-                .parse::<f64>()
-                .ok()
-                // Through whole millionths of a percent, so "p99.9" is exactly 0.999.
-                .map(|p| (p * 1e6).round() / 1e8)
-                .filter(|q| *q > 0.0 && *q < 1.0)
-                .ok_or_else(|| format!("{s:?} is not a quantile like \"p99\" or \"p99.9\""))?;
-            return Ok(Threshold::Quantile(q));
-        }
-        match humantime::parse_duration(s) {
-            Ok(d) if !d.is_zero() => Ok(Threshold::Latency(d)),
-            _ => Err(format!(
-                "{s:?} is neither a quantile (\"p99\") nor a latency (\"2ms\")"
-            )),
-        }
+impl Validate for ApiConfig {
+    fn validate(&self) -> Vec<KeyProblem> {
+        absolute("socket", &self.socket).into_iter().collect()
     }
 }
 
-impl TryFrom<String> for Threshold {
-    type Error = String;
-    fn try_from(s: String) -> Result<Threshold, String> {
-        s.parse()
-    }
-}
-
-impl From<Threshold> for String {
-    fn from(t: Threshold) -> String {
-        t.to_string()
-    }
-}
-
-impl std::fmt::Display for Threshold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Threshold::Quantile(q) => write!(f, "p{}", q * 100.0),
-            Threshold::Latency(d) => write!(f, "{}", humantime::format_duration(*d)),
-        }
-    }
-}
-
-/// The `[capture]` table: in-kernel capture of slow SKBs during incidents, and the flight
-/// recorder that keeps the seconds before one.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CaptureConfig {
-    /// Arm capture when an incident opens.
-    pub enabled: bool,
-    /// Record SKBs slower than this at the incident's hot probes.
-    pub threshold: Threshold,
-    /// Keep one record in N slow SKBs (1: all).
-    pub sample_one_in: u32,
-    /// In-kernel token bucket: records per second at most, all services together.
-    pub rate_limit: u32,
-    /// Disarm after this long even if the incident is still open.
-    #[serde(with = "humantime_serde")]
-    pub max_time: Duration,
-    /// Disarm after this many samples of one incident.
-    pub max_samples: u64,
-    /// Flight recorder: always on, records SKBs slower than this.
-    pub flight_threshold: Threshold,
-    /// Flight recorder: records per second at most.
-    pub flight_rate: u32,
-    /// Flight recorder: how far back it keeps samples.
-    #[serde(with = "humantime_serde")]
-    pub flight_window: Duration,
-}
-
-impl Default for CaptureConfig {
-    fn default() -> Self {
-        CaptureConfig {
-            enabled: true,
-            threshold: Threshold::Quantile(0.99),
-            sample_one_in: 1,
-            rate_limit: 2000,
-            max_time: Duration::from_secs(120),
-            max_samples: 20_000,
-            flight_threshold: Threshold::Quantile(0.999),
-            flight_rate: 20,
-            flight_window: Duration::from_secs(120),
-        }
-    }
-}
-
-/// Text of the configuration file at `path`, or the embedded defaults when `path` is the
-/// default location and no file is there.
-pub fn load(path: Option<&Path>) -> anyhow::Result<Config> {
+/// The configuration file at `path`, or the embedded defaults when `path` is the default
+/// location and no file is there.
+pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
     let (path, explicit) = match path {
         Some(p) => (p, true),
         None => (Path::new(DEFAULT_PATH), false),
     };
     match std::fs::read_to_string(path) {
-        Ok(text) => Ok(parse(&text, &path.display().to_string())?),
+        Ok(text) => parse(&text, &path.display().to_string()),
         Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
-            Ok(parse("", "embedded defaults")?)
+            parse("", "embedded defaults")
         }
-        Err(e) => Err(anyhow::anyhow!("reading config {}: {e}", path.display())),
+        Err(source) => Err(ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        }),
     }
 }
 
 /// Read the probe settings of a config file.
-pub fn load_probe_config(path: &Path) -> anyhow::Result<bpf::ProbeConfig> {
+pub fn load_probe_config(path: &Path) -> Result<bpf::ProbeConfig, ConfigError> {
     Ok(load(Some(path))?.probes)
 }
 
@@ -321,233 +244,234 @@ fn parse_probe_config(text: &str, origin: &str) -> Result<bpf::ProbeConfig, Conf
 
 /// Parse and check a whole configuration; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-    let file: File =
-        serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            ConfigError {
-                origin: origin.to_owned(),
-                line: inner
-                    .span()
-                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
-                key: (path != "." && !path.is_empty()).then_some(path),
-                reason: inner.message().trim().to_owned(),
-            }
-        })?;
-    let detector = DetectorConfig::from_toml_str(text, origin).map_err(|e| ConfigError {
-        origin: e.origin,
-        line: e.line,
-        key: e.key,
-        reason: e.reason,
-    })?;
-    let at_key = |key: String, reason: String| ConfigError {
-        origin: origin.to_owned(),
-        line: line_of(text, &key),
-        key: Some(key),
-        reason,
-    };
-    if let Err(e) = file.storage.validate() {
-        let (key, reason) = match e {
-            storage::StoreError::Config { key, reason } => (format!("storage.{key}"), reason),
-            other => ("storage".to_owned(), other.to_string()),
-        };
-        return Err(at_key(key, reason));
-    }
-    check_daemon(&file.daemon, &file.api).map_err(|(k, r)| at_key(k, r))?;
-    check_capture(&file.capture).map_err(|(k, r)| at_key(k, r))?;
-    let probes = check_probes(file.probes, file.services, &at_key)?;
-    Ok(Config {
+    let mut tables = Tables::parse(text, origin)?;
+    let mut probes: bpf::ProbeConfig = tables.deserialize("probes");
+    probes.services = tables.deserialize("services");
+    // Its rules span both tables, so its keys already start at the file's root.
+    tables.problems.extend(probes.validate());
+    let config = Config {
         origin: origin.to_owned(),
         probes,
-        detector,
-        storage: file.storage,
-        capture: file.capture,
-        pwru: file.pwru,
-        daemon: file.daemon,
-        api: file.api,
-    })
+        detector: tables.read("detector"),
+        storage: tables.read("storage"),
+        capture: tables.read("capture"),
+        pwru: tables.read("pwru"),
+        daemon: tables.read("daemon"),
+        api: tables.read("api"),
+    };
+    tables.finish(true)?;
+    Ok(config)
 }
 
-fn check_daemon(d: &DaemonConfig, api: &ApiConfig) -> Result<(), (String, String)> {
-    if d.interval < Duration::from_millis(10) || d.interval > Duration::from_secs(60) {
-        return Err((
-            "daemon.interval".into(),
-            format!(
-                "{} is outside 10ms..=60s",
-                humantime::format_duration(d.interval)
-            ),
-        ));
-    }
-    for (key, v) in [
-        ("daemon.baseline_save_every", d.baseline_save_every),
-        ("daemon.retention_every", d.retention_every),
-    ] {
-        if v < d.interval {
-            return Err((
-                key.into(),
-                "must not be shorter than daemon.interval".into(),
-            ));
-        }
-    }
-    // A root daemon must not write wherever its working directory happens to be.
-    for (key, p) in [("daemon.db", &d.db), ("api.socket", &api.socket)] {
-        if !p.is_absolute() {
-            return Err((key.into(), format!("{p:?} must be an absolute path")));
-        }
-    }
-    Ok(())
+/// Read and check one table of config text, passing the others over (for commands that
+/// borrow one table of the daemon's file).
+pub fn parse_table<T>(text: &str, origin: &str, name: &'static str) -> Result<T, ConfigError>
+where
+    T: DeserializeOwned + Default + Validate,
+{
+    let mut tables = Tables::parse(text, origin)?;
+    let table = tables.read(name);
+    tables.finish(false)?;
+    Ok(table)
 }
 
-fn check_capture(c: &CaptureConfig) -> Result<(), (String, String)> {
-    let positive = [
-        ("capture.sample_one_in", u64::from(c.sample_one_in)),
-        ("capture.rate_limit", u64::from(c.rate_limit)),
-        ("capture.max_samples", c.max_samples),
-        ("capture.flight_rate", u64::from(c.flight_rate)),
-    ];
-    for (key, v) in positive {
-        if v == 0 {
-            return Err((key.into(), "must be at least 1".into()));
-        }
-    }
-    for (key, v) in [
-        ("capture.max_time", c.max_time),
-        ("capture.flight_window", c.flight_window),
-    ] {
-        if v.is_zero() {
-            return Err((key.into(), "must be longer than zero".into()));
-        }
-    }
-    Ok(())
+/// The file's top-level tables, handed out one by one, and the problems found so far.
+struct Tables<'a> {
+    text: &'a str,
+    origin: &'a str,
+    root: toml::Table,
+    read: Vec<&'static str>,
+    problems: Vec<KeyProblem>,
 }
 
-fn check_probes(
-    p: ProbesTable,
-    services: Vec<ServiceTable>,
-    at_key: &dyn Fn(String, String) -> ConfigError,
-) -> Result<bpf::ProbeConfig, ConfigError> {
-    let file_services = services;
-    if p.auto_service_limit == 0 {
-        return Err(at_key(
-            "probes.auto_service_limit".into(),
-            "must be at least 1".into(),
-        ));
+impl<'a> Tables<'a> {
+    fn parse(text: &'a str, origin: &'a str) -> Result<Tables<'a>, ConfigError> {
+        let root = toml::from_str::<toml::Table>(text).map_err(|e| ConfigError::Invalid {
+            origin: origin.to_owned(),
+            problems: vec![Problem {
+                line: e
+                    .span()
+                    .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
+                key: None,
+                reason: e.message().trim().to_owned(),
+            }],
+        })?;
+        Ok(Tables {
+            text,
+            origin,
+            root,
+            read: Vec::new(),
+            problems: Vec::new(),
+        })
     }
-    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut port_owner: BTreeMap<u16, &str> = BTreeMap::new();
-    for (i, s) in file_services.iter().enumerate() {
-        let key = |k: &str| format!("services[{i}].{k}");
-        if s.name.len() > storage::MAX_SERVICE_LEN {
-            return Err(at_key(
-                key("name"),
-                format!("longer than {} bytes", storage::MAX_SERVICE_LEN),
-            ));
-        }
-        if s.name.is_empty() || s.name == "host" || s.name == "other" {
-            return Err(at_key(
-                key("name"),
-                format!("{:?} is reserved or empty", s.name),
-            ));
-        }
-        if let Some(first) = seen.insert(&s.name, i) {
-            return Err(at_key(
-                key("name"),
-                format!(
-                    "service {:?} is already declared as services[{first}]",
-                    s.name
-                ),
-            ));
-        }
-        if s.cgroup.is_none() && s.ports.is_empty() {
-            return Err(at_key(
-                key("name"),
-                "a service needs a cgroup, ports or both".into(),
-            ));
-        }
-        for &port in &s.ports {
-            if port == 0 {
-                return Err(at_key(key("ports"), "port 0 is not a port".into()));
-            }
-            if let Some(owner) = port_owner.insert(port, &s.name) {
-                return Err(at_key(
-                    key("ports"),
-                    format!("port {port} already belongs to service {owner:?}"),
+
+    /// Table `name`, deserialized and checked by its owner; the defaults when it is absent
+    /// or unreadable (the problem is kept), so the other tables are still checked.
+    fn read<T: DeserializeOwned + Default + Validate>(&mut self, name: &'static str) -> T {
+        let table: T = self.deserialize(name);
+        let problems = table.validate().into_iter().map(|p| p.under(name));
+        self.problems.extend(problems);
+        table
+    }
+
+    /// Table `name` deserialized by its owner, without its rules.
+    fn deserialize<T: DeserializeOwned + Default>(&mut self, name: &'static str) -> T {
+        self.read.push(name);
+        let Some(value) = self.root.remove(name) else {
+            return T::default();
+        };
+        model::config::deserialize(value).unwrap_or_else(|p| {
+            self.problems.push(p.under(name));
+            T::default()
+        })
+    }
+
+    /// Every problem with its line, or Ok when there are none. With `whole_file`, tables
+    /// nobody read are problems too.
+    fn finish(mut self, whole_file: bool) -> Result<(), ConfigError> {
+        if whole_file {
+            let expected: Vec<String> = self.read.iter().map(|t| format!("`{t}`")).collect();
+            for name in self.root.keys() {
+                self.problems.push(KeyProblem::new(
+                    model::config::key_segment(name),
+                    format!(
+                        "unknown field `{name}`, expected one of {}",
+                        expected.join(", ")
+                    ),
                 ));
             }
         }
-    }
-    Ok(bpf::ProbeConfig {
-        enabled: p.enable,
-        services: file_services
+        if self.problems.is_empty() {
+            return Ok(());
+        }
+        let mut problems: Vec<Problem> = self
+            .problems
             .into_iter()
-            .map(|s| bpf::ServiceSpec {
-                name: s.name,
-                cgroup: s.cgroup,
-                ports: s.ports,
+            .map(|p| Problem {
+                line: line_of(self.text, &p.key),
+                key: (!p.key.is_empty()).then_some(p.key),
+                reason: p.reason,
             })
-            .collect(),
-        auto_service_limit: p.auto_service_limit,
-        filters: bpf::Filters {
-            pids: p.filters.pids,
-            cgroups: p.filters.cgroups,
-            ifindexes: p.filters.ifindexes,
-            netns: p.filters.netns,
-            min_queue_len: p.filters.min_queue_len,
-            sample_one_in: p.filters.sample_one_in,
-        },
-        hol_filter: p.hol_filter,
-        hist_map_entries: None,
-    })
+            .collect();
+        // In file order; problems without a line last.
+        problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
+        Err(ConfigError::Invalid {
+            origin: self.origin.to_owned(),
+            problems,
+        })
+    }
 }
 
-/// Best-effort line of a checked key: `probes.x` is the `x =` line under `[probes]`;
-/// `services[i].x` is the `x =` line in the i-th `[[services]]` block.
+/// One step of a key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seg {
+    Name(String),
+    Index(usize),
+}
+
+/// The line that best places `key` (`a.b`, `services[1].ports`, `x."quoted name".y`): the
+/// header or `key = ...` line defining the longest part of it. Best effort: TOML written
+/// as inline tables places at the enclosing key.
 fn line_of(text: &str, key: &str) -> Option<usize> {
-    let (table, index, field) = match key.split_once('.') {
-        Some((t, f)) if t.starts_with("services[") => {
-            let i: usize = t
-                .trim_start_matches("services[")
-                .trim_end_matches(']')
-                .parse()
-                .ok()?;
-            ("services", Some(i), f)
-        }
-        Some((t, f)) => (t, None, f),
-        None => return None,
-    };
-    // `history[2]` is written `history = [...]`.
-    let field = field.split('[').next().unwrap_or(field);
-    let mut current = String::new();
-    let mut services_seen = 0usize;
-    let mut block_line = None;
+    let want = key_path(key)?;
+    let is_prefix = |defined: &[Seg]| defined.len() <= want.len() && want.starts_with(defined);
+    let mut table: Vec<Seg> = Vec::new();
+    let mut arrays: HashMap<Vec<String>, usize> = HashMap::new();
+    let mut best: Option<(usize, usize)> = None;
     for (n, line) in text.lines().enumerate() {
-        let l = line.trim();
-        if l.starts_with('[') {
-            current = l.trim_matches(|c| c == '[' || c == ']').trim().to_owned();
-            if l.starts_with("[[") && current == "services" {
-                services_seen += 1;
-            }
-            let here = current == table && index.is_none_or(|i| services_seen == i + 1);
-            if here {
-                block_line = Some(n + 1);
-            }
-            continue;
-        }
-        let in_block = current == table && index.is_none_or(|i| services_seen == i + 1);
-        if in_block {
-            if let Some(rest) = l.strip_prefix(field) {
-                if rest.trim_start().starts_with('=') {
-                    return Some(n + 1);
+        let l = line.trim_start();
+        let defined = if let Some(rest) = l.strip_prefix("[[") {
+            let (names, _) = dotted(rest)?;
+            let count = arrays.entry(names.clone()).or_default();
+            table = names.into_iter().map(Seg::Name).collect();
+            table.push(Seg::Index(*count));
+            *count += 1;
+            table.clone()
+        } else if let Some(rest) = l.strip_prefix('[') {
+            let Some((names, _)) = dotted(rest) else {
+                continue;
+            };
+            table = names.into_iter().map(Seg::Name).collect();
+            table.clone()
+        } else {
+            match dotted(l) {
+                Some((names, rest)) if rest.trim_start().starts_with('=') => {
+                    let mut k = table.clone();
+                    k.extend(names.into_iter().map(Seg::Name));
+                    k
                 }
+                _ => continue,
             }
+        };
+        if is_prefix(&defined) && best.is_none_or(|(len, _)| defined.len() > len) {
+            best = Some((defined.len(), n + 1));
         }
     }
-    block_line
+    best.map(|(_, line)| line)
+}
+
+/// A problem's key as path steps.
+fn key_path(key: &str) -> Option<Vec<Seg>> {
+    let mut path = Vec::new();
+    let mut rest = key;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix('[') {
+            let (index, r) = r.split_once(']')?;
+            path.push(Seg::Index(index.parse().ok()?));
+            rest = r;
+        } else {
+            let r = rest.strip_prefix('.').unwrap_or(rest);
+            let (name, r) = one_key(r)?;
+            path.push(Seg::Name(name));
+            rest = r;
+        }
+    }
+    Some(path)
+}
+
+/// The dotted key at the start of `s` (`a."b c".d`), and what follows it.
+fn dotted(s: &str) -> Option<(Vec<String>, &str)> {
+    let mut names = Vec::new();
+    let mut rest = s;
+    loop {
+        let (name, r) = one_key(rest.trim_start())?;
+        names.push(name);
+        rest = r.trim_start();
+        match rest.strip_prefix('.') {
+            Some(r) => rest = r,
+            None => return Some((names, rest)),
+        }
+    }
+}
+
+/// One bare or quoted key at the start of `s`, and what follows it.
+fn one_key(s: &str) -> Option<(String, &str)> {
+    if let Some(r) = s.strip_prefix('"') {
+        let mut name = String::new();
+        let mut chars = r.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => return Some((name, &r[i + 1..])),
+                '\\' => name.push(chars.next()?.1),
+                c => name.push(c),
+            }
+        }
+        None
+    } else if let Some(r) = s.strip_prefix('\'') {
+        let (name, r) = r.split_once('\'')?;
+        Some((name.to_owned(), r))
+    } else {
+        let end = s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(s.len());
+        (end > 0).then(|| (s[..end].to_owned(), &s[end..]))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use model::Probe;
 
     #[test]
     fn empty_file_gives_defaults() {
@@ -604,7 +528,7 @@ min_ratio = 1.5
 
     #[test]
     fn embedded_defaults_are_the_built_in_defaults() {
-        let from_text = parse(DEFAULTS_TOML, "defaults.toml").unwrap();
+        let from_text = parse(&defaults_toml(), "defaults.toml").unwrap();
         let built_in = parse("", "none").unwrap();
         assert_eq!(
             Config {
@@ -652,13 +576,16 @@ deadline = "5s"
         assert_eq!(c.daemon.interval, Duration::from_millis(250));
         assert!(c.daemon.pwru_ignore_prerequisites);
         assert_eq!(c.api.socket, Path::new("/tmp/tt/api.sock"));
-        assert_eq!(c.detector.warmup_time, Duration::from_secs(5));
+        assert_eq!(c.detector.defaults.warmup_time, Duration::from_secs(5));
         assert_eq!(c.storage.flush_every, Duration::from_millis(200));
         assert_eq!(
             c.capture.threshold,
-            Threshold::Latency(Duration::from_millis(3))
+            capture::Threshold::Latency(Duration::from_millis(3))
         );
-        assert_eq!(c.capture.flight_threshold, Threshold::Quantile(0.995));
+        assert_eq!(
+            c.capture.flight_threshold,
+            capture::Threshold::Quantile(0.995)
+        );
         assert_eq!(c.pwru.binary(), Some(Path::new("/opt/pwru")));
         assert_eq!(c.pwru.limits().deadline(), Duration::from_secs(5));
     }
@@ -707,30 +634,6 @@ deadline = "5s"
             let err = parse(text, "c").unwrap_err().to_string();
             assert!(err.starts_with(want), "{text:?}: {err}");
         }
-    }
-
-    #[test]
-    fn thresholds_read_and_print() {
-        for (text, t) in [
-            ("p99", Threshold::Quantile(0.99)),
-            ("p99.9", Threshold::Quantile(0.999)),
-            ("2ms", Threshold::Latency(Duration::from_millis(2))),
-        ] {
-            let parsed: Threshold = text.parse().unwrap();
-            match (parsed, t) {
-                (Threshold::Quantile(a), Threshold::Quantile(b)) => {
-                    assert!((a - b).abs() < 1e-12)
-                }
-                (a, b) => assert_eq!(a, b),
-            }
-        }
-        assert!("0ms".parse::<Threshold>().is_err());
-        assert!("p0".parse::<Threshold>().is_err());
-        assert!("soon".parse::<Threshold>().is_err());
-        assert_eq!(
-            Threshold::Latency(Duration::from_millis(2)).to_string(),
-            "2ms"
-        );
     }
 
     #[test]
@@ -789,5 +692,218 @@ deadline = "5s"
             err.contains("line 3") && err.contains("services[0].ports"),
             "{err}"
         );
+    }
+
+    fn problems(text: &str) -> Vec<String> {
+        parse(text, "c").unwrap_err().lines()
+    }
+
+    #[test]
+    fn every_problem_of_the_file_is_reported() {
+        let text = "[api]\nsocket = \"/run/a.sock\"\n\n[daemon]\ninterval = \"1ms\"\n\n[detector]\nmin_ratio = 0.5\n";
+        assert_eq!(
+            problems(text),
+            [
+                "c, line 5: key `daemon.interval`: 1ms is outside 10ms..=60s",
+                "c, line 8: key `detector.min_ratio`: ratio 0.5 must be a number >= 1",
+            ]
+        );
+        // The same with the rule-breaking service port that issue 8 started from.
+        let text = "[[services]]\nname = \"a\"\nports = [0]\n\n[detector]\nmin_ratio = 0.5\n";
+        let p = problems(text);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].starts_with("c, line 3: key `services[0].ports`: port 0"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("c, line 6: key `detector.min_ratio`"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_type_error_and_a_rule_error_in_other_tables_are_both_reported() {
+        let text = "[storage]\nmax_bytes = \"lots\"\n\n[capture]\nrate_limit = 0\n\n[probes]\nhol_fliter = true\n";
+        let p = problems(text);
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(
+            p[0].starts_with("c, line 2: key `storage.max_bytes`: invalid type"),
+            "{p:?}"
+        );
+        assert_eq!(
+            p[1],
+            "c, line 5: key `capture.rate_limit`: must be at least 1"
+        );
+        assert!(
+            p[2].starts_with("c, line 8: key `probes.hol_fliter`: unknown field"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_tables_are_reported_with_the_rest() {
+        let p = problems("[probs]\nx = 1\n\n[daemon]\nintervall = \"1s\"\n[api]\nsocket = \"a\"\n");
+        assert_eq!(p.len(), 3, "{p:?}");
+        assert!(
+            p[0].starts_with("c, line 1: key `probs`: unknown field `probs`, expected one of `probes`, `services`"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("c, line 5: key `daemon.intervall`: unknown field"),
+            "{p:?}"
+        );
+        assert!(p[2].starts_with("c, line 7: key `api.socket`"), "{p:?}");
+    }
+
+    // Moved from the detector, which no longer knows lines.
+    fn detector_err(text: &str) -> Problem {
+        match parse(text, "/etc/tailtrap/tailtrap.toml").unwrap_err() {
+            ConfigError::Invalid { mut problems, .. } => problems.remove(0),
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn detector_values_name_key_line_and_reason() {
+        let err = parse(
+            "[detector]\nquantiles = [0.5, 1.5]\n",
+            "/etc/tailtrap/tailtrap.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("/etc/tailtrap/tailtrap.toml, line 2: key `detector.quantiles`"),
+            "{err}"
+        );
+        let e = detector_err("[detector]\nquantiles = [0.5, 1.5]\n");
+        assert!(e.reason.contains("outside (0, 1)"), "{e:?}");
+
+        let e = detector_err("[detector]\n\n[detector.services.web]\nmin_ratio = 0.8\n");
+        assert_eq!(e.line, Some(4), "{e:?}");
+        assert_eq!(e.key.as_deref(), Some("detector.services.web.min_ratio"));
+        assert!(e.reason.contains(">= 1"), "{e:?}");
+
+        let e = detector_err("[detector]\nwindow = \"soon\"\n");
+        assert_eq!(e.line, Some(2), "{e:?}");
+        assert_eq!(e.key.as_deref(), Some("detector.window"));
+
+        let e = detector_err("[detector]\nfrobnicate = 1\n");
+        assert_eq!(e.line, Some(2), "{e:?}");
+        assert!(e.reason.contains("frobnicate"), "{e:?}");
+
+        let e = detector_err(
+            "[[detector.slo]]\nprobe = \"tcp-read\"\nquantile = 0.99\nmax = \"5ms\"\n",
+        );
+        assert_eq!(e.line, Some(2), "{e:?}");
+        assert!(e.reason.contains("tcp-read"), "{e:?}");
+
+        let e = detector_err("[detector.services.\"my web\"]\nopen_after = 6\n");
+        assert_eq!(
+            e.key.as_deref(),
+            Some("detector.services.\"my web\".open_after")
+        );
+        assert_eq!(e.line, Some(2), "{e:?}");
+    }
+
+    #[test]
+    fn detector_cross_key_checks_name_the_key() {
+        let e = detector_err("[detector]\n\n[detector.services.db]\nopen_after = 6\n");
+        assert_eq!(e.key.as_deref(), Some("detector.services.db.open_after"));
+        assert_eq!(e.line, Some(4), "{e:?}");
+        assert!(
+            e.reason.contains("must not exceed open_window (5)"),
+            "{e:?}"
+        );
+
+        let e = detector_err("[detector]\nmax_window = \"2s\"\n");
+        assert_eq!(e.key.as_deref(), Some("detector.max_window"));
+        assert_eq!(e.line, Some(2), "{e:?}");
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let e = detector_err("[detector]\nmin_ratio = = 2\n");
+        assert_eq!(e.line, Some(2), "{e:?}");
+        assert_eq!(e.key, None);
+    }
+
+    #[test]
+    fn one_table_can_be_read_alone() {
+        let text = "[daemon]\nwhatever = 3\n\n[detector]\nmin_ratio = 2.0\n";
+        let d: DetectorConfig = parse_table(text, "t", "detector").unwrap();
+        assert_eq!(d.defaults.min_ratio, 2.0);
+        let e = parse_table::<DetectorConfig>("[detector]\nmin_ratio = 0\n", "t", "detector")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t, line 2: key `detector.min_ratio`"), "{e}");
+        assert_eq!(
+            parse_table::<DetectorConfig>("", "t", "detector").unwrap(),
+            DetectorConfig::default()
+        );
+    }
+
+    #[test]
+    fn lines_of_keys() {
+        let text =
+            "[a]\nx = 1\n[[s]]\nname = 1\n[[s]]\nname = 2\nports = [1]\n[a.\"b c\"]\ny = 2\n";
+        assert_eq!(line_of(text, "a.x"), Some(2));
+        assert_eq!(line_of(text, "a.z"), Some(1));
+        assert_eq!(line_of(text, "s[1].name"), Some(6));
+        assert_eq!(line_of(text, "s[1].ports[0]"), Some(7));
+        assert_eq!(line_of(text, "s[0]"), Some(3));
+        assert_eq!(line_of(text, "a.\"b c\".y"), Some(9));
+        assert_eq!(line_of(text, "nowhere"), None);
+    }
+
+    /// Every leaf key of `v` (empty tables and arrays are leaves too), as paths.
+    fn leaf_keys(v: &toml::Value, path: Vec<String>, out: &mut Vec<(Vec<String>, bool)>) {
+        match v {
+            toml::Value::Table(t) if !t.is_empty() => {
+                for (k, v) in t {
+                    let mut p = path.clone();
+                    p.push(k.clone());
+                    leaf_keys(v, p, out);
+                }
+            }
+            toml::Value::Table(_) => out.push((path, true)),
+            toml::Value::Array(a) => out.push((path, a.is_empty())),
+            _ => out.push((path, false)),
+        }
+    }
+
+    #[test]
+    fn each_owners_defaults_parse_to_its_defaults_and_name_every_key() {
+        let built_in = parse("", "").unwrap();
+        let all = toml::Value::try_from(&built_in).unwrap();
+        let mut covered = Vec::new();
+        for snippet in DEFAULTS {
+            let parsed = parse(snippet, "").unwrap_or_else(|e| panic!("{e}\n{snippet}"));
+            assert_eq!(parsed, built_in, "{snippet}");
+            let tables: toml::Table = toml::from_str(snippet).unwrap();
+            let root = toml::Value::Table(tables.clone());
+            for name in tables.keys() {
+                covered.push(name.clone());
+                let mut keys = Vec::new();
+                leaf_keys(&all[name.as_str()], vec![name.clone()], &mut keys);
+                for (key, empty) in keys {
+                    let set = key
+                        .iter()
+                        .try_fold(&root, |v, k| v.get(k.as_str()))
+                        .is_some();
+                    // An empty map or list has no value to show: a commented example
+                    // naming it documents it.
+                    let named = empty && key.last().is_some_and(|k| snippet.contains(k.as_str()));
+                    assert!(
+                        set || named,
+                        "key {} has no line in:\n{snippet}",
+                        key.join(".")
+                    );
+                }
+            }
+        }
+        for name in all.as_table().unwrap().keys() {
+            assert!(covered.contains(name), "no defaults snippet has [{name}]");
+        }
     }
 }

@@ -1,19 +1,34 @@
-//! What to load: per-probe switches, services, filters.
+//! What to load: per-probe switches, services, filters — the `[probes]` and `[[services]]`
+//! tables of the config file, with the rules they must follow.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
+use model::config::{KeyProblem, Validate};
 use model::Probe;
+use serde::de::value::StrDeserializer;
+use serde::de::{IntoDeserializer, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Auto-grouped services at most, unless configured otherwise.
 pub const DEFAULT_AUTO_SERVICE_LIMIT: u32 = 64;
 
+/// The commented defaults of `[probes]` and `[[services]]`, part of `tailtrap config
+/// defaults`; a test checks they parse to [`ProbeConfig::default`].
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
 /// Probe configuration, as the `[probes]` and `[[services]]` config sections give it.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// It deserializes from the `[probes]` table; `services` comes from `[[services]]`,
+/// deserialized as a `Vec<ServiceSpec>` on its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ProbeConfig {
     /// Per-probe on/off; probes missing from the map are on.
+    #[serde(rename = "enable", deserialize_with = "probe_switches")]
     pub enabled: BTreeMap<Probe, bool>,
     /// Configured services; empty means auto-grouping by socket cgroup.
+    #[serde(skip)]
     pub services: Vec<ServiceSpec>,
     /// With no configured services: cgroups tracked as their own service before the rest
     /// go to `other`.
@@ -23,6 +38,7 @@ pub struct ProbeConfig {
     /// Skip head-of-line-blocked reads at tcp-socket-read.
     pub hol_filter: bool,
     /// Override the histogram map's entry count (normally service slots x probes).
+    #[serde(skip)]
     pub hist_map_entries: Option<u32>,
 }
 
@@ -39,6 +55,34 @@ impl Default for ProbeConfig {
     }
 }
 
+/// `[probes.enable]`, read by hand so that an unknown probe name is reported at its own
+/// key (serde's paths lose map keys that are enums).
+fn probe_switches<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<Probe, bool>, D::Error> {
+    struct Switches;
+    impl<'de> Visitor<'de> for Switches {
+        type Value = BTreeMap<Probe, bool>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a table of probe names and true or false")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut switches = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                let name: StrDeserializer<'_, A::Error> = name.as_str().into_deserializer();
+                match Probe::deserialize(name) {
+                    Ok(probe) => {
+                        switches.insert(probe, map.next_value()?);
+                    }
+                    Err(e) => return model::config::fail_at_value(&mut map, e),
+                }
+            }
+            Ok(switches)
+        }
+    }
+    d.deserialize_map(Switches)
+}
+
 impl ProbeConfig {
     /// Whether `probe` is switched on.
     pub fn is_enabled(&self, probe: Probe) -> bool {
@@ -46,21 +90,89 @@ impl ProbeConfig {
     }
 }
 
+/// The rules of `[probes]` and `[[services]]`, checked by the config check and again by
+/// [`crate::ProbeSet::load`]. Keys are from the file's root (`probes.…`, `services[i].…`)
+/// because the rules span both tables.
+impl Validate for ProbeConfig {
+    fn validate(&self) -> Vec<KeyProblem> {
+        let mut problems = Vec::new();
+        if self.auto_service_limit == 0 {
+            problems.push(KeyProblem::new(
+                "probes.auto_service_limit",
+                "must be at least 1",
+            ));
+        }
+        if self.hist_map_entries == Some(0) {
+            problems.push(KeyProblem::new("hist_map_entries", "must be at least 1"));
+        }
+        // Slots are 16-bit in the kernel's maps.
+        if self.services.len() > usize::from(u16::MAX) {
+            problems.push(KeyProblem::new("services", "too many services"));
+        }
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut port_owner: HashMap<u16, &str> = HashMap::new();
+        for (i, s) in self.services.iter().enumerate() {
+            let key = |k: &str| format!("services[{i}].{k}");
+            if s.name.len() > model::MAX_SERVICE_LEN {
+                problems.push(KeyProblem::new(
+                    key("name"),
+                    format!("longer than {} bytes", model::MAX_SERVICE_LEN),
+                ));
+            }
+            if s.name.is_empty() || s.name == "host" || s.name == "other" {
+                problems.push(KeyProblem::new(
+                    key("name"),
+                    format!("{:?} is reserved or empty", s.name),
+                ));
+            } else if let Some(first) = seen.insert(&s.name, i) {
+                problems.push(KeyProblem::new(
+                    key("name"),
+                    format!(
+                        "service {:?} is already declared as services[{first}]",
+                        s.name
+                    ),
+                ));
+            }
+            if s.cgroup.is_none() && s.ports.is_empty() {
+                problems.push(KeyProblem::new(
+                    key("name"),
+                    "a service needs a cgroup, ports or both",
+                ));
+            }
+            for &port in &s.ports {
+                if port == 0 {
+                    problems.push(KeyProblem::new(key("ports"), "port 0 is not a port"));
+                } else if let Some(owner) = port_owner.insert(port, &s.name) {
+                    problems.push(KeyProblem::new(
+                        key("ports"),
+                        format!("port {port} already belongs to service {owner:?}"),
+                    ));
+                }
+            }
+        }
+        problems
+    }
+}
+
 /// A service: sockets in a cgroup (or below it), sockets on local ports, or both (either
 /// matches). Probes that run before socket lookup can only use the ports.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ServiceSpec {
     /// Name in histograms and output; not `host` or `other`.
     pub name: String,
     /// cgroup path relative to the cgroup2 mount, e.g. `system.slice/nginx.service`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<PathBuf>,
     /// Local TCP/UDP ports.
+    #[serde(default)]
     pub ports: Vec<u16>,
 }
 
 /// netstacklat's filters. Empty lists mean "all"; each list filter applies at the probes
 /// that know its subject (see docs/probes.md).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Filters {
     /// Process ids (thread group ids); applies to the read probes.
     pub pids: Vec<u32>,
@@ -74,4 +186,42 @@ pub struct Filters {
     pub min_queue_len: u32,
     /// Keep one sample in N (0 and 1 keep all).
     pub sample_one_in: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn services(list: &[(&str, &[u16])]) -> ProbeConfig {
+        ProbeConfig {
+            services: list
+                .iter()
+                .map(|(name, ports)| ServiceSpec {
+                    name: (*name).into(),
+                    cgroup: None,
+                    ports: ports.to_vec(),
+                })
+                .collect(),
+            ..ProbeConfig::default()
+        }
+    }
+
+    #[test]
+    fn every_broken_rule_is_reported() {
+        assert!(ProbeConfig::default().validate().is_empty());
+        let mut c = services(&[("a", &[80]), ("a", &[80, 0]), ("host", &[1]), ("b", &[])]);
+        c.auto_service_limit = 0;
+        let keys: Vec<String> = c.validate().into_iter().map(|p| p.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "probes.auto_service_limit",
+                "services[1].name",
+                "services[1].ports",
+                "services[1].ports",
+                "services[2].name",
+                "services[3].name"
+            ]
+        );
+    }
 }

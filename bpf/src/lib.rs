@@ -32,7 +32,7 @@ pub use capture::{
     CaptureRecord,
 };
 pub use cgroup::cgroup2_mount;
-pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULT_AUTO_SERVICE_LIMIT};
+pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
 

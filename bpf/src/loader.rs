@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+use model::config::{KeyProblem, Validate};
 use model::{Histogram, Probe};
 use serde::Serialize;
 
@@ -109,9 +110,12 @@ pub enum LoadError {
         "the kernel exposes no BTF ({BTF_VMLINUX} missing): tailtrap needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
     )]
     NoBtf,
-    /// The configuration is inconsistent.
-    #[error("probe configuration: {0}")]
-    Config(String),
+    /// The configuration breaks the rules of [`ProbeConfig`]'s validation.
+    #[error("probe configuration: {}", model::config::joined(.0))]
+    Config(Vec<KeyProblem>),
+    /// The BPF object lacks something the loader needs (a build problem).
+    #[error("the BPF object is unusable: {0}")]
+    Object(&'static str),
     /// A configured cgroup could not be resolved.
     #[error("{what}: cgroup {path}: {source}")]
     Cgroup {
@@ -141,6 +145,12 @@ pub enum LoadError {
     /// Every probe is disabled or unavailable.
     #[error("no probe could be attached:\n{0}")]
     NothingAttached(String),
+}
+
+impl LoadError {
+    fn config(key: &str, reason: &str) -> LoadError {
+        LoadError::Config(vec![KeyProblem::new(key, reason)])
+    }
 }
 
 /// Why reading the probes' maps failed.
@@ -221,7 +231,10 @@ impl ProbeSet {
         if !Path::new(BTF_VMLINUX).exists() {
             return Err(LoadError::NoBtf);
         }
-        validate(config)?;
+        let problems = config.validate();
+        if !problems.is_empty() {
+            return Err(LoadError::Config(problems));
+        }
         let mount = cgroup2_mount_or_default();
         let service_cgroups = resolve_service_cgroups(&config.services, &mount)?;
         let filter_cgroups = config
@@ -588,59 +601,6 @@ fn decode<T: Copy + Default>(map: &'static str, bytes: &[u8]) -> Result<T, ReadE
     Ok(value)
 }
 
-fn validate(config: &ProbeConfig) -> Result<(), LoadError> {
-    let mut names = HashMap::new();
-    let mut ports: HashMap<u16, &str> = HashMap::new();
-    for s in &config.services {
-        if s.name.is_empty() || s.name == "host" || s.name == "other" {
-            return Err(LoadError::Config(format!(
-                "service name {:?} is reserved or empty",
-                s.name
-            )));
-        }
-        if names.insert(s.name.as_str(), ()).is_some() {
-            return Err(LoadError::Config(format!(
-                "service {:?} is declared twice",
-                s.name
-            )));
-        }
-        if s.cgroup.is_none() && s.ports.is_empty() {
-            return Err(LoadError::Config(format!(
-                "service {:?} needs a cgroup or ports",
-                s.name
-            )));
-        }
-        for &p in &s.ports {
-            if p == 0 {
-                return Err(LoadError::Config(format!(
-                    "service {:?}: port 0 is not a port",
-                    s.name
-                )));
-            }
-            if let Some(other) = ports.insert(p, &s.name) {
-                return Err(LoadError::Config(format!(
-                    "port {p} belongs to both {other:?} and {:?}",
-                    s.name
-                )));
-            }
-        }
-    }
-    if config.services.len() > u16::MAX as usize {
-        return Err(LoadError::Config("too many services".into()));
-    }
-    if config.services.is_empty() && config.auto_service_limit == 0 {
-        return Err(LoadError::Config(
-            "auto_service_limit must be at least 1".into(),
-        ));
-    }
-    if config.hist_map_entries == Some(0) {
-        return Err(LoadError::Config(
-            "hist_map_entries must be at least 1".into(),
-        ));
-    }
-    Ok(())
-}
-
 fn resolve_service_cgroups(
     services: &[ServiceSpec],
     mount: &Path,
@@ -829,7 +789,7 @@ fn configure(
     let entries = match config.hist_map_entries {
         Some(n) => n,
         None => u32::try_from((slots + 2) * probes.max(1))
-            .map_err(|_| LoadError::Config("too many services for one map".into()))?,
+            .map_err(|_| LoadError::config("services", "too many services for one map"))?,
     };
     let port_rules: usize = config.services.iter().map(|s| s.ports.len()).sum();
     let cgroup_rules = service_cgroups.iter().flatten().count();
@@ -845,16 +805,15 @@ fn configure(
         (&mut open.maps.allowed_netns, f.netns.len()),
     ];
     for (map, n) in sizes {
-        let n = u32::try_from(n.max(1))
-            .map_err(|_| LoadError::Config("a filter or service list is too long".into()))?;
+        let n = u32::try_from(n.max(1)).map_err(|_| {
+            LoadError::config("probes.filters", "a filter or service list is too long")
+        })?;
         map.set_max_entries(n)
             .map_err(bpf_err("sizing the BPF maps"))?;
     }
     let uses_sk_data_ready = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(v)) if v.programs().contains(&SK_DATA_READY_PROG));
     let Some(ro) = open.maps.rodata_data.as_deref_mut() else {
-        return Err(LoadError::Config(
-            "the BPF object has no read-only data section".into(),
-        ));
+        return Err(LoadError::Object("it has no read-only data section"));
     };
     ro.auto_services = auto;
     ro.auto_service_limit = config.auto_service_limit;

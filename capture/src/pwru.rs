@@ -21,7 +21,7 @@ mod request;
 mod session;
 mod stderr;
 
-pub use config::PwruConfig;
+pub use config::{PwruConfig, DEFAULTS_TOML};
 pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
 pub use incident::{IncidentRequestError, IncidentScope};
 pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};

@@ -1,26 +1,46 @@
 //! Detector settings: the `[detector]` table of the daemon's TOML config file.
 //!
-//! Every key has a default (see [`DetectorConfig::default`] and docs/detector.md). Per-service
-//! overrides live in `[detector.services.<name>]` with the same keys; static ceilings (SLOs) are
-//! `[[detector.slo]]` entries. Bad values are rejected while parsing, with the key, the line and
-//! the reason.
+//! Every key has a default (see [`Thresholds::default`] and docs/detector.md). The threshold
+//! keys are defined once, in [`Thresholds`]: at the top of `[detector]` they are the defaults
+//! of every service, and `[detector.services.<name>]` overrides some of them for one service
+//! (the override is merged over the defaults and read as [`Thresholds`] again, so it is
+//! checked by the same code). Static ceilings (SLOs) are `[[detector.slo]]` entries.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use model::config::{key_segment, KeyProblem, Validate};
+use serde::de::{DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use model::Probe;
 
-/// Settings of the detector (the `[detector]` table). The threshold keys here are the
-/// defaults for every service; `[detector.services.<name>]` overrides them per service.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// The commented defaults of `[detector]`, part of `tailtrap config defaults`.
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
+/// Settings of the detector (the `[detector]` table): the significance level, the default
+/// thresholds, per-service overrides and static ceilings. In the file the threshold keys sit
+/// directly in `[detector]`, next to `significance`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DetectorConfig {
     /// Family-wise false-alarm probability per interval: the exact binomial tests of one
     /// interval (all services, probes, quantiles) are Holm-corrected to this level.
-    #[serde(deserialize_with = "de::probability")]
     pub significance: f64,
+    /// The thresholds of every service without an override.
+    #[serde(flatten)]
+    pub defaults: Thresholds,
+    /// Per-service overrides, keyed by service name: some threshold keys, as written in
+    /// `[detector.services.<name>]`; [`Thresholds::with_overrides`] applies them.
+    pub services: BTreeMap<String, toml::Table>,
+    /// Static ceilings: a quantile above `max` is always an incident.
+    pub slo: Vec<Slo>,
+}
+
+/// The thresholds in force for a service: the keys of `[detector]` (and of
+/// `[detector.services.<name>]`) that decide when a shift becomes an incident.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Thresholds {
     /// Watched quantiles, each in (0, 1).
     #[serde(deserialize_with = "de::quantiles")]
     pub quantiles: Vec<f64>,
@@ -75,121 +95,6 @@ pub struct DetectorConfig {
         deserialize_with = "de::positive_duration"
     )]
     pub max_incident: Duration,
-    /// Per-service overrides, keyed by service name.
-    pub services: BTreeMap<String, ThresholdOverrides>,
-    /// Static ceilings: a quantile above `max` is always an incident.
-    pub slo: Vec<Slo>,
-}
-
-/// The thresholds in force for one service (the defaults with its overrides applied); see
-/// the keys of [`DetectorConfig`] for what each means.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Thresholds {
-    pub quantiles: Vec<f64>,
-    pub min_ratio: f64,
-    pub min_delta: Duration,
-    pub window: Duration,
-    pub max_window: Duration,
-    pub min_samples: u64,
-    pub half_life: Duration,
-    pub warmup_samples: u64,
-    pub warmup_time: Duration,
-    pub open_after: u32,
-    pub open_window: u32,
-    pub close_after: u32,
-    pub cooldown: Duration,
-    pub max_incident: Duration,
-}
-
-/// Per-service overrides: the threshold keys of [`DetectorConfig`], each optional.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ThresholdOverrides {
-    /// See [`DetectorConfig::quantiles`].
-    #[serde(
-        deserialize_with = "de::opt_quantiles",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub quantiles: Option<Vec<f64>>,
-    /// See [`DetectorConfig::min_ratio`].
-    #[serde(
-        deserialize_with = "de::opt_ratio",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub min_ratio: Option<f64>,
-    /// See [`DetectorConfig::min_delta`].
-    #[serde(
-        with = "humantime_serde::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub min_delta: Option<Duration>,
-    /// See [`DetectorConfig::window`].
-    #[serde(
-        serialize_with = "humantime_serde::option::serialize",
-        deserialize_with = "de::opt_positive_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub window: Option<Duration>,
-    /// See [`DetectorConfig::max_window`].
-    #[serde(
-        serialize_with = "humantime_serde::option::serialize",
-        deserialize_with = "de::opt_positive_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max_window: Option<Duration>,
-    /// See [`DetectorConfig::min_samples`].
-    #[serde(
-        deserialize_with = "de::opt_at_least_one",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub min_samples: Option<u64>,
-    /// See [`DetectorConfig::half_life`].
-    #[serde(
-        serialize_with = "humantime_serde::option::serialize",
-        deserialize_with = "de::opt_positive_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub half_life: Option<Duration>,
-    /// See [`DetectorConfig::warmup_samples`].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub warmup_samples: Option<u64>,
-    /// See [`DetectorConfig::warmup_time`].
-    #[serde(
-        with = "humantime_serde::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub warmup_time: Option<Duration>,
-    /// See [`DetectorConfig::open_after`].
-    #[serde(
-        deserialize_with = "de::opt_count_1_64",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub open_after: Option<u32>,
-    /// See [`DetectorConfig::open_window`].
-    #[serde(
-        deserialize_with = "de::opt_count_1_64",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub open_window: Option<u32>,
-    /// See [`DetectorConfig::close_after`].
-    #[serde(
-        deserialize_with = "de::opt_count_1_u32",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub close_after: Option<u32>,
-    /// See [`DetectorConfig::cooldown`].
-    #[serde(
-        with = "humantime_serde::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cooldown: Option<Duration>,
-    /// See [`DetectorConfig::max_incident`].
-    #[serde(
-        serialize_with = "humantime_serde::option::serialize",
-        deserialize_with = "de::opt_positive_duration",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub max_incident: Option<Duration>,
 }
 
 /// A static ceiling: quantile `quantile` of `probe` above `max` is always an incident, learned
@@ -213,10 +118,9 @@ pub struct Slo {
     pub max: Duration,
 }
 
-impl Default for DetectorConfig {
+impl Default for Thresholds {
     fn default() -> Self {
-        DetectorConfig {
-            significance: 1e-4,
+        Thresholds {
             quantiles: vec![0.5, 0.9, 0.99, 0.999],
             min_ratio: 1.25,
             min_delta: Duration::from_micros(20),
@@ -231,200 +135,188 @@ impl Default for DetectorConfig {
             close_after: 10,
             cooldown: Duration::from_secs(60),
             max_incident: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        DetectorConfig {
+            significance: DEFAULT_SIGNIFICANCE,
+            defaults: Thresholds::default(),
             services: BTreeMap::new(),
             slo: Vec::new(),
         }
     }
 }
 
-/// A rejected config: where, which key, and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{origin}{}: {}{reason}", line.map(|l| format!(", line {l}")).unwrap_or_default(), key.as_ref().map(|k| format!("key `{k}`: ")).unwrap_or_default())]
-pub struct ConfigError {
-    /// The file (or other origin) the text came from.
-    pub origin: String,
-    /// 1-based line of the offending key or value, when known.
-    pub line: Option<usize>,
-    /// Dotted path of the offending key, when known (e.g. `detector.services.web.min_ratio`).
-    pub key: Option<String>,
-    /// What is wrong.
-    pub reason: String,
+const DEFAULT_SIGNIFICANCE: f64 = 1e-4;
+
+impl Thresholds {
+    /// These thresholds with `overrides` (threshold keys and values, as in
+    /// `[detector.services.<name>]`) put over them, read and checked as [`Thresholds`]
+    /// again. The problem's key is relative to `overrides`.
+    pub fn with_overrides(&self, overrides: &toml::Table) -> Result<Thresholds, KeyProblem> {
+        let mut merged = match toml::Value::try_from(self) {
+            Ok(toml::Value::Table(t)) => t,
+            Ok(_) | Err(_) => return Err(KeyProblem::new("", "the defaults do not serialise")),
+        };
+        // Every threshold is a scalar or a list: a shallow merge replaces whole values.
+        merged.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
+        model::config::deserialize(toml::Value::Table(merged))
+    }
 }
 
-/// The whole daemon config file; only `[detector]` is read here.
-#[derive(Deserialize)]
-struct DaemonFile {
-    #[serde(default)]
-    detector: DetectorConfig,
+impl Validate for Thresholds {
+    /// The rules between keys (single values are checked while parsing).
+    fn validate(&self) -> Vec<KeyProblem> {
+        let mut problems = Vec::new();
+        if self.open_after > self.open_window {
+            problems.push(KeyProblem::new(
+                "open_after",
+                format!(
+                    "open_after ({}) must not exceed open_window ({})",
+                    self.open_after, self.open_window
+                ),
+            ));
+        }
+        if self.window > self.max_window {
+            problems.push(KeyProblem::new(
+                "max_window",
+                format!(
+                    "max_window ({}) must not be shorter than window ({})",
+                    humantime::format_duration(self.max_window),
+                    humantime::format_duration(self.window)
+                ),
+            ));
+        }
+        problems
+    }
 }
 
 impl DetectorConfig {
-    /// Parse a whole daemon config file and return its `[detector]` table (defaults when the
-    /// table is absent). Other top-level tables are ignored: the daemon checks those.
-    pub fn from_toml_str(text: &str, origin: &str) -> Result<DetectorConfig, ConfigError> {
-        let file: DaemonFile = parse_toml(text, origin)?;
-        let cfg = file.detector;
-        cfg.validate().map_err(|(key, reason)| ConfigError {
-            origin: origin.to_string(),
-            line: locate_key(text, &key),
-            key: Some(key),
-            reason,
-        })?;
-        Ok(cfg)
-    }
-
     /// The thresholds in force for `service`: the defaults with its overrides applied.
-    pub(crate) fn thresholds(&self, service: &str) -> Thresholds {
-        let mut t = self.base_thresholds();
-        if let Some(o) = self.services.get(service) {
-            o.apply(&mut t);
-        }
-        t
-    }
-
-    fn base_thresholds(&self) -> Thresholds {
-        Thresholds {
-            quantiles: self.quantiles.clone(),
-            min_ratio: self.min_ratio,
-            min_delta: self.min_delta,
-            window: self.window,
-            max_window: self.max_window,
-            min_samples: self.min_samples,
-            half_life: self.half_life,
-            warmup_samples: self.warmup_samples,
-            warmup_time: self.warmup_time,
-            open_after: self.open_after,
-            open_window: self.open_window,
-            close_after: self.close_after,
-            cooldown: self.cooldown,
-            max_incident: self.max_incident,
-        }
-    }
-
-    /// Checks that span several keys (single values are checked while parsing). Returns the
-    /// dotted key and the reason.
-    fn validate(&self) -> Result<(), (String, String)> {
-        check_thresholds(&self.base_thresholds(), "detector")?;
-        for name in self.services.keys() {
-            let prefix = format!("detector.services.{}", toml_key(name));
-            check_thresholds(&self.thresholds(name), &prefix)?;
-        }
-        Ok(())
+    /// An override [`Validate::validate`] would refuse leaves the defaults in force.
+    pub fn thresholds(&self, service: &str) -> Thresholds {
+        self.services
+            .get(service)
+            .and_then(|o| self.defaults.with_overrides(o).ok())
+            .unwrap_or_else(|| self.defaults.clone())
     }
 }
 
-impl ThresholdOverrides {
-    fn apply(&self, t: &mut Thresholds) {
-        if let Some(v) = &self.quantiles {
-            t.quantiles.clone_from(v);
-        }
-        macro_rules! set {
-            ($($f:ident),*) => { $(if let Some(v) = self.$f { t.$f = v; })* };
-        }
-        set!(
-            min_ratio,
-            min_delta,
-            window,
-            max_window,
-            min_samples,
-            half_life,
-            warmup_samples,
-            warmup_time,
-            open_after,
-            open_window,
-            close_after,
-            cooldown,
-            max_incident
-        );
-    }
-}
-
-fn check_thresholds(t: &Thresholds, prefix: &str) -> Result<(), (String, String)> {
-    if t.open_after > t.open_window {
-        return Err((
-            format!("{prefix}.open_after"),
-            format!(
-                "open_after ({}) must not exceed open_window ({})",
-                t.open_after, t.open_window
-            ),
-        ));
-    }
-    if t.window > t.max_window {
-        return Err((
-            format!("{prefix}.max_window"),
-            format!(
-                "max_window ({}) must not be shorter than window ({})",
-                humantime::format_duration(t.max_window),
-                humantime::format_duration(t.window)
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Quote a TOML key only when it needs it.
-fn toml_key(name: &str) -> String {
-    if !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        name.to_string()
-    } else {
-        format!("{name:?}")
-    }
-}
-
-/// Deserialize TOML text, turning errors into [`ConfigError`] with line and key path. Shared
-/// with the scenario files.
-pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
-    text: &str,
-    origin: &str,
-) -> Result<T, ConfigError> {
-    let de = toml::Deserializer::new(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let line = inner
-            .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-        ConfigError {
-            origin: origin.to_string(),
-            line,
-            key: (path != "." && !path.is_empty()).then_some(path),
-            reason: inner.message().trim().to_string(),
-        }
-    })
-}
-
-/// Best-effort line of a dotted key (`a.b.c`): the `c = ...` line inside table `[a.b]`.
-fn locate_key(text: &str, dotted: &str) -> Option<usize> {
-    let (table, key) = dotted.rsplit_once('.')?;
-    let mut current = String::new();
-    let mut table_line = None;
-    for (n, line) in text.lines().enumerate() {
-        let l = line.trim();
-        if let Some(h) = l.strip_prefix('[') {
-            current = h
-                .trim_start_matches('[')
-                .split(']')
-                .next()
-                .unwrap_or("")
-                .replace(' ', "");
-            if current == table {
-                table_line = Some(n + 1);
+impl Validate for DetectorConfig {
+    /// The defaults' rules, and each override read over the defaults and checked the same
+    /// way. Keys are relative to `[detector]`.
+    fn validate(&self) -> Vec<KeyProblem> {
+        let mut problems = self.defaults.validate();
+        for (name, overrides) in &self.services {
+            let prefix = format!("services.{}", key_segment(name));
+            match self.defaults.with_overrides(overrides) {
+                // A rule the defaults already break is reported once, at the defaults.
+                Ok(t) => problems.extend(
+                    t.validate()
+                        .into_iter()
+                        .filter(|p| !problems.contains(p))
+                        .map(|p| p.under(&prefix))
+                        .collect::<Vec<_>>(),
+                ),
+                Err(p) => problems.push(p.under(&prefix)),
             }
-            continue;
         }
-        if current == table {
-            if let Some(rest) = l.strip_prefix(key) {
-                if rest.trim_start().starts_with('=') {
-                    return Some(n + 1);
+        problems
+    }
+}
+
+/// `[detector]` holds `significance`, `services` and `slo` next to the threshold keys: the
+/// map is read once, those three taken aside and the rest handed to [`Thresholds`], so every
+/// error still names its own key.
+impl<'de> Deserialize<'de> for DetectorConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(DetectorVisitor)
+    }
+}
+
+struct DetectorVisitor;
+
+impl<'de> Visitor<'de> for DetectorVisitor {
+    type Value = DetectorConfig;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the [detector] table")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<DetectorConfig, A::Error> {
+        let mut aside = Aside::default();
+        let defaults =
+            Thresholds::deserialize(serde::de::value::MapAccessDeserializer::new(Split {
+                map: &mut map,
+                aside: &mut aside,
+            }))?;
+        Ok(DetectorConfig {
+            significance: aside.significance.unwrap_or(DEFAULT_SIGNIFICANCE),
+            defaults,
+            services: aside.services,
+            slo: aside.slo,
+        })
+    }
+}
+
+/// The keys of `[detector]` that are not thresholds.
+#[derive(Default)]
+struct Aside {
+    significance: Option<f64>,
+    services: BTreeMap<String, toml::Table>,
+    slo: Vec<Slo>,
+}
+
+/// The `[detector]` map with the [`Aside`] keys taken out as they pass.
+struct Split<'a, A> {
+    map: &'a mut A,
+    aside: &'a mut Aside,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for Split<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        while let Some(key) = self.map.next_key::<String>()? {
+            match key.as_str() {
+                "significance" => {
+                    self.aside.significance = Some(self.map.next_value_seed(Significance)?);
+                }
+                "services" => self.aside.services = self.map.next_value()?,
+                "slo" => self.aside.slo = self.map.next_value()?,
+                _ => {
+                    let key: serde::de::value::StrDeserializer<'_, A::Error> =
+                        key.as_str().into_deserializer();
+                    return match seed.deserialize(key) {
+                        Ok(k) => Ok(Some(k)),
+                        // Raised while reading the key's value, so the error names the key.
+                        Err(e) => model::config::fail_at_value(self.map, e),
+                    };
                 }
             }
         }
+        Ok(None)
     }
-    table_line
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+struct Significance;
+
+impl<'de> DeserializeSeed<'de> for Significance {
+    type Value = f64;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<f64, D::Error> {
+        de::probability(d)
+    }
 }
 
 /// Deserializers that check single values, so the error carries the value's position.
@@ -506,40 +398,20 @@ mod de {
         check(d, |v: &Vec<f64>| is_quantile_list(v))
     }
 
-    pub fn opt_quantiles<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<f64>>, D::Error> {
-        check(d, |v: &Vec<f64>| is_quantile_list(v)).map(Some)
-    }
-
     pub fn ratio<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         check(d, is_ratio)
-    }
-
-    pub fn opt_ratio<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        check(d, is_ratio).map(Some)
     }
 
     pub fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         check(d, is_at_least_one)
     }
 
-    pub fn opt_at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        check(d, is_at_least_one).map(Some)
-    }
-
     pub fn count_1_64<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
         check(d, is_count_1_64)
     }
 
-    pub fn opt_count_1_64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-        check(d, is_count_1_64).map(Some)
-    }
-
     pub fn count_1_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
         check(d, is_count_1_u32)
-    }
-
-    pub fn opt_count_1_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-        check(d, is_count_1_u32).map(Some)
     }
 
     pub fn positive_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
@@ -549,31 +421,50 @@ mod de {
         }
         Ok(v)
     }
-
-    pub fn opt_positive_duration<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        positive_duration(d).map(Some)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Read `[detector]` of a config file the way the daemon does: the table on its own,
+    /// then its rules.
+    fn parse(text: &str) -> Result<DetectorConfig, Vec<KeyProblem>> {
+        let mut file: toml::Table = toml::from_str(text).expect("TOML");
+        let table = file
+            .remove("detector")
+            .unwrap_or(toml::Value::Table(toml::Table::new()));
+        let cfg: DetectorConfig = model::config::deserialize(table).map_err(|p| vec![p])?;
+        let problems = cfg.validate();
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(problems)
+        }
+    }
+
+    fn err(text: &str) -> KeyProblem {
+        parse(text).unwrap_err().remove(0)
+    }
+
     #[test]
-    fn empty_file_gives_defaults_and_other_tables_are_ignored() {
-        let cfg = DetectorConfig::from_toml_str("", "t.toml").unwrap();
-        assert_eq!(cfg, DetectorConfig::default());
-        let text = "[daemon]\ninterval = \"1s\"\nwhatever = 3\n";
-        let cfg = DetectorConfig::from_toml_str(text, "t.toml").unwrap();
-        assert_eq!(cfg, DetectorConfig::default());
+    fn empty_table_gives_defaults() {
+        assert_eq!(parse("").unwrap(), DetectorConfig::default());
+        assert_eq!(
+            parse(
+                "[detector]
+"
+            )
+            .unwrap(),
+            DetectorConfig::default()
+        );
     }
 
     #[test]
     fn overrides_and_slos_parse() {
         let text = r#"
 [detector]
+significance = 0.001
 min_ratio = 1.5
 window = "10s"
 
@@ -587,7 +478,8 @@ probe = "tcp-socket-read"
 quantile = 0.99
 max = "5ms"
 "#;
-        let cfg = DetectorConfig::from_toml_str(text, "t.toml").unwrap();
+        let cfg = parse(text).unwrap();
+        assert_eq!(cfg.significance, 0.001);
         let web = cfg.thresholds("web");
         assert_eq!(web.min_ratio, 1.5);
         assert_eq!(web.window, Duration::from_secs(10));
@@ -605,58 +497,68 @@ max = "5ms"
             "[detector]\n{}",
             toml::to_string(&cfg).expect("defaults serialise")
         );
-        assert_eq!(DetectorConfig::from_toml_str(&text, "d").unwrap(), cfg);
-    }
-
-    fn err(text: &str) -> ConfigError {
-        DetectorConfig::from_toml_str(text, "/etc/tailtrap/tailtrap.toml").unwrap_err()
+        assert_eq!(parse(&text).unwrap(), cfg);
     }
 
     #[test]
-    fn bad_values_name_key_line_and_reason() {
+    fn bad_values_name_key_and_reason() {
         let e = err("[detector]\nquantiles = [0.5, 1.5]\n");
-        assert_eq!(e.line, Some(2), "{e}");
-        assert_eq!(e.key.as_deref(), Some("detector.quantiles"), "{e}");
+        assert_eq!(e.key, "quantiles", "{e}");
         assert!(e.reason.contains("outside (0, 1)"), "{e}");
-        assert!(
-            e.to_string()
-                .starts_with("/etc/tailtrap/tailtrap.toml, line 2: key `detector.quantiles`"),
-            "{e}"
-        );
 
         let e = err("[detector]\n\n[detector.services.web]\nmin_ratio = 0.8\n");
-        assert_eq!(e.line, Some(4), "{e}");
-        assert_eq!(e.key.as_deref(), Some("detector.services.web.min_ratio"));
+        assert_eq!(e.key, "services.web.min_ratio");
         assert!(e.reason.contains(">= 1"), "{e}");
 
         let e = err("[detector]\nwindow = \"soon\"\n");
-        assert_eq!(e.line, Some(2), "{e}");
-        assert_eq!(e.key.as_deref(), Some("detector.window"));
+        assert_eq!(e.key, "window");
 
         let e = err("[detector]\nfrobnicate = 1\n");
-        assert_eq!(e.line, Some(2), "{e}");
+        assert_eq!(e.key, "frobnicate");
         assert!(e.reason.contains("frobnicate"), "{e}");
 
+        let e = err("[detector.services.web]\nfrobnicate = 1\n");
+        assert_eq!(e.key, "services.web.frobnicate");
+
+        let e = err("[detector]\nsignificance = 1.5\n");
+        assert_eq!(e.key, "significance");
+        assert!(e.reason.contains("outside (0, 1)"), "{e}");
+
         let e = err("[[detector.slo]]\nprobe = \"tcp-read\"\nquantile = 0.99\nmax = \"5ms\"\n");
-        assert_eq!(e.line, Some(2), "{e}");
+        assert_eq!(e.key, "slo[0].probe");
         assert!(e.reason.contains("tcp-read"), "{e}");
     }
 
     #[test]
     fn cross_key_checks_name_the_key() {
         let e = err("[detector]\n\n[detector.services.db]\nopen_after = 6\n");
-        assert_eq!(e.key.as_deref(), Some("detector.services.db.open_after"));
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.key, "services.db.open_after");
         assert!(e.reason.contains("must not exceed open_window (5)"), "{e}");
 
         let e = err("[detector]\nmax_window = \"2s\"\n");
-        assert_eq!(e.key.as_deref(), Some("detector.max_window"));
-        assert_eq!(e.line, Some(2), "{e}");
+        assert_eq!(e.key, "max_window");
+
+        // Broken in the defaults: reported there, not again for every service.
+        let p = parse("[detector]\nopen_after = 6\n[detector.services.db]\nwindow = \"1s\"\n")
+            .unwrap_err();
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].key, "open_after");
+
+        // Every problem, not only the first.
+        let p = parse("[detector]\nmax_window = \"2s\"\nopen_after = 6\n").unwrap_err();
+        assert_eq!(p.len(), 2, "{p:?}");
     }
 
     #[test]
-    fn syntax_errors_have_a_line() {
-        let e = err("[detector]\nmin_ratio = = 2\n");
-        assert_eq!(e.line, Some(2), "{e}");
+    fn overrides_merge_over_the_defaults() {
+        let base = Thresholds::default();
+        let o: toml::Table = toml::from_str("min_ratio = 2\nwindow = \"7s\"").unwrap();
+        let t = base.with_overrides(&o).unwrap();
+        assert_eq!(t.min_ratio, 2.0);
+        assert_eq!(t.window, Duration::from_secs(7));
+        assert_eq!(t.quantiles, base.quantiles);
+        assert_eq!(base.with_overrides(&toml::Table::new()).unwrap(), base);
+        let bad: toml::Table = toml::from_str("open_window = 65").unwrap();
+        assert_eq!(base.with_overrides(&bad).unwrap_err().key, "open_window");
     }
 }

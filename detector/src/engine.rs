@@ -548,15 +548,18 @@ mod tests {
 
     fn config() -> DetectorConfig {
         DetectorConfig {
-            window: Duration::from_secs(1),
-            max_window: Duration::from_secs(10),
-            min_samples: 100,
-            warmup_samples: 5000,
-            warmup_time: Duration::from_secs(10),
-            open_after: 2,
-            open_window: 3,
-            close_after: 2,
-            cooldown: Duration::from_secs(5),
+            defaults: Thresholds {
+                window: Duration::from_secs(1),
+                max_window: Duration::from_secs(10),
+                min_samples: 100,
+                warmup_samples: 5000,
+                warmup_time: Duration::from_secs(10),
+                open_after: 2,
+                open_window: 3,
+                close_after: 2,
+                cooldown: Duration::from_secs(5),
+                ..Thresholds::default()
+            },
             ..DetectorConfig::default()
         }
     }
@@ -632,7 +635,7 @@ mod tests {
     #[test]
     fn a_shift_that_stays_becomes_the_new_normal() {
         let mut cfg = config();
-        cfg.max_incident = Duration::from_secs(30);
+        cfg.defaults.max_incident = Duration::from_secs(30);
         let mut d = Detector::new(cfg);
         let (normal, slow) = (uniform(100_000), uniform(300_000));
         for s in 1..=20 {
@@ -733,7 +736,7 @@ mod tests {
         );
 
         let mut cfg = config();
-        cfg.min_ratio = 10.0;
+        cfg.defaults.min_ratio = 10.0;
         d.reconfigure(cfg);
         assert_eq!(
             d.baseline_quantile("web", Probe::TcpSocketRead, 0.5),

@@ -18,6 +18,7 @@ mod stats;
 mod window;
 
 pub use baseline::BaselineError;
-pub use config::{ConfigError, DetectorConfig};
+pub use config::{DetectorConfig, Thresholds, DEFAULTS_TOML};
 pub use engine::Detector;
 pub use event::{Event, Incident, IncidentKey};
+pub use scenario::ScenarioError;

@@ -14,7 +14,6 @@ use rand_distr::{Distribution, Poisson};
 use serde::{Deserialize, Deserializer};
 use statrs::function::erf::erfc;
 
-use crate::config::{parse_toml, ConfigError};
 use crate::event::Incident;
 use crate::replay::Record;
 use model::hist::{bucket_lower, bucket_mid, Histogram, MAX_BUCKET, NUM_BUCKETS};
@@ -240,11 +239,46 @@ fn de_swing<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(v)
 }
 
+/// A rejected scenario file: where, which key, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{origin}{}: {}{reason}", line.map(|l| format!(", line {l}")).unwrap_or_default(), key.as_ref().map(|k| format!("key `{k}`: ")).unwrap_or_default())]
+pub struct ScenarioError {
+    /// The file (or other origin) the text came from.
+    pub origin: String,
+    /// 1-based line of the offending key or value, when known.
+    pub line: Option<usize>,
+    /// Dotted path of the offending key, when known (e.g. `services[0].rate`).
+    pub key: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Deserialize TOML text, turning errors into [`ScenarioError`] with line and key path.
+fn parse_toml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+) -> Result<T, ScenarioError> {
+    let de = toml::Deserializer::new(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let line = inner
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        ScenarioError {
+            origin: origin.to_string(),
+            line,
+            key: (path != "." && !path.is_empty()).then_some(path),
+            reason: inner.message().trim().to_string(),
+        }
+    })
+}
+
 impl Scenario {
     /// Parse and check a scenario file.
-    pub fn from_toml_str(text: &str, origin: &str) -> Result<Scenario, ConfigError> {
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Scenario, ScenarioError> {
         let s: Scenario = parse_toml(text, origin)?;
-        s.check().map_err(|(key, reason)| ConfigError {
+        s.check().map_err(|(key, reason)| ScenarioError {
             origin: origin.to_string(),
             line: None,
             key: Some(key),

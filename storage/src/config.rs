@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, StoreError};
+use model::config::{KeyProblem, Validate};
 
 /// One resolution of the histogram history: intervals are merged into `resolution`-wide
 /// points kept for `keep`.
@@ -19,7 +19,11 @@ pub struct HistoryLevel {
     pub keep: Duration,
 }
 
-/// Settings of the store. Every field has a default; see docs/storage.md.
+/// The commented defaults of `[storage]`, part of `tailtrap config defaults`.
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
+
+/// Settings of the store (the `[storage]` table). Every field has a default; see
+/// docs/storage.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
@@ -89,17 +93,13 @@ impl Default for StoreConfig {
 /// Most history levels (the level number is one key byte; a handful is plenty).
 pub const MAX_HISTORY_LEVELS: usize = 8;
 
-impl StoreConfig {
-    /// Check the settings; the error names the offending key.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |key: &str, reason: String| {
-            Err(StoreError::Config {
-                key: key.to_string(),
-                reason,
-            })
-        };
+impl Validate for StoreConfig {
+    /// The ranges and the history's shape; single values are checked while parsing.
+    fn validate(&self) -> Vec<KeyProblem> {
+        let mut problems = Vec::new();
+        let mut bad = |key: &str, reason: String| problems.push(KeyProblem::new(key, reason));
         if self.flush_every.is_zero() || self.flush_every > Duration::from_secs(1) {
-            return bad(
+            bad(
                 "flush_every",
                 format!(
                     "{} is outside (0, 1s]: acknowledged writes must be durable within 1 s",
@@ -113,11 +113,11 @@ impl StoreConfig {
             ("pwru_keep", self.pwru_keep),
         ] {
             if d.is_zero() {
-                return bad(key, "must be longer than zero".into());
+                bad(key, "must be longer than zero".into());
             }
         }
         if self.history.is_empty() || self.history.len() > MAX_HISTORY_LEVELS {
-            return bad(
+            bad(
                 "history",
                 format!(
                     "needs 1 to {MAX_HISTORY_LEVELS} levels, got {}",
@@ -131,19 +131,17 @@ impl StoreConfig {
             if level.resolution < Duration::from_millis(1)
                 || level.resolution.subsec_nanos() % 1_000_000 != 0
             {
-                return bad(
+                bad(
                     &key,
                     "resolution must be a whole number of milliseconds".into(),
                 );
-            }
-            if level.keep < level.resolution {
-                return bad(&key, "keep is shorter than the resolution".into());
-            }
-            if let Some(p) = prev {
+            } else if level.keep < level.resolution {
+                bad(&key, "keep is shorter than the resolution".into());
+            } else if let Some(p) = prev {
                 if level.resolution <= p.resolution
                     || level.resolution.as_nanos() % p.resolution.as_nanos() != 0
                 {
-                    return bad(
+                    bad(
                         &key,
                         "resolution must be a larger multiple of the previous level's".into(),
                     );
@@ -152,12 +150,12 @@ impl StoreConfig {
             prev = Some(level);
         }
         if self.max_bytes < 1 << 20 {
-            return bad("max_bytes", "must be at least 1 MiB".into());
+            bad("max_bytes", "must be at least 1 MiB".into());
         }
         if !(self.max_amplification.is_finite() && self.max_amplification >= 1.5) {
-            return bad("max_amplification", "must be a number >= 1.5".into());
+            bad("max_amplification", "must be a number >= 1.5".into());
         }
-        Ok(())
+        problems
     }
 }
 
@@ -167,7 +165,7 @@ mod tests {
 
     #[test]
     fn defaults_are_valid() {
-        StoreConfig::default().validate().unwrap();
+        assert_eq!(StoreConfig::default().validate(), []);
     }
 
     #[test]
@@ -176,23 +174,11 @@ mod tests {
             flush_every: Duration::from_secs(2),
             ..StoreConfig::default()
         };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("`flush_every`"));
+        assert!(c.validate()[0].to_string().contains("`flush_every`"));
         c.flush_every = Duration::from_millis(200);
         c.history[1].resolution = Duration::from_secs(7);
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("`history[2]`"));
+        assert!(c.validate()[0].to_string().contains("`history[2]`"));
         c.history[1].resolution = Duration::from_millis(500);
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("`history[1]`"));
+        assert!(c.validate()[0].to_string().contains("`history[1]`"));
     }
 }

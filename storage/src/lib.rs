@@ -31,7 +31,7 @@ pub use crate::model::{
     PwruRecord, PwruState, PwruStatus,
 };
 pub use check::{CheckReport, TreeCheck};
-pub use config::{HistoryLevel, StoreConfig, MAX_HISTORY_LEVELS};
+pub use config::{HistoryLevel, StoreConfig, DEFAULTS_TOML, MAX_HISTORY_LEVELS};
 pub use error::{LockHolder, Result, StoreError};
 pub use history::HistorySeries;
 pub use keys::MAX_SERVICE_LEN;

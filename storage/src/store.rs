@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
+use model::config::Validate;
 use model::Sample;
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -175,7 +176,12 @@ impl Store {
     /// interrupted, and a pid file is written next to the directory so others can name the
     /// lock holder.
     pub fn open(path: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store> {
-        cfg.validate()?;
+        if let Some(p) = cfg.validate().into_iter().next() {
+            return Err(StoreError::Config {
+                key: p.key,
+                reason: p.reason,
+            });
+        }
         let path = path.as_ref().to_path_buf();
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             fs::create_dir_all(parent)

@@ -19,7 +19,16 @@ pub enum Command {
 pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Check { file } => {
-            let config = crate::config::load(Some(&file))?;
+            let config = match crate::config::load(Some(&file)) {
+                Ok(config) => config,
+                // Every problem of the file, one line each.
+                Err(e) => {
+                    for line in e.lines() {
+                        eprintln!("tailtrap: error: {line}");
+                    }
+                    return Ok(ExitCode::FAILURE);
+                }
+            };
             let services = config.probes.services.len();
             println!(
                 "{}: ok ({} configured service{}{})",
@@ -33,7 +42,7 @@ pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
             );
         }
-        Command::Defaults => print!("{}", crate::config::DEFAULTS_TOML),
+        Command::Defaults => print!("{}", crate::config::defaults_toml()),
     }
     Ok(ExitCode::SUCCESS)
 }

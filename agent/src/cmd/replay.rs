@@ -67,7 +67,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            DetectorConfig::from_toml_str(&text, &path.display().to_string())?
+            crate::config::parse_table::<DetectorConfig>(
+                &text,
+                &path.display().to_string(),
+                "detector",
+            )?
         }
         None => DetectorConfig::default(),
     };

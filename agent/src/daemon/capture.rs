@@ -9,6 +9,7 @@ use std::time::{Instant, SystemTime};
 
 use bpf::{CaptureCounters, CaptureError, CaptureLimits};
 use capture::recorder::{FlightRecorder, IncidentCapture, IncidentLimits, StopReason};
+use capture::{CaptureConfig, Threshold};
 use detector::Detector;
 use model::Probe;
 use model::Sample;
@@ -16,7 +17,6 @@ use model::Sample;
 use super::kernel::Kernel;
 use super::unix_ns;
 use crate::api::CaptureReport;
-use crate::config::{CaptureConfig, Threshold};
 use crate::output::fmt_ns;
 
 /// How many intervals between two updates of the flight recorder's thresholds from the

@@ -10,9 +10,10 @@ use crate::config::{self, Config};
 /// Why a reload applied nothing.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ReloadError {
-    /// The file could not be read or is not a valid configuration.
-    #[error("{0:#}")]
-    Config(anyhow::Error),
+    /// The file could not be read or is not a valid configuration. Its problems are put on
+    /// one line, as the log has one line per event.
+    #[error("{}", .0.lines().join("; "))]
+    Config(config::ConfigError),
     /// The new `[probes]`/`[[services]]` settings did not load; the running probes stay.
     #[error("the new probe settings failed to load: {0:#}")]
     Probes(anyhow::Error),

@@ -11,7 +11,8 @@ use bpf::{
     ServiceHist, ServiceSpec, Snapshot,
 };
 use capture::pwru::{PwruConfig, SessionRequest};
-use detector::{Detector, DetectorConfig};
+use capture::CaptureConfig;
+use detector::{Detector, DetectorConfig, Thresholds};
 use model::{Comm, Flow, Sample, SampleFlags, Transport};
 use model::{Histogram, Probe};
 use storage::{CaptureState, IncidentState, PwruState, SampleFilter, Store, StoreConfig};
@@ -20,7 +21,7 @@ use super::interval::{DaemonCore, Now};
 use super::kernel::Kernel;
 use super::lock;
 use super::pwru::PwruStarter;
-use crate::config::{ApiConfig, CaptureConfig, Config, DaemonConfig};
+use crate::config::{ApiConfig, Config, DaemonConfig};
 
 const SERVICE: &str = "web";
 const SLOT: u32 = 3;
@@ -179,15 +180,18 @@ fn config() -> Config {
         },
         // Short windows and warm-up so a scenario takes a few dozen intervals.
         detector: DetectorConfig {
-            window: Duration::from_secs(1),
-            max_window: Duration::from_secs(10),
-            min_samples: 100,
-            warmup_samples: 2000,
-            warmup_time: Duration::from_secs(5),
-            open_after: 2,
-            open_window: 3,
-            close_after: 2,
-            cooldown: Duration::from_secs(5),
+            defaults: Thresholds {
+                window: Duration::from_secs(1),
+                max_window: Duration::from_secs(10),
+                min_samples: 100,
+                warmup_samples: 2000,
+                warmup_time: Duration::from_secs(5),
+                open_after: 2,
+                open_window: 3,
+                close_after: 2,
+                cooldown: Duration::from_secs(5),
+                ..Thresholds::default()
+            },
             ..DetectorConfig::default()
         },
         storage: StoreConfig::default(),

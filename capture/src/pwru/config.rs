@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use model::config::Validate;
 use model::Probe;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -14,6 +15,9 @@ use super::request::{
     check_deadline, check_kill_grace, check_output_limit, FilterFuncs, SessionLimits, MAX_ADDRS,
 };
 use super::session::ManagerConfig;
+
+/// The commented defaults of `[pwru]`, part of `tailtrap config defaults`.
+pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
 
 /// pwru settings. Every key has a default, so an empty or missing `[pwru]` table works.
 ///
@@ -165,6 +169,9 @@ impl From<PwruConfig> for RawPwruConfig {
         }
     }
 }
+
+/// Every value is checked while it is read; no rule spans several keys.
+impl Validate for PwruConfig {}
 
 impl PwruConfig {
     /// Whether sessions should run at all.
