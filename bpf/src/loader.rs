@@ -269,7 +269,8 @@ impl ProbeSet {
             })
             .flatten()
             .collect();
-        set_autoload(&mut open, &chosen);
+        set_autoload(&mut open, &chosen)
+            .map_err(bpf_err("setting the programs' attach targets"))?;
         configure(&mut open, config, &plans, &service_cgroups, &filter_cgroups)?;
         let mut skel = load_final(open)?;
         fill_maps(&skel, config, &service_cgroups, &filter_cgroups)?;
@@ -760,15 +761,22 @@ fn load_final(open: OpenProbesSkel<'static>) -> Result<ProbesSkel<'static>, Load
 fn trial_load(programs: &[&str]) -> Result<(), libbpf_rs::Error> {
     let mut storage = MaybeUninit::uninit();
     let mut open = ProbesSkelBuilder::default().open(&mut storage)?;
-    set_autoload(&mut open, programs);
+    set_autoload(&mut open, programs)?;
     open.load().map(drop)
 }
 
-fn set_autoload(open: &mut OpenProbesSkel<'_>, programs: &[&str]) {
+/// Load only `programs`, each attached where the model's table says (the C sections name
+/// only the attach kind).
+fn set_autoload(open: &mut OpenProbesSkel<'_>, programs: &[&str]) -> Result<(), libbpf_rs::Error> {
     for mut prog in open.open_object_mut().progs_mut() {
-        let on = programs.contains(&prog.name().to_string_lossy().as_ref());
+        let name = prog.name().to_string_lossy().into_owned();
+        let on = programs.contains(&name.as_str());
         prog.set_autoload(on);
+        if let Some(target) = crate::probes::target_of(&name) {
+            prog.set_attach_target(0, Some(target.to_owned()))?;
+        }
     }
+    Ok(())
 }
 
 /// Read-only data and map sizes, set between open and load.

@@ -14,6 +14,14 @@ pub(crate) enum Variant {
 }
 
 impl Variant {
+    /// `(program, attach target)` pairs of this variant.
+    pub(crate) fn targets(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Variant::Fentry(list) => list.to_vec(),
+            Variant::TpBtf(prog, tp) => vec![(prog, tp)],
+        }
+    }
+
     /// Program names of this variant.
     pub(crate) fn programs(self) -> Vec<&'static str> {
         match self {
@@ -21,6 +29,17 @@ impl Variant {
             Variant::TpBtf(prog, _) => vec![prog],
         }
     }
+}
+
+/// The attach target of `program` (a kernel function or tracepoint), from the model's
+/// table; `None` for a program no probe uses.
+pub(crate) fn target_of(program: &str) -> Option<&'static str> {
+    Probe::ALL.iter().find_map(|p| {
+        variants(*p)
+            .iter()
+            .flat_map(|v| v.targets())
+            .find_map(|(prog, target)| (prog == program).then_some(target))
+    })
 }
 
 /// The program shared by tcp-socket-enqueued and udp-socket-enqueued; which of the two it
@@ -142,25 +161,24 @@ mod tests {
         assert_eq!(in_object, in_table);
     }
 
-    /// The C sources name their targets in SEC() too; this keeps that copy equal to the
-    /// model's table until the loader sets targets itself.
+    /// Sections carry only the attach kind, so the model's table is the one source of
+    /// targets; every program gets exactly one target from it.
     #[test]
-    fn section_targets_match_the_model() {
-        let sections = sections();
-        for p in Probe::ALL {
-            for v in variants(p) {
-                let pairs: Vec<(&str, &str)> = match *v {
-                    Variant::Fentry(list) => list.to_vec(),
-                    Variant::TpBtf(prog, tp) => vec![(prog, tp)],
-                };
-                for (prog, target) in pairs {
-                    assert_eq!(
-                        sections.get(prog).map(String::as_str),
-                        Some(target),
-                        "{p}: program {prog}"
-                    );
-                }
-            }
+    fn sections_name_no_target_and_the_table_gives_each_program_one() {
+        for (prog, target) in sections() {
+            assert_eq!(
+                target, "",
+                "program {prog}: SEC() names a target; the loader sets it"
+            );
+            assert!(
+                target_of(&prog).is_some(),
+                "program {prog} has no target in the table"
+            );
         }
+        assert_eq!(target_of("ip_start_tp"), Some("netif_receive_skb"));
+        assert_eq!(
+            target_of("tcp_socket_read_fentry"),
+            Some("tcp_recv_timestamp")
+        );
     }
 }

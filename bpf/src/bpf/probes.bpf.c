@@ -25,6 +25,9 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+/* Sections name only the attach kind: the loader sets each program's kernel function or
+ * tracepoint from the one table in Rust (model::Probe::hooks), so no second copy lives here. */
+
 /* Emit the shared types into BTF so the skeleton generates them for Rust. */
 struct tt_hist_key tt_type_hist_key;
 struct tt_hist tt_type_hist;
@@ -132,21 +135,21 @@ static __always_inline const struct sk_buff *receive_queue_tail(const struct soc
 
 /* ---- ip-start ---- */
 
-SEC("fentry/ip_rcv_core")
+SEC("fentry")
 int BPF_PROG(ip_start_fentry_v4, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
 	return 0;
 }
 
-SEC("fentry/ip6_rcv_core")
+SEC("fentry")
 int BPF_PROG(ip_start_fentry_v6, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
 	return 0;
 }
 
-SEC("tp_btf/netif_receive_skb")
+SEC("tp_btf")
 int BPF_PROG(ip_start_tp, struct sk_buff *skb)
 {
 	__u16 proto = skb->protocol;
@@ -159,14 +162,14 @@ int BPF_PROG(ip_start_tp, struct sk_buff *skb)
 
 /* ---- tcp-start ---- */
 
-SEC("fentry/tcp_v4_rcv")
+SEC("fentry")
 int BPF_PROG(tcp_start_fentry_v4, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_TCP_START, skb, NULL, dport_at_transport_header(skb));
 	return 0;
 }
 
-SEC("fentry/tcp_v6_rcv")
+SEC("fentry")
 int BPF_PROG(tcp_start_fentry_v6, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_TCP_START, skb, NULL, dport_at_transport_header(skb));
@@ -174,7 +177,7 @@ int BPF_PROG(tcp_start_fentry_v6, struct sk_buff *skb)
 }
 
 /* tcp_probe fires first thing in tcp_rcv_established: established sockets only. */
-SEC("tp_btf/tcp_probe")
+SEC("tp_btf")
 int BPF_PROG(tcp_start_tp, struct sock *sk, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_TCP_START, skb, sk, 0);
@@ -183,14 +186,14 @@ int BPF_PROG(tcp_start_tp, struct sock *sk, struct sk_buff *skb)
 
 /* ---- udp-start (no tracepoint stands in) ---- */
 
-SEC("fentry/udp_rcv")
+SEC("fentry")
 int BPF_PROG(udp_start_fentry_v4, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_UDP_START, skb, NULL, dport_at_transport_header(skb));
 	return 0;
 }
 
-SEC("fentry/udpv6_rcv")
+SEC("fentry")
 int BPF_PROG(udp_start_fentry_v6, struct sk_buff *skb)
 {
 	record_skb(TT_PROBE_UDP_START, skb, NULL, dport_at_transport_header(skb));
@@ -199,7 +202,7 @@ int BPF_PROG(udp_start_fentry_v6, struct sk_buff *skb)
 
 /* ---- socket enqueue ---- */
 
-SEC("fexit/tcp_queue_rcv")
+SEC("fexit")
 int BPF_PROG(tcp_socket_enqueued_fexit, struct sock *sk, struct sk_buff *skb, bool *fragstolen,
 	     int ret)
 {
@@ -207,7 +210,7 @@ int BPF_PROG(tcp_socket_enqueued_fexit, struct sock *sk, struct sk_buff *skb, bo
 	return 0;
 }
 
-SEC("fexit/__udp_enqueue_schedule_skb")
+SEC("fexit")
 int BPF_PROG(udp_socket_enqueued_fexit, struct sock *sk, struct sk_buff *skb, int ret)
 {
 	if (ret == 0)
@@ -220,7 +223,7 @@ const volatile bool sk_data_ready_tcp = false;
 const volatile bool sk_data_ready_udp = false;
 
 /* sk_data_ready follows the enqueue: the queue's newest skb is the one just added. */
-SEC("tp_btf/sk_data_ready")
+SEC("tp_btf")
 int BPF_PROG(socket_enqueued_tp, const struct sock *sk)
 {
 	const struct sk_buff *skb;
@@ -241,7 +244,7 @@ int BPF_PROG(socket_enqueued_tp, const struct sock *sk)
 /* ---- socket read ---- */
 
 /* The stamp of the last skb read, from tss->ts[0] (REALTIME): the skb may be freed already. */
-SEC("fentry/tcp_recv_timestamp")
+SEC("fentry")
 int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 	     struct scm_timestamping_internal *tss)
 {
@@ -260,7 +263,7 @@ int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 	return 0;
 }
 
-SEC("tp_btf/skb_copy_datagram_iovec")
+SEC("tp_btf")
 int BPF_PROG(tcp_socket_read_tp, const struct sk_buff *skb, int len)
 {
 	const struct sock *sk = skb->sk;
@@ -282,7 +285,7 @@ int BPF_PROG(tcp_socket_read_tp, const struct sk_buff *skb, int len)
 	return 0;
 }
 
-SEC("fentry/skb_consume_udp")
+SEC("fentry")
 int BPF_PROG(udp_socket_read_fentry, struct sock *sk, struct sk_buff *skb, int len)
 {
 	struct tt_sample s = {
