@@ -57,6 +57,8 @@ struct File {
     daemon: DaemonConfig,
     #[serde(default)]
     api: ApiConfig,
+    #[serde(default)]
+    metrics: crate::metrics::MetricsConfig,
 }
 
 #[derive(Deserialize)]
@@ -137,6 +139,8 @@ pub struct Config {
     pub daemon: DaemonConfig,
     /// `[api]`.
     pub api: ApiConfig,
+    /// `[metrics]`.
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// Where the daemon looks for its configuration when `--config` is not given.
@@ -365,6 +369,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         pwru: file.pwru,
         daemon: file.daemon,
         api: file.api,
+        metrics: file.metrics,
     })
 }
 
