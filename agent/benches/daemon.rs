@@ -1,6 +1,8 @@
 //! Daemon cost benchmark (needs root): the real `tailtrap run` with 1 and with 64 configured
 //! services, loopback TCP traffic to every service, CPU time per interval and resident
-//! memory read from its own status report. Prints a table; asserts nothing.
+//! memory read from its own status report, and the cost of a Prometheus scrape of
+//! `/metrics` (the first after an interval renders it, later ones reuse it). Prints tables;
+//! asserts nothing.
 //!
 //! `cargo bench -p tailtrap --bench daemon` (TAILTRAP_BENCH_SECS sets the run length, 20 s
 //! by default).
@@ -21,6 +23,70 @@ struct Run {
     cpu_s: f64,
     rss_bytes: u64,
     reads_per_s: f64,
+    scrape: Scrape,
+}
+
+/// `/metrics` figures: median times of a rendering scrape and of a cached one, sizes.
+#[derive(Default)]
+struct Scrape {
+    render: Duration,
+    cached: Duration,
+    text_bytes: usize,
+    openmetrics_bytes: usize,
+    series: usize,
+}
+
+/// One GET of `/metrics`: elapsed time and body size (the headers' size is negligible).
+fn scrape_once(addr: &str, accept: Option<&str>) -> (Duration, String) {
+    let t = Instant::now();
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (t.elapsed(), String::new());
+    };
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n"
+    );
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (t.elapsed(), body)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn measure_scrapes(addr: &str, interval: Duration) -> Scrape {
+    let mut render = Vec::new();
+    let mut cached = Vec::new();
+    let mut out = Scrape::default();
+    for _ in 0..10 {
+        // A new interval: the first scrape renders.
+        std::thread::sleep(interval + Duration::from_millis(50));
+        let (t, body) = scrape_once(addr, None);
+        render.push(t);
+        out.text_bytes = body.len();
+        out.series = body
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count();
+        for _ in 0..5 {
+            cached.push(scrape_once(addr, None).0);
+        }
+    }
+    out.openmetrics_bytes = scrape_once(addr, Some("application/openmetrics-text"))
+        .1
+        .len();
+    out.render = median(render);
+    out.cached = median(cached);
+    out
 }
 
 /// Echo servers on loopback, one per service, and a client thread per server.
@@ -101,7 +167,7 @@ fn status(config: &Path) -> Option<serde_json::Value> {
 fn run(services: usize, secs: u64, dir: &Path) -> Run {
     let (listeners, ports) = Load::ports(services);
     let mut config = format!(
-        "[daemon]\ninterval = \"1s\"\ndb = \"{d}/db-{services}\"\n[api]\nsocket = \"{d}/api-{services}.sock\"\n[pwru]\nenabled = false\n",
+        "[daemon]\ninterval = \"1s\"\ndb = \"{d}/db-{services}\"\n[api]\nsocket = \"{d}/api-{services}.sock\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n[pwru]\nenabled = false\n",
         d = dir.display()
     );
     for (i, p) in ports.iter().enumerate() {
@@ -129,6 +195,10 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(secs));
     let after = status(&path).expect("status");
+    let scrape = after["daemon"]["metrics_listen"]
+        .as_str()
+        .map(|addr| measure_scrapes(addr, Duration::from_secs(1)))
+        .unwrap_or_default();
     let reads = load.finish();
     let elapsed = t0.elapsed().as_secs_f64();
     let _ = Command::new("kill")
@@ -146,6 +216,7 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
         cpu_s: cpu(&after) - cpu(&before),
         rss_bytes: after["process"]["rss_bytes"].as_u64().unwrap_or(0),
         reads_per_s: reads as f64 / elapsed,
+        scrape,
     }
 }
 
@@ -180,6 +251,24 @@ fn main() {
             r.rss_bytes as f64 / (1 << 20) as f64,
             r.reads_per_s,
             per / base
+        );
+    }
+    println!();
+    println!("GET /metrics (median of 10 rendering and 50 cached scrapes, text format)");
+    println!(
+        "{:>8} {:>10} {:>10} {:>12} {:>13} {:>8}",
+        "services", "render", "cached", "text", "openmetrics", "series"
+    );
+    for r in &runs {
+        let s = &r.scrape;
+        println!(
+            "{:>8} {:>7.2} ms {:>7.2} ms {:>8.1} KiB {:>9.1} KiB {:>8}",
+            r.services,
+            s.render.as_secs_f64() * 1e3,
+            s.cached.as_secs_f64() * 1e3,
+            s.text_bytes as f64 / 1024.0,
+            s.openmetrics_bytes as f64 / 1024.0,
+            s.series
         );
     }
 }

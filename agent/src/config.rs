@@ -44,6 +44,8 @@ pub struct Config {
     pub daemon: DaemonConfig,
     /// `[api]`.
     pub api: ApiConfig,
+    /// `[metrics]`.
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// Where the daemon looks for its configuration when `--config` is not given.
@@ -258,6 +260,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         pwru: tables.read("pwru"),
         daemon: tables.read("daemon"),
         api: tables.read("api"),
+        metrics: tables.read("metrics"),
     };
     tables.finish(true)?;
     Ok(config)

@@ -9,6 +9,7 @@ mod api;
 mod cmd;
 mod config;
 mod daemon;
+mod metrics;
 mod output;
 mod source;
 

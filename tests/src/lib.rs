@@ -8,6 +8,8 @@
 //!
 //! For end-to-end tests, [`Daemon`] runs the real `tailtrap run` with a test configuration
 //! (logging to a file in a [`ScratchDir`]) and [`cli`] / [`cli_json`] run the CLI against it.
+//! For metrics tests, [`Prometheus`] runs a real Prometheus server scraping the daemon and
+//! [`http_get`] scrapes by hand.
 //!
 //! The test binaries of this crate run on the host kernel (`cargo test`) and, through
 //! `tests/vm/run-vm-tests.sh`, on stock kernels under qemu; [`vm_kernel`] and
@@ -20,6 +22,7 @@ mod cmd;
 mod daemon;
 mod error;
 mod netns;
+mod prometheus;
 mod traffic;
 mod veth;
 
@@ -28,5 +31,8 @@ pub use cgroup::Cgroup;
 pub use daemon::{cli, cli_json, Daemon, ScratchDir};
 pub use error::{Error, Result};
 pub use netns::Netns;
+pub use prometheus::{
+    find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
+};
 pub use traffic::{run_client, ClientOpts, ClientStats, Proto, ServerOpts, TcpServer, UdpServer};
 pub use veth::VethPair;

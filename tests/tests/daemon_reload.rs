@@ -48,6 +48,9 @@ db = "{dir}/db"
 [api]
 socket = "{dir}/api.sock"
 
+[metrics]
+listen = "127.0.0.1:0"
+
 [pwru]
 enabled = false
 runtime_dir = "{dir}/run"

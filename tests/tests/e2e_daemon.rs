@@ -152,6 +152,9 @@ pwru_ignore_prerequisites = true
 [api]
 socket = "{dir}/api.sock"
 
+[metrics]
+listen = "127.0.0.1:0"
+
 [[services]]
 name = "slow"
 ports = [{slow_port}]

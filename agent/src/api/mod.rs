@@ -7,6 +7,7 @@ pub mod client;
 pub mod query;
 pub mod server;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use capture::pwru::Prerequisites;
@@ -39,6 +40,20 @@ pub struct StatusReport {
     pub process: ProcessStats,
     /// The database.
     pub store: StoreReport,
+    /// Incidents opened since start, per (service, stage).
+    #[serde(default)]
+    pub incidents_opened: Vec<OpenedCount>,
+}
+
+/// How many incidents of a service opened with a stage verdict since the daemon started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenedCount {
+    /// Service.
+    pub service: String,
+    /// Stage verdict when the incident opened (`unknown` without one).
+    pub stage: String,
+    /// Incidents.
+    pub count: u64,
 }
 
 /// Facts about the running daemon.
@@ -66,6 +81,12 @@ pub struct DaemonInfo {
     /// The last SIGHUP reload, if any since start.
     #[serde(default)]
     pub last_reload: Option<ReloadOutcome>,
+    /// How long the last interval's work took, ns.
+    #[serde(default)]
+    pub last_interval_ns: u64,
+    /// Where `GET /metrics` is served (`None`: metrics are off).
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 /// What a SIGHUP reload did.
@@ -108,6 +129,12 @@ pub struct LatencyRow {
     pub baseline_p50_ns: Option<f64>,
     /// Baseline p99 (`None` while warming up).
     pub baseline_p99_ns: Option<f64>,
+    /// Interval p99.9.
+    #[serde(default)]
+    pub p999_ns: Option<f64>,
+    /// Baseline p99.9 (`None` while warming up).
+    #[serde(default)]
+    pub baseline_p999_ns: Option<f64>,
 }
 
 /// An incident that is open now.
@@ -134,6 +161,35 @@ pub struct CaptureReport {
     pub available: bool,
     /// One line about the state.
     pub state: String,
+    /// Services armed now.
+    #[serde(default)]
+    pub armed: Vec<String>,
+    /// Samples the flight recorder holds now.
+    #[serde(default)]
+    pub flight_samples: u64,
+    /// Record counts since capture started.
+    #[serde(default)]
+    pub counters: CaptureCounts,
+}
+
+/// Capture records since capture started: the kernel's counts per recorder (armed capture,
+/// flight recorder) and the records lost between the reader thread and the daemon.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureCounts {
+    /// Armed-capture records written to the ring buffer.
+    pub emitted: u64,
+    /// Armed-capture records lost to a full ring buffer.
+    pub ring_full: u64,
+    /// Armed-capture records not made because of the rate limit.
+    pub rate_limited: u64,
+    /// Flight-recorder records written to the ring buffer.
+    pub flight_emitted: u64,
+    /// Flight-recorder records lost to a full ring buffer.
+    pub flight_ring_full: u64,
+    /// Flight-recorder records not made because of its rate limit.
+    pub flight_rate_limited: u64,
+    /// Records read from the ring buffer but lost before the daemon took them.
+    pub user_space_lost: u64,
 }
 
 /// The probes' kernel-side counters.
@@ -174,6 +230,9 @@ pub struct PwruReport {
     pub prerequisites_ignored: bool,
     /// A session is running now.
     pub busy: bool,
+    /// Sessions ended since start, by final state (`ok`, `failed`, `timeout`, ...).
+    #[serde(default)]
+    pub sessions: BTreeMap<String, u64>,
 }
 
 /// BPF run time of one program.
@@ -220,6 +279,9 @@ pub struct StoreReport {
     /// The storage engine failed (a full disk) and writes are refused until it reopens.
     #[serde(default)]
     pub engine_failed: bool,
+    /// The live-data budget (`storage.max_bytes`).
+    #[serde(default)]
+    pub max_bytes: u64,
 }
 
 impl From<storage::StoreStats> for StoreReport {
@@ -231,6 +293,7 @@ impl From<storage::StoreStats> for StoreReport {
             disk_full_errors: s.disk_full_errors,
             undecodable_records: s.undecodable_records,
             engine_failed: s.engine_failed,
+            max_bytes: 0,
         }
     }
 }

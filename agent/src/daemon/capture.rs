@@ -16,7 +16,7 @@ use model::Sample;
 
 use super::kernel::Kernel;
 use super::unix_ns;
-use crate::api::CaptureReport;
+use crate::api::{CaptureCounts, CaptureReport};
 use crate::output::fmt_ns;
 
 /// How many intervals between two updates of the flight recorder's thresholds from the
@@ -315,16 +315,23 @@ impl CaptureController {
     }
 
     /// The capture part of the status report.
-    pub(super) fn report(&self, kernel: &impl Kernel) -> CaptureReport {
+    pub(super) fn report(&self, kernel: &mut impl Kernel) -> CaptureReport {
         let active = match &self.state {
             State::Active(a) => a,
             State::Unavailable(why) => {
                 return CaptureReport {
                     available: false,
                     state: why.to_string(),
+                    armed: Vec::new(),
+                    flight_samples: 0,
+                    counters: Default::default(),
                 }
             }
         };
+        // A failed read shows zeros for one interval: the kernel's counters are cumulative,
+        // the next read has them all again.
+        let k = kernel.capture_counters().unwrap_or_default();
+        let overflow = kernel.capture_overflow();
         let armed: Vec<String> = active
             .armed
             .values()
@@ -347,8 +354,19 @@ impl CaptureController {
                     format!("armed for {}", armed.join(", "))
                 },
                 active.flight.len(),
-                kernel.capture_overflow()
+                overflow
             ),
+            armed: active.armed.values().map(|a| a.service.clone()).collect(),
+            flight_samples: active.flight.len() as u64,
+            counters: CaptureCounts {
+                emitted: k.emitted,
+                ring_full: k.ring_full,
+                rate_limited: k.rate_limited,
+                flight_emitted: k.flight_emitted,
+                flight_ring_full: k.flight_ring_full,
+                flight_rate_limited: k.flight_rate_limited,
+                user_space_lost: overflow,
+            },
         }
     }
 }

@@ -20,6 +20,7 @@ use super::pwru::{self, Finished, PwruStarter};
 use super::{lock, unix_ns};
 use crate::api::{KernelCounters, LatencyRow};
 use crate::config::Config;
+use crate::metrics::Cumulative;
 
 /// How many intervals between two reads of the BPF programs' run-time statistics (the read
 /// walks every BPF program on the host).
@@ -64,8 +65,10 @@ pub(super) struct DaemonCore<K, P> {
 /// Interval histograms from cumulative ones.
 #[derive(Default)]
 struct Deltas {
-    /// Cumulative histograms of the previous interval.
-    prev: HashMap<(String, Probe), Histogram>,
+    /// Cumulative histograms of the previous interval. Each interval builds a new map from
+    /// the snapshot's histograms (moved in, not copied) and swaps it in here, so a reader
+    /// holding the `Arc` (the metrics listener) never blocks or copies.
+    prev: Arc<Cumulative>,
     /// Services whose history could not be stored, warned about once.
     history_warned: Vec<String>,
 }
@@ -108,6 +111,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.status.clone()
     }
 
+    /// The cumulative histograms as of the last interval, shared: a reader keeps its `Arc`
+    /// while the loop swaps in the next interval's map.
+    pub(super) fn cumulative(&self) -> Arc<Cumulative> {
+        self.deltas.prev.clone()
+    }
+
     /// The pwru side.
     pub(super) fn pwru_mut(&mut self) -> &mut P {
         &mut self.pwru
@@ -128,17 +137,17 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         };
         let start_ns = unix_ns(start);
         let mut rows = Vec::new();
-        for sh in &snapshot.hists {
-            let Some(delta) =
-                self.deltas
-                    .next(&self.store, &sh.service, sh.probe, &sh.hist, start_ns)
-            else {
-                continue;
-            };
-            self.detector
-                .observe(now.wall, &sh.service, sh.probe, &delta);
-            rows.push((sh.service.clone(), sh.probe, delta));
+        let counters = snapshot.counters;
+        let mut cumulative = Cumulative::with_capacity(snapshot.hists.len());
+        for sh in snapshot.hists {
+            let key = (sh.service, sh.probe);
+            if let Some(delta) = self.deltas.next(&self.store, &key, &sh.hist, start_ns) {
+                self.detector.observe(now.wall, &key.0, key.1, &delta);
+                rows.push((key.0.clone(), key.1, delta));
+            }
+            cumulative.insert(key, sh.hist);
         }
+        self.deltas.replace(cumulative);
         let events = self.detector.end_interval(now.wall);
         let latency = rows
             .iter()
@@ -172,9 +181,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             let mut status = lock(&self.status);
             status.intervals = intervals;
             status.latency = latency;
-            status.kernel_counters = KernelCounters::from(snapshot.counters);
+            status.kernel_counters = KernelCounters::from(counters);
             status.open_incidents = self.incidents.open_summaries();
-            status.capture = self.capture.report(&self.kernel);
+            status.capture = self.capture.report(&mut self.kernel);
             if let Some(stats) = prog_stats {
                 status.set_prog_stats(stats);
             }
@@ -202,6 +211,8 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             p99_ns: h.quantile(0.99).map(|e| e.value_ns),
             baseline_p50_ns: base(0.5),
             baseline_p99_ns: base(0.99),
+            p999_ns: h.quantile(0.999).map(|e| e.value_ns),
+            baseline_p999_ns: base(0.999),
         }
     }
 
@@ -211,6 +222,10 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let Some(id) = self.incidents.opened(inc.clone()) else {
             return;
         };
+        // Counted here rather than from the open list so an incident that opens and
+        // closes between two reads of the status still counts; stage as at opening.
+        let stage = inc.stage.as_ref().map(|s| s.verdict.clone());
+        lock(&self.status).count_opened(&inc.service, stage);
         let armed = self.capture.arm(
             &mut self.kernel,
             &self.detector,
@@ -288,6 +303,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
 
     /// A pwru session ended: record its status with its incident (open or not).
     pub(super) fn pwru_finished(&mut self, done: Finished) {
+        lock(&self.status).pwru_finished(done.status.state.name());
         let status = pwru::status_of(&done.status, done.stored);
         tracing::info!(
             incident = done.incident,
@@ -405,7 +421,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.disarm_all("the probes were reloaded");
         self.capture = CaptureController::start(&mut kernel, &config.capture);
         self.kernel = kernel;
-        self.deltas.prev.clear();
+        self.deltas.prev = Arc::default();
     }
 
     /// A reload's configuration: the detector's settings apply at once, baselines kept.
@@ -428,21 +444,19 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
 
 impl Deltas {
     /// The interval's histogram of a key from its cumulative one, stored as history; None
-    /// when the interval saw nothing.
+    /// when the interval saw nothing. The cumulative one goes to [`Deltas::replace`].
     fn next(
         &mut self,
         store: &Store,
-        service: &str,
-        probe: Probe,
+        key: &(String, Probe),
         cumulative: &Histogram,
         start_ns: u64,
     ) -> Option<Histogram> {
-        let key = (service.to_owned(), probe);
-        let delta = match self.prev.get(&key) {
+        let (service, probe) = (key.0.as_str(), key.1);
+        let delta = match self.prev.get(key) {
             Some(p) => cumulative.delta_since(p).hist,
             None => cumulative.clone(),
         };
-        self.prev.insert(key, cumulative.clone());
         if delta.is_empty() {
             return None;
         }
@@ -453,6 +467,17 @@ impl Deltas {
             }
         }
         Some(delta)
+    }
+
+    /// This interval's cumulative histograms become the previous ones. Keys the snapshot
+    /// lacks keep their last histogram, so a key that comes back counts from there.
+    fn replace(&mut self, mut next: Cumulative) {
+        for (key, h) in self.prev.iter() {
+            if !next.contains_key(key) {
+                next.insert(key.clone(), h.clone());
+            }
+        }
+        self.prev = Arc::new(next);
     }
 }
 

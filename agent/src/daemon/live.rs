@@ -1,6 +1,7 @@
 //! What `GET /v1/status` reports: what the daemon set up ([`Live`]) and what the interval
 //! loop saw last ([`LoopStatus`]).
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use bpf::Attachment;
@@ -8,8 +9,8 @@ use capture::pwru::{Prerequisites, SessionManager};
 use storage::Store;
 
 use crate::api::{
-    CaptureReport, DaemonInfo, KernelCounters, LatencyRow, OpenIncident, ProbeRow, ProcessStats,
-    ProgCost, PwruReport, ReloadOutcome, StatusReport, StoreReport,
+    CaptureReport, DaemonInfo, KernelCounters, LatencyRow, OpenIncident, OpenedCount, ProbeRow,
+    ProcessStats, ProgCost, PwruReport, ReloadOutcome, StatusReport, StoreReport,
 };
 use crate::config::Config;
 
@@ -21,6 +22,8 @@ pub(super) struct Live {
     services: Vec<String>,
     pwru: (Prerequisites, bool, SessionManager),
     pwru_enabled: bool,
+    /// `storage.max_bytes`.
+    store_budget: u64,
 }
 
 /// What the interval loop updates.
@@ -39,6 +42,13 @@ pub(super) struct LoopStatus {
     pub(super) capture: CaptureReport,
     /// The BPF programs' cost, read now and then.
     pub(super) bpf_cost: Vec<ProgCost>,
+    /// How long the last interval's work took, ns (set by whoever runs the loop: the loop
+    /// itself only sees the times it is given).
+    pub(super) last_interval_ns: u64,
+    /// Incidents opened since start by (service, stage verdict at opening).
+    opened: BTreeMap<(String, String), u64>,
+    /// pwru sessions ended since start by final state.
+    pwru_sessions: BTreeMap<String, u64>,
 }
 
 impl Default for LoopStatus {
@@ -52,13 +62,30 @@ impl Default for LoopStatus {
             capture: CaptureReport {
                 available: false,
                 state: "starting".into(),
+                armed: Vec::new(),
+                flight_samples: 0,
+                counters: Default::default(),
             },
             bpf_cost: Vec::new(),
+            last_interval_ns: 0,
+            opened: BTreeMap::new(),
+            pwru_sessions: BTreeMap::new(),
         }
     }
 }
 
 impl LoopStatus {
+    /// An incident of `service` opened, with this stage verdict (`unknown` without one).
+    pub(super) fn count_opened(&mut self, service: &str, stage: Option<String>) {
+        let stage = stage.unwrap_or_else(|| "unknown".into());
+        *self.opened.entry((service.to_owned(), stage)).or_default() += 1;
+    }
+
+    /// A pwru session ended in `state`.
+    pub(super) fn pwru_finished(&mut self, state: &str) {
+        *self.pwru_sessions.entry(state.to_owned()).or_default() += 1;
+    }
+
     /// The programs' run-time statistics.
     pub(super) fn set_prog_stats(&mut self, stats: Vec<bpf::ProgStats>) {
         self.bpf_cost = stats
@@ -95,12 +122,15 @@ impl Live {
                 intervals: 0,
                 interval_errors: 0,
                 last_reload: None,
+                last_interval_ns: 0,
+                metrics_listen: None,
             },
             started,
             probes: Vec::new(),
             services: Vec::new(),
             pwru,
             pwru_enabled: config.pwru.enabled(),
+            store_budget: config.storage.max_bytes,
         };
         live.set_probes(config, probes);
         live
@@ -123,6 +153,11 @@ impl Live {
             .collect();
     }
 
+    /// Where `GET /metrics` is served (`None`: metrics are off).
+    pub(super) fn set_metrics_listen(&mut self, addr: Option<String>) {
+        self.daemon.metrics_listen = addr;
+    }
+
     pub(super) fn set_reload(&mut self, outcome: ReloadOutcome) {
         self.daemon.last_reload = Some(outcome);
     }
@@ -133,12 +168,14 @@ impl Live {
         let mut daemon = self.daemon.clone();
         daemon.intervals = status.intervals;
         daemon.interval_errors = status.interval_errors;
+        daemon.last_interval_ns = status.last_interval_ns;
         let (prereq, ignored, manager) = &self.pwru;
         let pwru = PwruReport {
             enabled: self.pwru_enabled,
             prerequisites: prereq.clone(),
             prerequisites_ignored: *ignored,
             busy: manager.is_busy(),
+            sessions: status.pwru_sessions.clone(),
         };
         StatusReport {
             daemon,
@@ -151,7 +188,19 @@ impl Live {
             pwru,
             bpf_cost: status.bpf_cost.clone(),
             process: process_stats(self.started),
-            store: StoreReport::from(store.stats()),
+            store: StoreReport {
+                max_bytes: self.store_budget,
+                ..StoreReport::from(store.stats())
+            },
+            incidents_opened: status
+                .opened
+                .iter()
+                .map(|((service, stage), &count)| OpenedCount {
+                    service: service.clone(),
+                    stage: stage.clone(),
+                    count,
+                })
+                .collect(),
         }
     }
 }

@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 
 use crate::api::server::{self, AppState};
 use crate::config::{self, Config};
+use crate::metrics;
 use interval::{DaemonCore, Now};
 use kernel::BpfKernel;
 use live::Live;
@@ -48,6 +49,9 @@ const PWRU_STOP_SLACK: Duration = Duration::from_secs(5);
 pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
     let started = SystemTime::now();
     let config = config::load(config_path.as_deref())?;
+    // Bound before anything is loaded or served: a bad `metrics.listen` (unparsable is
+    // caught by the config, taken here) stops the start with one error naming the key.
+    let metrics_listener = metrics::bind(&config.metrics, &config.origin)?;
     // Reloads read the file the daemon started from and require it: without this, a
     // default file deleted after start would reload as the embedded defaults, silently
     // dropping every service.
@@ -69,7 +73,7 @@ pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
         let signals = Signals::install()?;
         Daemon::start(config, config_path, started)
             .await?
-            .run(signals)
+            .run(signals, metrics_listener)
             .await
     })
 }
@@ -100,6 +104,8 @@ struct Daemon {
     live: Arc<Mutex<Live>>,
     /// Ends of pwru sessions, for the incidents' records.
     pwru_done: mpsc::Receiver<Finished>,
+    /// What the metrics listener serves, when `[metrics]` is enabled.
+    metrics: Option<Arc<metrics::Shared>>,
 }
 
 impl Daemon {
@@ -156,10 +162,15 @@ impl Daemon {
             store,
             live,
             pwru_done,
+            metrics: None,
         })
     }
 
-    async fn run(mut self, mut signals: Signals) -> anyhow::Result<()> {
+    async fn run(
+        mut self,
+        mut signals: Signals,
+        metrics_listener: Option<std::net::TcpListener>,
+    ) -> anyhow::Result<()> {
         let config = self.core.config();
         let socket = server::bind(&config.api.socket).await?;
         let state = Arc::new(AppState {
@@ -172,6 +183,8 @@ impl Daemon {
         });
         let api = tokio::spawn(server::serve(socket, state));
         tracing::info!(socket = %config.api.socket.display(), "API listening");
+        let metrics = metrics_listener.map(|l| self.start_metrics(l));
+        let config = self.core.config();
 
         let mut ticker = tokio::time::interval(config.daemon.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,7 +197,11 @@ impl Daemon {
             tokio::select! {
                 _ = ticker.tick() => {
                     let now = Now::read();
+                    let began = Instant::now();
                     self.core.interval(last_tick, now);
+                    let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    lock(&self.core.status()).last_interval_ns = took;
+                    self.publish_metrics();
                     last_tick = now.wall;
                     notify(&[NotifyState::Watchdog]);
                 }
@@ -207,11 +224,45 @@ impl Daemon {
         }
         self.core.stop(Now::read());
         api.abort();
+        if let Some(m) = metrics {
+            m.abort();
+        }
         // The socket file goes with the aborted server task; the probes detach on drop.
         let _ = api.await;
         drop(self.core);
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+impl Daemon {
+    /// Serve `/metrics` on `listener` from what [`Daemon::publish_metrics`] hands over.
+    fn start_metrics(
+        &mut self,
+        listener: std::net::TcpListener,
+    ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+        let addr = listener.local_addr().ok().map(|a| a.to_string());
+        tracing::info!(listen = addr.as_deref().unwrap_or("?"), "metrics listening");
+        lock(&self.live).set_metrics_listen(addr);
+        let shared = Arc::new(metrics::Shared::default());
+        self.metrics = Some(shared.clone());
+        // Scrapes before the first interval get the start-up figures, not a 503.
+        self.publish_metrics();
+        tokio::spawn(metrics::serve(listener, shared))
+    }
+
+    /// Hand the interval's status report and cumulative histograms (the loop's own map,
+    /// shared through an `Arc`, not copied) to the metrics listener; rendering waits for
+    /// a scrape.
+    fn publish_metrics(&self) {
+        let Some(shared) = &self.metrics else {
+            return;
+        };
+        let report = lock(&self.live).report(&lock(&self.core.status()), &self.store);
+        shared.publish(metrics::Data {
+            report,
+            hists: self.core.cumulative(),
+        });
     }
 }
 

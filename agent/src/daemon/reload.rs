@@ -64,6 +64,7 @@ impl Daemon {
             pwru: running.pwru.clone(),
             daemon: running.daemon.clone(),
             api: running.api.clone(),
+            metrics: running.metrics.clone(),
             ..new.clone()
         };
         let needs_restart: Vec<&'static str> = [
@@ -72,6 +73,7 @@ impl Daemon {
             ("pwru", new.pwru != running.pwru),
             ("daemon", new.daemon != running.daemon),
             ("api", new.api != running.api),
+            ("metrics", new.metrics != running.metrics),
         ]
         .into_iter()
         .filter_map(|(t, changed)| changed.then_some(t))

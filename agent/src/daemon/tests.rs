@@ -202,6 +202,7 @@ fn config() -> Config {
             ..DaemonConfig::default()
         },
         api: ApiConfig::default(),
+        metrics: crate::metrics::MetricsConfig::default(),
     }
 }
 
@@ -436,4 +437,26 @@ fn a_failed_read_counts_an_interval_error_and_the_loop_goes_on() {
         .find(|r| r.probe == HOT)
         .expect("a latency row");
     assert_eq!(row.count, 2 * PER_INTERVAL);
+}
+
+#[test]
+fn the_published_cumulative_histograms_are_the_last_snapshot() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.tick(QUIET_NS);
+    let first = h.core.cumulative();
+    h.tick(SLOW_NS);
+    let published = h.core.cumulative();
+    let expected: BTreeMap<_, _> = kernel.state().cumulative.clone();
+    let got: BTreeMap<_, _> = published
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(got, expected);
+    // A reader's earlier Arc is left as it was: the loop swaps maps, it does not write.
+    assert_eq!(first[&(SERVICE.to_owned(), HOT)].count(), PER_INTERVAL);
+    assert_eq!(
+        published[&(SERVICE.to_owned(), HOT)].count(),
+        2 * PER_INTERVAL
+    );
 }
