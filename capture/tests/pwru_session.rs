@@ -498,12 +498,10 @@ async fn every_capture_replays_and_parses() {
 /// Set by `pwru_dies_with_tailtrap` for the child process it kills.
 const ORPHAN_DIR_ENV: &str = "TAILTRAP_TEST_ORPHAN_DIR";
 
-/// The "tailtrap" that gets SIGKILLed: run only by `pwru_dies_with_tailtrap`, as a child.
-#[tokio::test]
-#[ignore = "run as a child process by pwru_dies_with_tailtrap"]
-async fn session_in_doomed_process() {
-    let dir =
-        PathBuf::from(std::env::var_os(ORPHAN_DIR_ENV).expect("run by pwru_dies_with_tailtrap"));
+/// The "tailtrap" that gets SIGKILLed: `pwru_dies_with_tailtrap` run again as a child
+/// process, with `ORPHAN_DIR_ENV` set. (Not a test of its own: an ignored one would run,
+/// and fail, under `--include-ignored`.)
+async fn session_in_doomed_process(dir: PathBuf) {
     // Inside the parent's directory, which the parent removes: this process dies uncleanly.
     // A pwru that prints nothing (no traffic): a closed pipe would not stop it either.
     let rig = Rig::new_in("all-ignored", "tcp612.jsonl", &dir, "");
@@ -528,14 +526,17 @@ async fn session_in_doomed_process() {
 /// the parent-death signal delivers SIGTERM to it.
 #[test]
 fn pwru_dies_with_tailtrap() {
+    if let Some(dir) = std::env::var_os(ORPHAN_DIR_ENV) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(session_in_doomed_process(PathBuf::from(dir)));
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "session_in_doomed_process",
-            "--ignored",
-            "--nocapture",
-        ])
+        .args(["--exact", "pwru_dies_with_tailtrap", "--nocapture"])
         .env(ORPHAN_DIR_ENV, dir.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

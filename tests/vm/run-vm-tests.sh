@@ -7,8 +7,9 @@
 #   2. builds on the host: `cargo build --bins` (the e2e tests run the tailtrap binary) and
 #      `cargo test --workspace --no-run`, taking tailtrap-tests' executables from cargo's JSON,
 #   3. per kernel and test executable: one VM boot (run-in-vm.sh) running the executable with
-#      --test-threads=1 and TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry
-#      TAILTRAP_KERNEL=<release>, so a hang or crash affects that executable only.
+#      --test-threads=1 --include-ignored (the guest is root, and the vm_only_* tests are
+#      for it) and TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry TAILTRAP_KERNEL=<release>,
+#      so a hang or crash affects that executable only.
 # Prints a summary per kernel; the last line is "N passed, N failed" over all test cases.
 # Exit status 0 only if every executable ran and passed on every kernel.
 #
@@ -87,7 +88,7 @@ for s in "${series[@]}"; do
         echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
         start=$(date +%s)
         # cargo runs integration tests from the package directory; do the same.
-        (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 "${extra[@]}") 2>&1 |
+        (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 --include-ignored "${extra[@]}") 2>&1 |
             tee "$log"
         rc=${PIPESTATUS[0]}
         secs=$(( $(date +%s) - start ))

@@ -479,6 +479,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[ignore = "needs root (the scratch system fakes the kernel, not the uid): run as root with --include-ignored"]
     async fn usable_on_a_capable_system() {
         let dir = tempfile::tempdir().unwrap();
         let sys = capable_system(dir.path());
@@ -506,6 +507,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[ignore = "needs root (the scratch system fakes the kernel, not the uid): run as root with --include-ignored"]
     async fn each_missing_piece_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let mut sys = capable_system(dir.path());
