@@ -24,8 +24,11 @@ const REQUIRED_FLAGS: [&str; 8] = [
     "--output-caller",
 ];
 
-/// How long `pwru --version` / `--help` may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `pwru --version` / `--help` may take. A hang guard, not a speed requirement:
+/// on a loaded host (when incidents happen) starting a process can take seconds, and a
+/// binary judged bad here stays so until the next check. Both probes together stay well
+/// inside systemd's default start timeout (90 s); the daemon reports READY after them.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The one-word verdict of a prerequisite check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
