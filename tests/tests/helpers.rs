@@ -8,8 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tailtrap_tests::{
-    require_vm, run_client, traffic_bin, Cgroup, ClientOpts, Netns, Proto, ServerOpts, TcpServer,
-    UdpServer, VethPair,
+    require_vm, run_client, traffic_bin, Cgroup, ClientOpts, ClientStats, Netns, Proto, ServerOpts,
+    TcpServer, UdpServer, VethPair,
 };
 
 fn client(
@@ -115,6 +115,14 @@ fn vm_only_netem_delay_on_the_host_end_slows_the_round_trip() {
     assert!(stats.rtt_p50 >= Duration::from_millis(40), "{stats:?}");
 }
 
+/// The server sleeps `d` before every read, so `n` messages sent one after the other's
+/// echo take at least `(n - 1) * d`. (Not each round trip: the sleep starts right after the
+/// previous read, and a client delayed by a busy machine finds part of it over.)
+fn assert_paced(stats: &ClientStats, messages: u32, d: Duration) {
+    assert_eq!(stats.replies, u64::from(messages), "{stats:?}");
+    assert!(stats.elapsed >= d * (messages - 1), "{stats:?}");
+}
+
 #[test]
 fn read_delay_applies_and_changes_while_running() {
     let lo = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -124,16 +132,16 @@ fn read_delay_applies_and_changes_while_running() {
     })
     .unwrap();
     let slow = run_client(client(tcp.addr(), None, Proto::Tcp, 5)).unwrap();
-    assert!(slow.rtt_p50 >= Duration::from_millis(30), "{slow:?}");
+    assert_paced(&slow, 5, Duration::from_millis(30));
 
     tcp.set_read_delay(Duration::from_millis(120)).unwrap();
     let slower = run_client(client(tcp.addr(), None, Proto::Tcp, 3)).unwrap();
-    assert!(slower.rtt_p50 >= Duration::from_millis(120), "{slower:?}");
+    assert_paced(&slower, 3, Duration::from_millis(120));
 
     let udp = UdpServer::spawn(server(lo, None)).unwrap();
     udp.set_read_delay(Duration::from_millis(50)).unwrap();
     let stats = run_client(client(udp.addr(), None, Proto::Udp, 3)).unwrap();
-    assert!(stats.rtt_p50 >= Duration::from_millis(50), "{stats:?}");
+    assert_paced(&stats, 3, Duration::from_millis(50));
 }
 
 #[test]
