@@ -357,12 +357,14 @@ cooldown = "1s"
     assert!(text.contains("application read delay"), "{text}");
     eprintln!("$ tailtrap incidents show {id}\n{text}");
     // Samples: the service's port, above the armed threshold, some from before the trigger.
-    let samples = samples_of(&config, id);
-    assert!(
-        !samples.is_empty(),
-        "no samples stored; daemon log:\n{}",
-        daemon.log()
-    );
+    // They are stored in batches while the incident is open, so they are waited for: the
+    // pwru session is no clock for them.
+    let is_armed =
+        |s: &Value| s["probe"] == read_probe && s["flags"].as_array().is_some_and(|f| f.is_empty());
+    let samples = daemon.wait_for(Duration::from_secs(30), "armed samples stored", || {
+        let samples = samples_of(&config, id);
+        samples.iter().any(is_armed).then_some(samples)
+    });
     assert!(samples.iter().all(|s| s["flow"]["dport"] == slow_port));
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert!(
@@ -373,11 +375,7 @@ cooldown = "1s"
         status["capture"],
         daemon.log()
     );
-    let armed: Vec<&Value> = samples
-        .iter()
-        .filter(|s| s["probe"] == read_probe && s["flags"].as_array().is_some_and(|f| f.is_empty()))
-        .collect();
-    assert!(!armed.is_empty());
+    let armed: Vec<&Value> = samples.iter().filter(|s| is_armed(s)).collect();
     assert!(
         armed
             .iter()
