@@ -79,9 +79,15 @@ async fn report_matches_this_kernel() {
 
 /// The development kernel is built without kprobes: the report must say so.
 #[tokio::test]
+#[ignore = "needs root (else the verdict is not-root): run as root with --include-ignored"]
 async fn no_kprobes_here_is_reported() {
+    // Only some hosts lack kprobes (the VM tier's stock kernels have them), so this is
+    // decided here, at run time, and said.
     if kernel_config("CONFIG_KPROBES") != Some(false) {
-        eprintln!("kernel has kprobes or no /proc/config.gz; nothing to check here");
+        eprintln!(
+            "skipped: this kernel has kprobes (or no /proc/config.gz); \
+             report_matches_this_kernel covers it"
+        );
         return;
     }
     let p = Prerequisites::check(Some(&fake_pwru())).await;

@@ -339,6 +339,7 @@ fn fs_free(path: &Path) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root (mounts a small tmpfs): run as root with --include-ignored"]
 fn low_disk_space_refuses_bulk_writes_before_the_disk_fills_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let fs = SmallFs::mount(dir.path(), "8m");
@@ -434,6 +435,7 @@ fn enospc_child(dir: &Path) {
 }
 
 #[test]
+#[ignore = "needs root (mounts a small tmpfs): run as root with --include-ignored"]
 fn full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored() {
     if let Ok(dir) = std::env::var(ENOSPC_CHILD_ENV) {
         enospc_child(Path::new(&dir));
@@ -445,6 +447,8 @@ fn full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored() {
         .args([
             "--exact",
             "full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored",
+            // The test is #[ignore]d: without this the child would run nothing.
+            "--include-ignored",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -56,6 +56,23 @@ pub fn vm_kernel() -> Option<String> {
     }
 }
 
+/// The kernel release for a VM-only test (named `vm_only_*`, `#[ignore]`d): these change
+/// guest-wide state (the TAI offset, qdiscs) or need what only the stock kernels of the VM
+/// tier are known to have (fentry, netem).
+///
+/// # Panics
+/// Outside the VM runner, so that `--include-ignored` on a host fails loudly instead of
+/// changing the host or passing without testing anything; leave these tests out on a host
+/// with `--skip vm_only_`.
+pub fn require_vm() -> String {
+    vm_kernel().unwrap_or_else(|| {
+        panic!(
+            "VM-only test: run it with tests/vm/run-vm-tests.sh (TAILTRAP_IN_VM=1), \
+             or leave it out here with `--skip vm_only_`"
+        )
+    })
+}
+
 /// The attach method the probes are expected to use here, from `TAILTRAP_EXPECT_ATTACH`
 /// (the VM runner sets `fentry`; `None` when unset, e.g. on the development host where the
 /// kernel decides).

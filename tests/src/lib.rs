@@ -13,7 +13,8 @@
 //!
 //! The test binaries of this crate run on the host kernel (`cargo test`) and, through
 //! `tests/vm/run-vm-tests.sh`, on stock kernels under qemu; [`vm_kernel`] and
-//! [`expected_attach`] tell a test where it runs.
+//! [`expected_attach`] tell a test where it runs, and [`require_vm`] guards the tests that
+//! must run only there. Tests needing root are `#[ignore]`d (docs/testing.md has the tiers).
 #![deny(missing_docs)]
 
 mod bins;
@@ -26,7 +27,7 @@ mod prometheus;
 mod traffic;
 mod veth;
 
-pub use bins::{expected_attach, tailtrap_bin, traffic_bin, vm_kernel};
+pub use bins::{expected_attach, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
 pub use cgroup::Cgroup;
 pub use daemon::{cli, cli_json, Daemon, ScratchDir};
 pub use error::{Error, Result};

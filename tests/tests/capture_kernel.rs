@@ -54,6 +54,7 @@ fn drain(reader: &CaptureReader, wait: Duration) -> Vec<CaptureRecord> {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn armed_service_records_slow_reads_with_flow_cgroup_and_reader_process() {
     let (cgroup, srv, mut set) = slow_service("tt-capture-armed");
     let slot = set
@@ -115,6 +116,7 @@ fn armed_service_records_slow_reads_with_flow_cgroup_and_reader_process() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn nothing_is_recorded_while_disarmed() {
     let (_cgroup, srv, mut set) = slow_service("tt-capture-disarmed");
     let slot = set.service_slot("slow").unwrap().unwrap();
@@ -135,6 +137,7 @@ fn nothing_is_recorded_while_disarmed() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn rate_limit_caps_records_and_counts_the_rest() {
     let (_cgroup, srv, mut set) = slow_service("tt-capture-rate");
     srv.set_read_delay(Duration::ZERO).unwrap();
@@ -170,6 +173,7 @@ fn rate_limit_caps_records_and_counts_the_rest() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn flight_recorder_uses_its_own_threshold_and_marks_its_records() {
     let (_cgroup, srv, mut set) = slow_service("tt-capture-flight");
     let slot = set.service_slot("slow").unwrap().unwrap();

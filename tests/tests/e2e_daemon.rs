@@ -17,17 +17,18 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    cli, cli_json, run_client, tailtrap_bin, vm_kernel, ClientOpts, Daemon, Proto, ScratchDir,
-    ServerOpts, TcpServer, UdpServer,
+    cli, cli_json, require_vm, run_client, tailtrap_bin, vm_kernel, ClientOpts, Daemon, Proto,
+    ScratchDir, ServerOpts, TcpServer, UdpServer,
 };
 
-/// The pwru session's deadline: the stand-in is a bash script, and under qemu's software
-/// emulation it takes several seconds just to start, so the VM runs give it longer.
+/// The pwru session's deadline, a bound only: sessions end at their output limit, well
+/// before it. The stand-in is a bash script, which under qemu's software emulation, or on a
+/// busy machine, takes seconds just to start.
 fn pwru_deadline() -> Duration {
     if vm_kernel().is_some() {
-        Duration::from_secs(20)
+        Duration::from_secs(60)
     } else {
-        Duration::from_secs(4)
+        Duration::from_secs(30)
     }
 }
 
@@ -80,6 +81,19 @@ fn incidents_of(config: &Path, service: &str) -> Vec<Value> {
     v["incidents"].as_array().cloned().unwrap_or_default()
 }
 
+fn id_of(incident: &Value) -> u64 {
+    incident["id"].as_u64().unwrap()
+}
+
+/// The stored samples of incident `id`.
+fn samples_of(config: &Path, id: u64) -> Vec<Value> {
+    let (v, _) = cli_json(
+        config,
+        &["samples", &id.to_string(), "--json", "--limit", "10000"],
+    );
+    v["samples"].as_array().cloned().unwrap_or_default()
+}
+
 /// An echo server of either protocol.
 enum Server {
     Tcp(TcpServer),
@@ -116,12 +130,17 @@ impl Server {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn tcp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
     slow_reader_scenario(Proto::Tcp);
 }
 
+/// udp-socket-read exists only as fentry: BTF tracepoints have no stand-in for it, so this
+/// runs where fentry is known to work, the stock kernels of the VM tier.
 #[test]
-fn udp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
+#[ignore = "VM only: udp-socket-read needs fentry (stock kernel); run by tests/vm/run-vm-tests.sh"]
+fn vm_only_udp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
+    require_vm();
     slow_reader_scenario(Proto::Udp);
 }
 
@@ -188,6 +207,12 @@ flight_threshold = "5ms"
 binary = "{pwru}"
 runtime_dir = "{dir}/run"
 deadline = "{pwru_deadline}s"
+# The stand-in stops by itself after this many of its 52 lines: a session takes about a
+# second, so a session for another incident rarely keeps this one's busy.
+output_limit_lines = 20
+# A busy machine can take seconds to run the stand-in's SIGTERM handler (when a session
+# does reach its deadline); the grace must not be what the test measures.
+kill_grace = "30s"
 cooldown = "1s"
 "#,
             dir = dir.display(),
@@ -220,12 +245,12 @@ cooldown = "1s"
         .find(|p| p["probe"] == read_probe)
         .map(|p| p["method"].as_str().unwrap_or_default().to_owned())
         .unwrap_or_default();
-    if read_method.starts_with("unavailable") {
-        // 6.18 without BPF trampolines has no stand-in for the UDP read probe; the stock
-        // kernels under qemu (fentry) run this case.
-        eprintln!("skipped here: {read_probe} is {read_method}");
-        return;
-    }
+    // Where the read probe cannot attach, the scenario has nothing to watch: that is a
+    // failure, not a pass (the UDP case runs only where fentry works).
+    assert!(
+        !read_method.is_empty() && !read_method.starts_with("unavailable"),
+        "{read_probe} is {read_method:?}: {status}"
+    );
 
     // Fast reads until both baselines are warm.
     let _quiet_traffic = Traffic::start(quiet.addr(), proto);
@@ -243,16 +268,41 @@ cooldown = "1s"
         };
         (warm("slow") && warm("quiet")).then_some(())
     });
-    assert!(incidents_of(&config, "slow").is_empty());
+
+    // A busy machine moves fast loopback reads on its own, which may open incidents on
+    // either service before the slowdown: that is the detector doing its job. The slowdown
+    // starts once none is open and no pwru session runs; the incident under test is the
+    // first one opened after it.
+    let before: Vec<u64> = daemon.wait_for(
+        Duration::from_secs(60),
+        "no open incident and no pwru session",
+        || {
+            let (s, _) = cli_json(&config, &["status", "--json"]);
+            let slow_incidents = incidents_of(&config, "slow");
+            let calm = s["pwru"]["busy"] == false
+                && slow_incidents
+                    .iter()
+                    .chain(&incidents_of(&config, "quiet"))
+                    .all(|i| i["state"] == "closed");
+            calm.then(|| slow_incidents.iter().map(id_of).collect())
+        },
+    );
+    if !before.is_empty() {
+        eprintln!("incidents on `slow` before its slowdown (machine noise): {before:?}");
+        // Past the pwru cooldown (1 s) of their sessions, so the next one runs.
+        std::thread::sleep(Duration::from_secs(1));
+    }
 
     // The application now sleeps 20 ms before each read.
     slow.set_read_delay(Duration::from_millis(20));
     let opened = Instant::now();
     let incident = daemon.wait_for(Duration::from_secs(30), "an incident on `slow`", || {
-        incidents_of(&config, "slow").into_iter().next()
+        incidents_of(&config, "slow")
+            .into_iter()
+            .find(|i| !before.contains(&id_of(i)))
     });
     eprintln!("incident opened {:?} after the slowdown", opened.elapsed());
-    let id = incident["id"].as_u64().unwrap();
+    let id = id_of(&incident);
     let probes: Vec<&str> = incident["probes"]
         .as_array()
         .unwrap()
@@ -310,16 +360,14 @@ cooldown = "1s"
     assert!(text.contains("application read delay"), "{text}");
     eprintln!("$ tailtrap incidents show {id}\n{text}");
     // Samples: the service's port, above the armed threshold, some from before the trigger.
-    let (samples, _) = cli_json(
-        &config,
-        &["samples", &id.to_string(), "--json", "--limit", "10000"],
-    );
-    let samples = samples["samples"].as_array().unwrap().clone();
-    assert!(
-        !samples.is_empty(),
-        "no samples stored; daemon log:\n{}",
-        daemon.log()
-    );
+    // They are stored in batches while the incident is open, so they are waited for: the
+    // pwru session is no clock for them.
+    let is_armed =
+        |s: &Value| s["probe"] == read_probe && s["flags"].as_array().is_some_and(|f| f.is_empty());
+    let samples = daemon.wait_for(Duration::from_secs(30), "armed samples stored", || {
+        let samples = samples_of(&config, id);
+        samples.iter().any(is_armed).then_some(samples)
+    });
     assert!(samples.iter().all(|s| s["flow"]["dport"] == slow_port));
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert!(
@@ -330,11 +378,7 @@ cooldown = "1s"
         status["capture"],
         daemon.log()
     );
-    let armed: Vec<&Value> = samples
-        .iter()
-        .filter(|s| s["probe"] == read_probe && s["flags"].as_array().is_some_and(|f| f.is_empty()))
-        .collect();
-    assert!(!armed.is_empty());
+    let armed: Vec<&Value> = samples.iter().filter(|s| is_armed(s)).collect();
     assert!(
         armed
             .iter()
@@ -349,11 +393,24 @@ cooldown = "1s"
         (v["incident"]["state"] == "closed").then_some(())
     });
     drop(slow_traffic);
-    let quiet_incidents = incidents_of(&config, "quiet");
-    assert!(
-        quiet_incidents.is_empty(),
-        "the quiet service had an incident: {quiet_incidents:#?}"
-    );
+    // The quiet service may have had incidents of its own on a busy machine; what must
+    // hold is that the slow service's packets never counted as its: every sample it
+    // caught is its own.
+    for quiet_incident in incidents_of(&config, "quiet") {
+        let quiet_id = id_of(&quiet_incident);
+        eprintln!(
+            "the quiet service had incident {quiet_id} (machine noise): probes {}, evidence {}",
+            quiet_incident["probes"], quiet_incident["evidence_json"]
+        );
+        let foreign: Vec<Value> = samples_of(&config, quiet_id)
+            .into_iter()
+            .filter(|s| s["flow"]["dport"] != quiet_port)
+            .collect();
+        assert!(
+            foreign.is_empty(),
+            "incident {quiet_id} of `quiet` holds other ports' samples: {foreign:#?}"
+        );
+    }
 
     // SIGKILL: the incident is still there, read from the database directly ...
     let mut daemon = daemon;

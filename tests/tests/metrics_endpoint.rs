@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tailtrap_tests::{cli_json, http_get, tailtrap_bin, vm_kernel, Daemon, ScratchDir};
+use tailtrap_tests::{cli_json, http_get, tailtrap_bin, Daemon, ScratchDir};
 
 fn config(dir: &Path, listen: &str) -> std::path::PathBuf {
     let path = dir.join("tailtrap.toml");
@@ -74,13 +74,11 @@ fn a_bad_listen_address_stops_the_start_before_anything_is_loaded() {
 
 /// Ten seconds of 50 connections that never send a byte and four threads scraping as fast
 /// as they can: the interval loop keeps its pace, and a normal scrape still answers.
+// Host tier only (timing under qemu's software emulation says nothing about the daemon):
+// tests/vm/run-vm-tests.sh leaves this executable out (HOST_ONLY).
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn hanging_and_flooding_scrapers_do_not_slow_the_interval_loop() {
-    if let Some(kernel) = vm_kernel() {
-        // Timing under qemu's software emulation says nothing about the daemon.
-        eprintln!("skipped on {kernel}: a timing test, host only");
-        return;
-    }
     let scratch = ScratchDir::new("metrics-flood").unwrap();
     let dir = scratch.path();
     let path = config(dir, "127.0.0.1:0");

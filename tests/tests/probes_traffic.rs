@@ -54,6 +54,7 @@ fn every_attached_probe_sees(peers: &[SocketAddr], netns: Option<&Netns>) {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn loopback_tcp_and_udp_v4_and_v6_reach_every_attached_probe() {
     every_attached_probe_sees(
         &[
@@ -65,6 +66,7 @@ fn loopback_tcp_and_udp_v4_and_v6_reach_every_attached_probe() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn veth_into_a_netns_v4_and_v6_reaches_every_attached_probe() {
     let ns = Netns::new("tt-probes").unwrap();
     let veth = VethPair::new(&ns).unwrap();
@@ -78,6 +80,7 @@ fn veth_into_a_netns_v4_and_v6_reaches_every_attached_probe() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_reader_sleeping_20ms_shows_in_tcp_socket_read_but_not_tcp_start() {
     let tcp = TcpServer::spawn(server(
         (Ipv4Addr::LOCALHOST, 0).into(),
@@ -120,6 +123,7 @@ fn a_reader_sleeping_20ms_shows_in_tcp_socket_read_but_not_tcp_start() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
     let cg_slow = Cgroup::create("tt-svc-slow").unwrap();
     let cg_fast = Cgroup::create("tt-svc-fast").unwrap();
@@ -163,6 +167,7 @@ fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn without_services_sockets_group_by_their_cgroup_up_to_the_limit() {
     let cg_a = Cgroup::create("tt-auto-a").unwrap();
     let cg_b = Cgroup::create("tt-auto-b").unwrap();
@@ -200,6 +205,7 @@ fn without_services_sockets_group_by_their_cgroup_up_to_the_limit() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_tiny_histogram_map_reports_drops() {
     let mut probes = load(&ProbeConfig {
         hist_map_entries: Some(1),
@@ -223,6 +229,7 @@ fn a_tiny_histogram_map_reports_drops() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn disabled_probes_stay_off_and_all_disabled_is_an_error() {
     let mut config = ProbeConfig::default();
     config.enabled.insert(Probe::TcpSocketRead, false);
@@ -248,6 +255,7 @@ fn disabled_probes_stay_off_and_all_disabled_is_an_error() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_missing_service_cgroup_is_named_in_the_error() {
     let config = ProbeConfig {
         services: vec![bpf::ServiceSpec {
@@ -267,6 +275,7 @@ fn a_missing_service_cgroup_is_named_in_the_error() {
 }
 
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn tailtrap_hist_prints_one_json_object_per_interval() {
     let out = Command::new(tailtrap_bin())
         .args(["hist", "--json", "--count", "2", "--interval", "300ms"])
@@ -314,6 +323,7 @@ fn tailtrap_hist_rejects_a_bad_config_with_its_place() {
 }
 
 #[test]
+#[ignore = "needs root (to drop it with setpriv): run as root with --include-ignored"]
 fn tailtrap_hist_without_root_says_it_needs_root() {
     // setpriv (util-linux) drops to nobody with no capabilities left.
     let out = Command::new("setpriv")

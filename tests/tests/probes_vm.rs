@@ -1,6 +1,8 @@
 //! Probe cases that only make sense inside the qemu guests of the VM runner
 //! (`TAILTRAP_IN_VM=1`): they change guest-wide clock and qdisc state, or depend on a stock
-//! kernel's layout. On the host every case prints that it is skipped and passes.
+//! kernel's layout. Each is `#[ignore]`d and named `vm_only_*`: the VM runner runs them
+//! with `--include-ignored`; a host run leaves them out with `--skip vm_only_`, and one that
+//! does not fails in [`require_vm`] rather than touching the host's clock.
 
 // Tests may unwrap: a panic with the error is the report.
 #![allow(clippy::unwrap_used)]
@@ -13,18 +15,9 @@ use std::time::Duration;
 use bpf::ProbeConfig;
 use model::Probe;
 use probes_support::{all_services, attached, client, load, q, server};
-use tailtrap_tests::{run_client, vm_kernel, Netns, Proto, TcpServer, UdpServer, VethPair};
+use tailtrap_tests::{require_vm, run_client, Netns, Proto, TcpServer, UdpServer, VethPair};
 
 const MS: u64 = 1_000_000;
-
-/// The guest's kernel release, or `None` after printing why the case is skipped.
-fn in_vm(case: &str) -> Option<String> {
-    let kernel = vm_kernel();
-    if kernel.is_none() {
-        println!("{case}: skipped (runs only in the VM runner, TAILTRAP_IN_VM=1)");
-    }
-    kernel
-}
 
 /// Loopback and veth TCP/UDP, then every attached probe must report sub-second latencies
 /// and almost no future stamps.
@@ -64,10 +57,9 @@ fn traffic_gives_sane_latencies(context: &str) {
 }
 
 #[test]
-fn the_kernels_timestamp_layout_gives_sane_latencies() {
-    let Some(kernel) = in_vm("timestamp layout") else {
-        return;
-    };
+#[ignore = "VM only: a stock kernel's skb timestamp layout; run by tests/vm/run-vm-tests.sh"]
+fn vm_only_the_kernels_timestamp_layout_gives_sane_latencies() {
+    let kernel = require_vm();
     // 6.1 has the 1-bit mono_delivery_time, 6.12 the 2-bit tstamp_type.
     traffic_gives_sane_latencies(&format!("kernel {kernel}"));
 }
@@ -99,19 +91,17 @@ impl Drop for RestoreTai {
 }
 
 #[test]
-fn a_tai_offset_of_37s_keeps_latencies_sane() {
-    if in_vm("TAI offset").is_none() {
-        return;
-    }
+#[ignore = "VM only: sets the machine's TAI offset; run by tests/vm/run-vm-tests.sh"]
+fn vm_only_a_tai_offset_of_37s_keeps_latencies_sane() {
+    require_vm();
     let _restore = RestoreTai(set_tai_offset(37));
     traffic_gives_sane_latencies("TAI offset 37 s");
 }
 
 #[test]
-fn netem_reordering_is_excluded_from_tcp_socket_read_only_with_the_hol_filter() {
-    if in_vm("HOL filter").is_none() {
-        return;
-    }
+#[ignore = "VM only: needs netem (stock kernel); run by tests/vm/run-vm-tests.sh"]
+fn vm_only_netem_reordering_is_excluded_from_tcp_socket_read_only_with_the_hol_filter() {
+    require_vm();
     let ns = Netns::new("tt-hol").unwrap();
     let veth = VethPair::new(&ns).unwrap();
     // A quarter of the packets go at once, the rest 10 ms later: later segments overtake

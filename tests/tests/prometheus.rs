@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    cli_json, find_on_path, http_get, run_client, vm_kernel, ClientOpts, Daemon, Prometheus, Proto,
+    cli_json, find_on_path, http_get, run_client, ClientOpts, Daemon, Prometheus, Proto,
     ScratchDir, ServerOpts, TcpServer,
 };
 
@@ -137,12 +137,10 @@ fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
     out
 }
 
+// Host tier only: tests/vm/run-vm-tests.sh leaves this executable out (HOST_ONLY).
 #[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn prometheus_scrapes_histograms_incidents_and_every_dashboard_query() {
-    if let Some(kernel) = vm_kernel() {
-        eprintln!("skipped on {kernel}: the Prometheus test runs on the host tier");
-        return;
-    }
     // The packaged rules first: they need nothing running.
     promtool(
         &["check", "rules", "packaging/prometheus/tailtrap-alerts.yml"],

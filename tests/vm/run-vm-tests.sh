@@ -7,8 +7,9 @@
 #   2. builds on the host: `cargo build --bins` (the e2e tests run the tailtrap binary) and
 #      `cargo test --workspace --no-run`, taking tailtrap-tests' executables from cargo's JSON,
 #   3. per kernel and test executable: one VM boot (run-in-vm.sh) running the executable with
-#      --test-threads=1 and TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry
-#      TAILTRAP_KERNEL=<release>, so a hang or crash affects that executable only.
+#      --test-threads=1 --include-ignored (the guest is root, and the vm_only_* tests are
+#      for it) and TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry TAILTRAP_KERNEL=<release>,
+#      so a hang or crash affects that executable only.
 # Prints a summary per kernel; the last line is "N passed, N failed" over all test cases.
 # Exit status 0 only if every executable ran and passed on every kernel.
 #
@@ -59,9 +60,17 @@ mapfile -t executables < <(printf '%s\n' "$json" |
     grep '"reason":"compiler-artifact"' | grep '#tailtrap-tests@' | grep '"kind":\["test"\]' | grep '"test":true' |
     grep -o '"executable":"[^"]*"' | sed 's/^"executable":"//; s/"$//' | sort)
 [ ${#executables[@]} -gt 0 ] || die "cargo reported no test executables"
+# Host-tier executables: a real Prometheus (not in the guest) and scrape timing (meaningless
+# under software emulation). They run in scripts/test's host step.
+HOST_ONLY=(prometheus metrics_endpoint)
 tests=()
 for exe in "${executables[@]}"; do
     name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash
+    host_only=0; for h in "${HOST_ONLY[@]}"; do [ "$h" = "$name" ] && host_only=1; done
+    if [ $host_only = 1 ]; then
+        echo "run-vm-tests: $name: host tier only, not run in the guests" >&2
+        continue
+    fi
     if [ ${#only[@]} -gt 0 ]; then
         keep=0; for o in "${only[@]}"; do [ "$o" = "$name" ] && keep=1; done
         [ $keep = 1 ] || continue
@@ -87,7 +96,7 @@ for s in "${series[@]}"; do
         echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
         start=$(date +%s)
         # cargo runs integration tests from the package directory; do the same.
-        (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 "${extra[@]}") 2>&1 |
+        (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 --include-ignored "${extra[@]}") 2>&1 |
             tee "$log"
         rc=${PIPESTATUS[0]}
         secs=$(( $(date +%s) - start ))
