@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder};
 use model::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue, Transport};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::loader::ProbeSet;
 use crate::skel::types;
@@ -85,7 +85,7 @@ impl Default for CaptureLimits {
 }
 
 /// Capture counters kept in the kernel, summed over CPUs, since the probes were loaded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureCounters {
     /// Armed-capture records written to the ring buffer.
     pub emitted: u64,

@@ -35,5 +35,7 @@ pub use netns::Netns;
 pub use prometheus::{
     find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
 };
-pub use traffic::{run_client, ClientOpts, ClientStats, Proto, ServerOpts, TcpServer, UdpServer};
+pub use traffic::{
+    run_client, ClientOpts, ClientStats, LoopingClient, Proto, ServerOpts, TcpServer, UdpServer,
+};
 pub use veth::VethPair;

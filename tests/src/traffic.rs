@@ -5,8 +5,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -299,4 +300,45 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<St
         }
         text
     })
+}
+
+/// A client looping fast exchanges (100 messages of 100 bytes, 2 ms apart) against `target`
+/// on a thread until dropped: steady background traffic for daemon tests. Errors (a server
+/// killed at the end) just end a round.
+pub struct LoopingClient {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl LoopingClient {
+    /// Start looping against `target` over `proto`.
+    pub fn start(target: SocketAddr, proto: Proto) -> LoopingClient {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                let _ = run_client(ClientOpts {
+                    target,
+                    netns: None,
+                    proto,
+                    messages: 100,
+                    size: 100,
+                    pause: Duration::from_millis(2),
+                });
+            }
+        });
+        LoopingClient {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for LoopingClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

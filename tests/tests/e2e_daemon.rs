@@ -9,16 +9,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    cli, cli_json, require_vm, run_client, tailtrap_bin, vm_kernel, ClientOpts, Daemon, Proto,
-    ScratchDir, ServerOpts, TcpServer, UdpServer,
+    cli, cli_json, require_vm, tailtrap_bin, vm_kernel, Daemon, LoopingClient, Proto, ScratchDir,
+    ServerOpts, TcpServer, UdpServer,
 };
 
 /// The pwru session's deadline, a bound only: sessions end at their output limit, well
@@ -35,45 +32,6 @@ fn pwru_deadline() -> Duration {
 /// The pwru stand-in of the capture crate (honours pwru 1.0.12's CLI, prints real JSON).
 fn fake_pwru() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
-}
-
-/// Loops a fast TCP client against `target` until stopped.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(target: SocketAddr, proto: Proto) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                // Errors (a server being killed at the end) just end this round.
-                let _ = run_client(ClientOpts {
-                    target,
-                    netns: None,
-                    proto,
-                    messages: 100,
-                    size: 100,
-                    pause: Duration::from_millis(2),
-                });
-            }
-        });
-        Traffic {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 fn incidents_of(config: &Path, service: &str) -> Vec<Value> {
@@ -253,8 +211,8 @@ cooldown = "1s"
     );
 
     // Fast reads until both baselines are warm.
-    let _quiet_traffic = Traffic::start(quiet.addr(), proto);
-    let slow_traffic = Traffic::start(slow.addr(), proto);
+    let _quiet_traffic = LoopingClient::start(quiet.addr(), proto);
+    let slow_traffic = LoopingClient::start(slow.addr(), proto);
     daemon.wait_for(Duration::from_secs(60), "warm baselines", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
         let warm = |svc: &str| {

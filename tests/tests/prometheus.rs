@@ -13,59 +13,18 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    cli_json, find_on_path, http_get, run_client, ClientOpts, Daemon, Prometheus, Proto,
-    ScratchDir, ServerOpts, TcpServer,
+    cli_json, find_on_path, http_get, Daemon, LoopingClient, Prometheus, Proto, ScratchDir,
+    ServerOpts, TcpServer,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// A TCP client looping against `target` until dropped.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(target: SocketAddr) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                let _ = run_client(ClientOpts {
-                    target,
-                    netns: None,
-                    proto: Proto::Tcp,
-                    messages: 100,
-                    size: 100,
-                    pause: Duration::from_millis(2),
-                });
-            }
-        });
-        Traffic {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// The value of a one-element instant-query result.
@@ -244,8 +203,8 @@ cooldown = "1s"
     };
 
     // Fast reads until both services' baselines are warm.
-    let _quiet_traffic = Traffic::start(quiet.addr());
-    let _slow_traffic = Traffic::start(slow.addr());
+    let _quiet_traffic = LoopingClient::start(quiet.addr(), Proto::Tcp);
+    let _slow_traffic = LoopingClient::start(slow.addr(), Proto::Tcp);
     daemon.wait_for(Duration::from_secs(60), "warm baselines", || {
         let s = status();
         let warm = |svc: &str| {

@@ -176,18 +176,10 @@ pub struct CaptureReport {
 /// flight recorder) and the records lost between the reader thread and the daemon.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureCounts {
-    /// Armed-capture records written to the ring buffer.
-    pub emitted: u64,
-    /// Armed-capture records lost to a full ring buffer.
-    pub ring_full: u64,
-    /// Armed-capture records not made because of the rate limit.
-    pub rate_limited: u64,
-    /// Flight-recorder records written to the ring buffer.
-    pub flight_emitted: u64,
-    /// Flight-recorder records lost to a full ring buffer.
-    pub flight_ring_full: u64,
-    /// Flight-recorder records not made because of its rate limit.
-    pub flight_rate_limited: u64,
+    /// The kernel's counts (same JSON fields: `emitted`, `ring_full`, `rate_limited` and their
+    /// `flight_` counterparts).
+    #[serde(flatten)]
+    pub kernel: bpf::CaptureCounters,
     /// Records read from the ring buffer but lost before the daemon took them.
     pub user_space_lost: u64,
 }

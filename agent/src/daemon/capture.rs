@@ -359,12 +359,7 @@ impl CaptureController {
             armed: active.armed.values().map(|a| a.service.clone()).collect(),
             flight_samples: active.flight.len() as u64,
             counters: CaptureCounts {
-                emitted: k.emitted,
-                ring_full: k.ring_full,
-                rate_limited: k.rate_limited,
-                flight_emitted: k.flight_emitted,
-                flight_ring_full: k.flight_ring_full,
-                flight_rate_limited: k.flight_rate_limited,
+                kernel: k,
                 user_space_lost: overflow,
             },
         }

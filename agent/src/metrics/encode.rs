@@ -426,7 +426,8 @@ impl Collector for View {
             ),
             c.armed.iter().map(|s| (vec![("service", s.as_str())], 1.0)),
         )?;
-        let n = &c.counters;
+        let n = &c.counters.kernel;
+        let user_space_lost = c.counters.user_space_lost;
         let recorder = |r: &'static str| vec![("recorder", r)];
         values(
             &mut enc,
@@ -470,7 +471,7 @@ impl Collector for View {
                 ),
                 (
                     vec![("recorder", "all"), ("reason", "user_queue_full")],
-                    n.user_space_lost as f64,
+                    user_space_lost as f64,
                 ),
             ],
         )?;
