@@ -13,7 +13,7 @@ use bpf::{
 use capture::pwru::{PwruConfig, SessionRequest};
 use capture::CaptureConfig;
 use detector::{Detector, DetectorConfig, Thresholds};
-use model::{Comm, Flow, Sample, SampleFlags, Transport};
+use model::Sample;
 use model::{Histogram, Probe};
 use storage::{CaptureState, IncidentState, PwruState, SampleFilter, Store, StoreConfig};
 
@@ -284,29 +284,15 @@ impl Harness {
 }
 
 fn sample(time_ns: u64, latency_ns: u64, src: &str) -> Sample {
-    Sample {
-        time_ns,
-        incident: 0,
-        probe: HOT,
-        latency_ns,
-        flow: Flow {
-            transport: Transport::Tcp,
-            src: src.parse::<IpAddr>().unwrap(),
-            sport: 40000,
-            dst: "10.0.0.1".parse().unwrap(),
-            dport: PORT,
-        },
-        cgroup_id: 0,
-        pid: None,
-        comm: Comm::default(),
-        cpu: 0,
-        ifindex: 0,
-        netns_ino: 0,
-        skb_len: 100,
-        socket_queue: None,
-        tcp_seq: None,
-        flags: SampleFlags::empty(),
-    }
+    // The shared builder with what this scenario checks: the hot probe, the latency, the peer
+    // and the service's port; no pre-trigger flag (the daemon sets it).
+    let mut s = model::fixtures::sample(0, 10, time_ns);
+    s.probe = HOT;
+    s.latency_ns = latency_ns;
+    s.flow.src = src.parse::<IpAddr>().unwrap();
+    s.flow.dst = "10.0.0.1".parse().unwrap();
+    s.flow.dport = PORT;
+    s
 }
 
 /// The baseline's p99 bucket bound of the quiet traffic: what capture arms at.
