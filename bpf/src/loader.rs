@@ -772,8 +772,13 @@ fn set_autoload(open: &mut OpenProbesSkel<'_>, programs: &[&str]) -> Result<(), 
         let name = prog.name().to_string_lossy().into_owned();
         let on = programs.contains(&name.as_str());
         prog.set_autoload(on);
-        if let Some(target) = crate::probes::target_of(&name) {
-            prog.set_attach_target(0, Some(target.to_owned()))?;
+        // Only for programs that load: libbpf resolves the target in the running kernel's
+        // BTF at once, and the unused variants may name what this kernel lacks (6.1 has no
+        // sk_data_ready tracepoint).
+        if on {
+            if let Some(target) = crate::probes::target_of(&name) {
+                prog.set_attach_target(0, Some(target.to_owned()))?;
+            }
         }
     }
     Ok(())
