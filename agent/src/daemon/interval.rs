@@ -177,13 +177,16 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             intervals,
         );
         let prog_stats = (intervals % PROG_STATS_EVERY == 1).then(|| self.kernel.prog_stats());
+        // Built before taking the lock: it reads a BPF map, and scrapes and status requests
+        // wait on that lock.
+        let capture = self.capture.report(&mut self.kernel);
         {
             let mut status = lock(&self.status);
             status.intervals = intervals;
             status.latency = latency;
             status.kernel_counters = KernelCounters::from(counters);
             status.open_incidents = self.incidents.open_summaries();
-            status.capture = self.capture.report(&mut self.kernel);
+            status.capture = capture;
             if let Some(stats) = prog_stats {
                 status.set_prog_stats(stats);
             }
