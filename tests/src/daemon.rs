@@ -210,3 +210,15 @@ pub fn cli_json(config: &Path, args: &[&str]) -> (Value, String) {
         .unwrap_or_else(|e| panic!("tailtrap {args:?}: not JSON ({e}): {:?}", out.stdout));
     (v, stderr)
 }
+
+/// Whether a `tailtrap status --json` report shows a learned p99 baseline at `probe` for
+/// every one of `services`: what the daemon tests wait for before injecting a slowdown.
+pub fn baselines_warm(status: &Value, probe: &str, services: &[&str]) -> bool {
+    services.iter().all(|svc| {
+        status["latency"].as_array().is_some_and(|rows| {
+            rows.iter().any(|r| {
+                r["service"] == *svc && r["probe"] == probe && r["baseline_p99_ns"].is_number()
+            })
+        })
+    })
+}

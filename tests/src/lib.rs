@@ -29,7 +29,7 @@ mod veth;
 
 pub use bins::{expected_attach, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
 pub use cgroup::Cgroup;
-pub use daemon::{cli, cli_json, Daemon, ScratchDir};
+pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir};
 pub use error::{Error, Result};
 pub use netns::Netns;
 pub use prometheus::{

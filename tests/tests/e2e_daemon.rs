@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    cli, cli_json, require_vm, tailtrap_bin, vm_kernel, Daemon, LoopingClient, Proto, ScratchDir,
-    ServerOpts, TcpServer, UdpServer,
+    baselines_warm, cli, cli_json, require_vm, tailtrap_bin, vm_kernel, Daemon, LoopingClient,
+    Proto, ScratchDir, ServerOpts, TcpServer, UdpServer,
 };
 
 /// The pwru session's deadline, a bound only: sessions end at their output limit, well
@@ -215,16 +215,7 @@ cooldown = "1s"
     let slow_traffic = LoopingClient::start(slow.addr(), proto);
     daemon.wait_for(Duration::from_secs(60), "warm baselines", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
-        let warm = |svc: &str| {
-            s["latency"].as_array().is_some_and(|rows| {
-                rows.iter().any(|r| {
-                    r["service"] == svc
-                        && r["probe"] == read_probe
-                        && r["baseline_p99_ns"].is_number()
-                })
-            })
-        };
-        (warm("slow") && warm("quiet")).then_some(())
+        baselines_warm(&s, read_probe, &["slow", "quiet"]).then_some(())
     });
 
     // A busy machine moves fast loopback reads on its own, which may open incidents on

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    cli_json, find_on_path, http_get, Daemon, LoopingClient, Prometheus, Proto, ScratchDir,
-    ServerOpts, TcpServer,
+    baselines_warm, cli_json, find_on_path, http_get, Daemon, LoopingClient, Prometheus, Proto,
+    ScratchDir, ServerOpts, TcpServer,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
@@ -206,17 +206,7 @@ cooldown = "1s"
     let _quiet_traffic = LoopingClient::start(quiet.addr(), Proto::Tcp);
     let _slow_traffic = LoopingClient::start(slow.addr(), Proto::Tcp);
     daemon.wait_for(Duration::from_secs(60), "warm baselines", || {
-        let s = status();
-        let warm = |svc: &str| {
-            s["latency"].as_array().is_some_and(|rows| {
-                rows.iter().any(|r| {
-                    r["service"] == svc
-                        && r["probe"] == READ_PROBE
-                        && r["baseline_p99_ns"].is_number()
-                })
-            })
-        };
-        (warm("slow") && warm("quiet")).then_some(())
+        baselines_warm(&status(), READ_PROBE, &["slow", "quiet"]).then_some(())
     });
 
     // The histograms, per service, in Prometheus.
