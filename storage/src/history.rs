@@ -167,6 +167,57 @@ impl Store {
         })
     }
 
+    /// History of (service, probe) from `since_ns` to `until_ns` (inclusive) at history
+    /// level `level` (an index into [`crate::StoreConfig::history`], finest first), whatever
+    /// its retention.
+    pub fn history_at_level(
+        &self,
+        level: usize,
+        service: &str,
+        probe: Probe,
+        since_ns: u64,
+        until_ns: u64,
+    ) -> Result<HistorySeries> {
+        keys::check_service(service)?;
+        let Some(l) = self.cfg.history.get(level) else {
+            return Err(StoreError::Config {
+                key: "history".into(),
+                reason: format!(
+                    "no history level {level} (there are {})",
+                    self.cfg.history.len()
+                ),
+            });
+        };
+        let res = nanos(l.resolution).max(1);
+        let first = since_ns - since_ns % res;
+        // The level index fits a byte: config validation caps the number of levels.
+        let start = keys::history(level as u8, service, probe, first);
+        let end = keys::history(level as u8, service, probe, until_ns);
+        let points = self
+            .scan::<Histogram>(T::History, start..=end)?
+            .into_iter()
+            .filter_map(|(k, h)| keys::parse_history(&k).map(|(_, _, _, t)| (t, h)))
+            .collect();
+        Ok(HistorySeries {
+            service: service.to_string(),
+            probe,
+            resolution: l.resolution,
+            points,
+        })
+    }
+
+    /// Every (service, probe) with history at history level `level` (finest first).
+    pub fn history_streams_at(&self, level: usize) -> Result<Vec<(String, Probe)>> {
+        let Ok(level) = u8::try_from(level) else {
+            return Ok(Vec::new());
+        };
+        Ok(self
+            .history_stream_keys(level)?
+            .into_iter()
+            .filter_map(|p| keys::parse_service_probe(&p[1..]).map(|(s, pr, _)| (s, pr)))
+            .collect())
+    }
+
     /// Every (service, probe) with history at the finest level.
     pub fn history_streams(&self) -> Result<Vec<(String, Probe)>> {
         Ok(self

@@ -25,6 +25,7 @@ mod model;
 mod query;
 mod retention;
 mod store;
+mod verdict;
 
 pub use crate::model::{
     CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, NewIncident,
@@ -41,3 +42,4 @@ pub use query::{
 };
 pub use retention::{RetentionReport, RotationReport};
 pub use store::{OpenReport, Store, StoreStats, MAX_SAMPLE_BATCH, SCHEMA_VERSION};
+pub use verdict::{IncidentVerdict, Verdict, MAX_NOTE_BYTES};

@@ -1,7 +1,7 @@
 //! Read side: incidents by time/service/state, samples of an incident with filters and a
 //! summary, pwru records, and the one-incident export bundle.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::ops::Bound;
 use std::str::FromStr;
@@ -15,6 +15,7 @@ use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::model::{Incident, IncidentState, PwruRecord};
 use crate::store::{Store, T};
+use crate::verdict::IncidentVerdict;
 
 /// Most items one page returns, whatever the caller asks.
 pub const MAX_PAGE: usize = 10_000;
@@ -43,6 +44,9 @@ pub struct IncidentPage {
     pub incidents: Vec<Incident>,
     /// Pass as `before_id` for the next page; `None` when this was the last.
     pub next_before_id: Option<u64>,
+    /// Operators' verdicts on the incidents of this page that have one, by incident id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub verdicts: BTreeMap<u64, IncidentVerdict>,
 }
 
 /// A filter on the 5-tuple: every field given must match.
@@ -294,6 +298,9 @@ pub struct IncidentBundle {
     pub format: &'static str,
     /// The incident.
     pub incident: Incident,
+    /// The operator's verdict, if one was given (`tailtrap incidents mark`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<IncidentVerdict>,
     /// Summary of all its samples.
     pub summary: SampleSummary,
     /// All its samples, in time order.
@@ -338,9 +345,16 @@ impl Store {
             }
             out.push(inc);
         }
+        let mut verdicts = BTreeMap::new();
+        for inc in &out {
+            if let Some(v) = self.verdict(inc.id)? {
+                verdicts.insert(inc.id, v);
+            }
+        }
         Ok(IncidentPage {
             incidents: out,
             next_before_id: next,
+            verdicts,
         })
     }
 
@@ -518,6 +532,7 @@ impl Store {
         Ok(IncidentBundle {
             format: "tailtrap-incident/1",
             summary: SampleSummary::of(&samples),
+            verdict: self.verdict(inc.id)?,
             incident: inc,
             samples,
             pwru,

@@ -124,6 +124,7 @@ impl Store {
     fn delete_incident(&self, id: u64, rep: &mut RetentionReport) -> Result<()> {
         rep.samples += self.delete_prefix(T::Samples, &keys::incident(id), rep)?;
         rep.pwru += self.delete_prefix(T::Pwru, &keys::incident(id), rep)?;
+        rep.bytes_freed += self.remove_verdict(id)?;
         rep.bytes_freed += self.remove(T::Incidents, &keys::incident(id))?;
         rep.incidents += 1;
         Ok(())
