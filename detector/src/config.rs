@@ -167,6 +167,29 @@ impl Thresholds {
     }
 }
 
+impl Thresholds {
+    /// These thresholds for a replay of history recorded at `interval` (the daemon's) and
+    /// read back at a coarser `resolution`, so that the counted keys keep meaning time:
+    /// `open_after` of `open_window` and `close_after` count window evaluations, one per
+    /// point, so they are scaled by `interval / resolution` (rounded so a shift still has to
+    /// last at least as long, never below 1). Every other key is already a duration or a
+    /// sample count and is kept. A resolution no coarser than `interval` changes nothing.
+    pub fn at_resolution(&self, interval: Duration, resolution: Duration) -> Thresholds {
+        if resolution <= interval || interval.is_zero() {
+            return self.clone();
+        }
+        let factor = interval.as_secs_f64() / resolution.as_secs_f64();
+        let scale_up = |n: u32| ((f64::from(n) * factor).ceil() as u32).max(1);
+        let open_window = ((f64::from(self.open_window) * factor).round() as u32).max(1);
+        Thresholds {
+            open_window,
+            open_after: scale_up(self.open_after).min(open_window),
+            close_after: scale_up(self.close_after),
+            ..self.clone()
+        }
+    }
+}
+
 impl Validate for Thresholds {
     /// The rules between keys (single values are checked while parsing).
     fn validate(&self) -> Vec<KeyProblem> {
@@ -426,6 +449,38 @@ mod de {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counted_keys_keep_meaning_time_at_coarser_resolutions() {
+        let t = Thresholds {
+            open_after: 3,
+            open_window: 5,
+            close_after: 10,
+            ..Thresholds::default()
+        };
+        let s = Duration::from_secs;
+        let counts = |r: Thresholds| (r.open_after, r.open_window, r.close_after);
+        assert_eq!(counts(t.at_resolution(s(1), s(1))), (3, 5, 10));
+        assert_eq!(counts(t.at_resolution(s(1), s(2))), (2, 3, 5));
+        // 10 s points: one hot point is 10 s of shift, more than 3 s of 5.
+        assert_eq!(counts(t.at_resolution(s(1), s(10))), (1, 1, 1));
+        assert_eq!(counts(t.at_resolution(s(1), s(60))), (1, 1, 1));
+        let long = Thresholds {
+            open_after: 30,
+            open_window: 60,
+            close_after: 120,
+            ..t.clone()
+        };
+        assert_eq!(counts(long.at_resolution(s(1), s(10))), (3, 6, 12));
+        let r = long.at_resolution(s(1), s(10));
+        assert!(r.validate().is_empty());
+        assert_eq!(r.window, long.window);
+        // A 200 ms daemon read at 1 s.
+        assert_eq!(
+            counts(t.at_resolution(Duration::from_millis(200), s(1))),
+            (1, 1, 2)
+        );
+    }
 
     /// Read `[detector]` of a config file the way the daemon does: the table on its own,
     /// then its rules.
