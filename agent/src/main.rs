@@ -36,7 +36,7 @@ enum Command {
     Config(cmd::config::Command),
     /// The daemon's probes, services, latency against baseline, incidents, capture and cost.
     Status(cmd::status::Args),
-    /// List incidents, or show one (`incidents show ID`).
+    /// List incidents, show one (`incidents show ID`) or mark one (`incidents mark ID real`).
     Incidents(cmd::incidents::Args),
     /// An incident's slow-SKB samples.
     Samples(cmd::samples::Args),
@@ -46,6 +46,10 @@ enum Command {
     Export(cmd::export::Args),
     /// Load the probes and print live latency histograms per service and probe.
     Hist(cmd::hist::Args),
+    /// A service's stored histogram history, in the replay format or summarised.
+    History(cmd::history::Args),
+    /// Replay a service's stored history with candidate detector settings and compare.
+    Tune(cmd::tune::Args),
     /// Run the detector over a recorded histogram series (JSON Lines) and print incidents.
     Replay(cmd::replay::Args),
     /// Write a synthetic histogram series from a scenario file, for trying detector settings.
@@ -69,6 +73,8 @@ fn main() -> ExitCode {
         Command::Pwru(args) => cmd::pwru::run(args, verbose),
         Command::Export(args) => cmd::export::run(args, verbose),
         Command::Hist(args) => cmd::hist::run(args),
+        Command::History(args) => cmd::history::run(args, verbose),
+        Command::Tune(args) => cmd::tune::run(args, verbose),
         Command::Replay(args) => cmd::replay::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Db(c) => cmd::db::run(c),

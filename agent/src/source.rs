@@ -4,11 +4,13 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use storage::{IncidentPage, PwruRecord, SamplePage, Store};
+use storage::{IncidentPage, IncidentVerdict, PwruRecord, SamplePage, Store};
 
 use crate::api::client::Client;
-use crate::api::query::{self, IncidentsParams, PwruParams, SamplesParams};
-use crate::api::{IncidentView, StatusReport};
+use crate::api::query::{
+    self, HistoryParams, IncidentsParams, MarkParams, PwruParams, SamplesParams,
+};
+use crate::api::{HistoryAnswer, IncidentView, StatusReport};
 
 /// Options shared by the retrieval commands: how to find the daemon and its database.
 #[derive(clap::Args, Debug, Clone)]
@@ -29,8 +31,15 @@ pub struct Target {
 pub enum Source {
     /// A daemon answers on its socket.
     Api(Client),
-    /// No daemon: the database, opened read-only.
+    /// No daemon: the database, opened directly (only `incidents mark` writes to it).
     Db(Box<Store>),
+}
+
+impl Target {
+    /// The configuration file given with `--config`, if any.
+    pub fn config_path(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
+    }
 }
 
 impl Source {
@@ -102,6 +111,28 @@ impl Source {
         match self {
             Source::Api(c) => c.get(&format!("/v1/incidents/{id}/pwru"), p).await,
             Source::Db(s) => Ok(query::pwru(s, id, p)?),
+        }
+    }
+
+    /// One service's stored histogram history.
+    pub async fn history(&self, p: &HistoryParams) -> anyhow::Result<HistoryAnswer> {
+        match self {
+            Source::Api(c) => c.get("/v1/history", p).await,
+            Source::Db(s) => {
+                let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+                Ok(query::history(s, p, now)?)
+            }
+        }
+    }
+
+    /// Store the operator's verdict on incident `id`.
+    pub async fn mark(&self, id: u64, p: &MarkParams) -> anyhow::Result<IncidentVerdict> {
+        match self {
+            Source::Api(c) => c.post(&format!("/v1/incidents/{id}/verdict"), p).await,
+            Source::Db(s) => {
+                let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+                Ok(query::mark(s, id, p, now)?)
+            }
         }
     }
 

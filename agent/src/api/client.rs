@@ -41,6 +41,26 @@ impl Client {
 
     /// GET `path` with `params` as its query string; the body of a 200 answer.
     pub async fn get_raw<P: Serialize>(&self, path: &str, params: &P) -> anyhow::Result<Bytes> {
+        self.send(hyper::Method::GET, path, params).await
+    }
+
+    /// POST to `path` with `params` as its query string (no body) and decode the JSON
+    /// answer.
+    pub async fn post<T: DeserializeOwned, P: Serialize>(
+        &self,
+        path: &str,
+        params: &P,
+    ) -> anyhow::Result<T> {
+        let body = self.send(hyper::Method::POST, path, params).await?;
+        serde_json::from_slice(&body).with_context(|| format!("decoding the answer to {path}"))
+    }
+
+    async fn send<P: Serialize>(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        params: &P,
+    ) -> anyhow::Result<Bytes> {
         let query = serde_urlencoded::to_string(params).context("encoding the query")?;
         let uri = if query.is_empty() {
             path.to_owned()
@@ -54,14 +74,16 @@ impl Client {
             .await
             .context("HTTP handshake with the daemon")?;
         let driver = tokio::spawn(conn);
-        let request = Request::get(&uri)
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(&uri)
             .header(hyper::header::HOST, "tailtrap")
             .body(Empty::<Bytes>::new())
             .context("building the request")?;
         let response = sender
             .send_request(request)
             .await
-            .with_context(|| format!("GET {uri} from the daemon"))?;
+            .with_context(|| format!("{method} {uri} to the daemon"))?;
         let code = response.status();
         let body = response
             .into_body()

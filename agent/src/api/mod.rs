@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use capture::pwru::Prerequisites;
 use model::Probe;
 use serde::{Deserialize, Serialize};
-use storage::{Incident, SampleSummary};
+use storage::{Incident, IncidentVerdict, SampleSummary};
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -297,6 +297,34 @@ pub struct IncidentView {
     pub incident: Incident,
     /// Its samples, summarised.
     pub summary: SampleSummary,
+    /// The operator's verdict, if one was given (`tailtrap incidents mark`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<IncidentVerdict>,
+}
+
+/// `GET /v1/history`: one service's stored histogram history at one resolution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryAnswer {
+    /// The service.
+    pub service: String,
+    /// Width of each point.
+    #[serde(with = "humantime_serde")]
+    pub resolution: std::time::Duration,
+    /// The range asked for, ns since the epoch (inclusive).
+    pub from_ns: u64,
+    /// End of the range.
+    pub to_ns: u64,
+    /// One series per probe with points in the range, in probe order.
+    pub series: Vec<ProbeHistory>,
+}
+
+/// The points of one probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeHistory {
+    /// The probe.
+    pub probe: Probe,
+    /// `(start ns since the epoch, histogram)` in time order; empty points are absent.
+    pub points: Vec<(u64, model::Histogram)>,
 }
 
 /// The body of every error answer.

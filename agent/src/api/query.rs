@@ -8,7 +8,11 @@ use storage::{
     SamplePage, Store, StoreError,
 };
 
-use super::IncidentView;
+use std::time::Duration;
+
+use storage::{IncidentVerdict, Verdict};
+
+use super::{HistoryAnswer, IncidentView, ProbeHistory};
 
 /// Parameters of `GET /v1/incidents` (all optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +67,9 @@ pub enum QueryError {
     /// No such incident.
     #[error("no incident {0}")]
     NotFound(u64),
+    /// Nothing stored for what was asked (a service without history).
+    #[error("{0}")]
+    Missing(String),
     /// The store failed.
     #[error("{0}")]
     Store(StoreError),
@@ -93,7 +100,12 @@ pub fn incidents(store: &Store, p: &IncidentsParams) -> Result<IncidentPage, Que
 pub fn incident(store: &Store, id: u64) -> Result<IncidentView, QueryError> {
     let incident = store.incident(id)?.ok_or(QueryError::NotFound(id))?;
     let summary = store.sample_summary(id, &SampleFilter::default())?;
-    Ok(IncidentView { incident, summary })
+    let verdict = store.verdict(id)?;
+    Ok(IncidentView {
+        incident,
+        summary,
+        verdict,
+    })
 }
 
 /// A page of an incident's samples.
@@ -133,4 +145,139 @@ pub fn export(store: &Store, id: u64) -> Result<Vec<u8>, QueryError> {
     let bundle = store.export_incident(id)?;
     serde_json::to_vec_pretty(&bundle)
         .map_err(|e| QueryError::Store(StoreError::Engine(format!("encoding the export: {e}"))))
+}
+
+/// Parameters of `GET /v1/history`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryParams {
+    /// The service (required).
+    pub service: String,
+    /// Only this probe (default: every probe with history).
+    pub probe: Option<Probe>,
+    /// Start of the range, ns since the epoch (inclusive).
+    pub from_ns: u64,
+    /// End of the range, ns since the epoch (inclusive; 0: now).
+    pub to_ns: u64,
+    /// Resolution, ms: one of the stored levels (default: the finest whose retention
+    /// reaches `from_ns`).
+    pub resolution_ms: Option<u64>,
+}
+
+/// Parameters of `POST /v1/incidents/{id}/verdict`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MarkParams {
+    /// `real`, `false-alarm` or `expected`.
+    pub verdict: Verdict,
+    /// Free text.
+    #[serde(default)]
+    pub note: String,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One service's history, every probe (or one), at one resolution.
+pub fn history(store: &Store, p: &HistoryParams, now_ns: u64) -> Result<HistoryAnswer, QueryError> {
+    let to_ns = if p.to_ns == 0 { now_ns } else { p.to_ns };
+    if p.service.is_empty() {
+        return Err(QueryError::BadRequest("service is required".into()));
+    }
+    if p.from_ns >= to_ns {
+        return Err(QueryError::BadRequest(format!(
+            "empty time range: from {} is not before to {}",
+            crate::output::fmt_time(p.from_ns),
+            crate::output::fmt_time(to_ns)
+        )));
+    }
+    let levels = &store.config().history;
+    let level = match p.resolution_ms {
+        Some(ms) => levels
+            .iter()
+            .position(|l| l.resolution == Duration::from_millis(ms))
+            .ok_or_else(|| {
+                let have: Vec<String> = levels
+                    .iter()
+                    .map(|l| humantime::format_duration(l.resolution).to_string())
+                    .collect();
+                QueryError::BadRequest(format!(
+                    "no history is kept at a resolution of {} (kept: {})",
+                    humantime::format_duration(Duration::from_millis(ms)),
+                    have.join(", ")
+                ))
+            })?,
+        None => levels
+            .iter()
+            .position(|l| now_ns.saturating_sub(nanos(l.keep)) <= p.from_ns)
+            .unwrap_or(levels.len().saturating_sub(1)),
+    };
+    let streams = store.history_streams_at(level)?;
+    if streams.is_empty() {
+        return Err(QueryError::Missing(
+            "the database holds no histogram history at that resolution (the daemon records it every interval)".into(),
+        ));
+    }
+    let mut probes: Vec<Probe> = streams
+        .iter()
+        .filter(|(s, _)| *s == p.service)
+        .map(|&(_, probe)| probe)
+        .filter(|probe| p.probe.is_none_or(|want| want == *probe))
+        .collect();
+    probes.sort();
+    if probes.is_empty() {
+        let mut services: Vec<&str> = streams.iter().map(|(s, _)| s.as_str()).collect();
+        services.dedup();
+        let what = match p.probe {
+            Some(probe) => format!("service {:?} probe {probe}", p.service),
+            None => format!("service {:?}", p.service),
+        };
+        return Err(QueryError::Missing(format!(
+            "no history for {what} (services with history: {})",
+            services.join(", ")
+        )));
+    }
+    let mut series = Vec::new();
+    let mut resolution = Duration::ZERO;
+    for probe in probes {
+        let s = store.history_at_level(level, &p.service, probe, p.from_ns, to_ns)?;
+        resolution = s.resolution;
+        if !s.points.is_empty() {
+            series.push(ProbeHistory {
+                probe,
+                points: s.points,
+            });
+        }
+    }
+    Ok(HistoryAnswer {
+        service: p.service.clone(),
+        resolution,
+        from_ns: p.from_ns,
+        to_ns,
+        series,
+    })
+}
+
+/// Store the operator's verdict on incident `id`.
+pub fn mark(
+    store: &Store,
+    id: u64,
+    p: &MarkParams,
+    now_ns: u64,
+) -> Result<IncidentVerdict, QueryError> {
+    if p.note.len() > storage::MAX_NOTE_BYTES {
+        return Err(QueryError::BadRequest(format!(
+            "the note is {} bytes; at most {} are kept",
+            p.note.len(),
+            storage::MAX_NOTE_BYTES
+        )));
+    }
+    let v = IncidentVerdict {
+        verdict: p.verdict,
+        note: p.note.clone(),
+        marked_ns: now_ns,
+    };
+    store.mark_incident(id, &v)?;
+    Ok(v)
 }

@@ -9,13 +9,15 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use storage::Store;
 use tokio::net::UnixListener;
 
-use super::query::{self, IncidentsParams, PwruParams, QueryError, SamplesParams};
+use super::query::{
+    self, HistoryParams, IncidentsParams, MarkParams, PwruParams, QueryError, SamplesParams,
+};
 use super::{ApiError, StatusReport};
 
 /// What the handlers need: the store, and a way to build the status report.
@@ -83,6 +85,8 @@ pub async fn serve(mut socket: Socket, state: Arc<AppState>) -> anyhow::Result<(
         .route("/v1/incidents/{id}/samples", get(samples))
         .route("/v1/incidents/{id}/pwru", get(pwru))
         .route("/v1/incidents/{id}/export", get(export))
+        .route("/v1/incidents/{id}/verdict", post(mark))
+        .route("/v1/history", get(history))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
@@ -104,7 +108,7 @@ impl IntoResponse for QueryError {
     fn into_response(self) -> Response {
         let code = match &self {
             QueryError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            QueryError::NotFound(_) => StatusCode::NOT_FOUND,
+            QueryError::NotFound(_) | QueryError::Missing(_) => StatusCode::NOT_FOUND,
             QueryError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         error(code, self.to_string())
@@ -198,6 +202,32 @@ async fn export(State(state): State<Arc<AppState>>, id: IdParam) -> Response {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+async fn history(
+    State(state): State<Arc<AppState>>,
+    p: Result<Query<HistoryParams>, QueryRejection>,
+) -> Response {
+    let Query(p) = match p {
+        Ok(p) => p,
+        Err(e) => return bad_request(e),
+    };
+    let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+    json(blocking(&state, move |s| query::history(s, &p, now)).await)
+}
+
+async fn mark(
+    State(state): State<Arc<AppState>>,
+    id: IdParam,
+    p: Result<Query<MarkParams>, QueryRejection>,
+) -> Response {
+    let (UrlPath(id), Query(p)) = match (id, p) {
+        (Ok(id), Ok(p)) => (id, p),
+        (Err(e), _) => return bad_request(e),
+        (_, Err(e)) => return bad_request(e),
+    };
+    let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+    json(blocking(&state, move |s| query::mark(s, id, &p, now)).await)
 }
 
 #[cfg(test)]

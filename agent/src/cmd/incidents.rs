@@ -1,11 +1,16 @@
-//! `tailtrap incidents [--since 6h] [--service S] [--open]` and `tailtrap incidents show ID`.
+//! `tailtrap incidents [--since 6h] [--service S] [--open]`, `tailtrap incidents show ID` and
+//! `tailtrap incidents mark ID real|false-alarm|expected [--note TEXT]`.
 
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use storage::{CaptureState, Incident, IncidentState, PwruState, SampleSummary};
+use std::collections::BTreeMap;
 
-use crate::api::query::IncidentsParams;
+use storage::{
+    CaptureState, Incident, IncidentState, IncidentVerdict, PwruState, SampleSummary, Verdict,
+};
+
+use crate::api::query::{IncidentsParams, MarkParams};
 use crate::api::IncidentView;
 use crate::output::{fmt_ns, fmt_span, fmt_time, headline, print_json, quantile_name, table};
 use crate::source::{block_on, Source, Target};
@@ -43,6 +48,17 @@ enum Show {
         /// The incident id.
         id: u64,
     },
+    /// Record what an incident was: `real`, `false-alarm` or `expected` (a deploy, a batch
+    /// job). `tailtrap tune` counts verdicts when comparing settings.
+    Mark {
+        /// The incident id.
+        id: u64,
+        /// `real`, `false-alarm` or `expected`.
+        verdict: Verdict,
+        /// Why, for the next reader.
+        #[arg(long, default_value = "")]
+        note: String,
+    },
 }
 
 /// `6h` (that long ago) or an RFC 3339 time, as ns since the epoch.
@@ -63,6 +79,14 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
         let source = Source::open(&args.target, verbose).await?;
         match args.show {
+            Some(Show::Mark { id, verdict, note }) => {
+                let v = source.mark(id, &MarkParams { verdict, note }).await?;
+                if args.json {
+                    print_json(&v)?;
+                } else {
+                    println!("incident {id} marked {}", v.verdict);
+                }
+            }
             Some(Show::Show { id }) => {
                 let view = source.incident(id).await?;
                 if args.json {
@@ -83,7 +107,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 if args.json {
                     print_json(&page)?;
                 } else {
-                    print_list(&page.incidents);
+                    print_list(&page.incidents, &page.verdicts);
                     if page.next_before_id.is_some() {
                         println!("(more incidents: raise --limit or narrow with --since)");
                     }
@@ -117,13 +141,13 @@ fn probe_names(i: &Incident) -> String {
         .join(", ")
 }
 
-fn print_list(incidents: &[Incident]) {
+fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>) {
     if incidents.is_empty() {
         println!("no incidents");
         return;
     }
     let mut t = table([
-        "id", "service", "state", "opened", "lasted", "headline", "stage", "pwru",
+        "id", "service", "state", "opened", "lasted", "headline", "stage", "pwru", "verdict",
     ]);
     for i in incidents {
         let d = detail(i);
@@ -137,6 +161,9 @@ fn print_list(incidents: &[Incident]) {
             d.and_then(|d| d.stage)
                 .map_or_else(|| "-".into(), |s| s.verdict),
             pwru_state(i.pwru.state).to_owned(),
+            verdicts
+                .get(&i.id)
+                .map_or_else(|| "-".into(), |v| v.verdict.to_string()),
         ]);
     }
     println!("{t}");
@@ -174,6 +201,17 @@ fn print_show(view: &IncidentView) {
     ]);
     t.add_row(["lasted".to_owned(), lasted(i)]);
     t.add_row(["probes".to_owned(), probe_names(i)]);
+    if let Some(v) = &view.verdict {
+        let note = if v.note.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", v.note)
+        };
+        t.add_row([
+            "verdict".to_owned(),
+            format!("{}{note} (marked {})", v.verdict, fmt_time(v.marked_ns)),
+        ]);
+    }
     if let Some(d) = &d {
         t.add_row(["headline".to_owned(), headline(d)]);
         t.add_row([

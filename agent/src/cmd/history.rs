@@ -1,0 +1,311 @@
+//! `tailtrap history SERVICE`: the stored histogram history of one service, in the replay
+//! format (docs/replay-format.md) so it can be saved, shared or fed to `tailtrap replay`, or
+//! summarised per probe over time buckets for humans (`--summary`, `--json`).
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::bail;
+use detector::replay::Record;
+use model::{Histogram, Probe};
+use serde::Serialize;
+
+use crate::api::query::HistoryParams;
+use crate::api::HistoryAnswer;
+use crate::cmd::incidents::parse_since;
+use crate::output::{fmt_ns, fmt_time, print_json, table};
+use crate::source::{block_on, Source, Target};
+
+/// Where the history to read lies: a service, a time range and a resolution. Shared with
+/// `tailtrap tune`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Range {
+    /// The service, as named in the daemon's configuration.
+    pub service: String,
+    /// From this long ago (`6h`, `7d`) or this RFC 3339 time, until now (or `--to`).
+    #[arg(long, value_parser = parse_since, conflicts_with = "from")]
+    pub since: Option<u64>,
+    /// Start of the range: an RFC 3339 time (or a span back from now).
+    #[arg(long, value_parser = parse_since)]
+    pub from: Option<u64>,
+    /// End of the range: an RFC 3339 time (or a span back from now); default now.
+    #[arg(long, value_parser = parse_since)]
+    pub to: Option<u64>,
+    /// The stored resolution to read: `1s`, `10s` or `1m` (default: the finest whose
+    /// retention reaches the start of the range).
+    #[arg(long, value_parser = parse_resolution)]
+    pub resolution: Option<Duration>,
+}
+
+/// Arguments of `tailtrap history`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    range: Range,
+    /// Only this probe.
+    #[arg(long)]
+    probe: Option<Probe>,
+    /// A table of quantiles over time buckets instead of the replay-format lines.
+    #[arg(long)]
+    summary: bool,
+    /// The summary as JSON (implies `--summary`).
+    #[arg(long)]
+    json: bool,
+    /// Time buckets of the summary.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    buckets: u32,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// `1s`, `10s`, `1m`: a positive span.
+fn parse_resolution(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e}"))?;
+    if d.is_zero() {
+        return Err("the resolution must be positive".into());
+    }
+    Ok(d)
+}
+
+/// The default range when neither `--since` nor `--from` is given.
+const DEFAULT_SPAN: Duration = Duration::from_secs(6 * 3600);
+
+impl Range {
+    /// The API parameters for this range, `probe` optional.
+    pub fn params(&self, probe: Option<Probe>, default_span: Duration) -> HistoryParams {
+        let now = crate::daemon::unix_ns(SystemTime::now());
+        let span = u64::try_from(default_span.as_nanos()).unwrap_or(u64::MAX);
+        HistoryParams {
+            service: self.service.clone(),
+            probe,
+            from_ns: self
+                .since
+                .or(self.from)
+                .unwrap_or_else(|| now.saturating_sub(span)),
+            to_ns: self.to.unwrap_or(now),
+            resolution_ms: self
+                .resolution
+                .map(|r| u64::try_from(r.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+}
+
+/// The history as replay records: every probe's points, ordered by time then probe. A
+/// point stored under its start becomes a record stamped with its end, as the daemon's
+/// detector saw it.
+pub fn records(h: &HistoryAnswer) -> Vec<Record> {
+    let interval_ms = u64::try_from(h.resolution.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut out: Vec<Record> = h
+        .series
+        .iter()
+        .flat_map(|s| {
+            s.points.iter().map(move |(start, hist)| Record {
+                ts: UNIX_EPOCH + Duration::from_nanos(*start) + h.resolution,
+                service: h.service.clone(),
+                probe: s.probe,
+                interval_ms,
+                hist: hist.clone(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.ts.cmp(&b.ts).then(a.probe.cmp(&b.probe)));
+    out
+}
+
+/// Read the history `params` names, refusing an answer without a single point.
+pub async fn read(source: &Source, params: &HistoryParams) -> anyhow::Result<HistoryAnswer> {
+    let h = source.history(params).await?;
+    if h.series.is_empty() {
+        bail!(
+            "no history for {:?} between {} and {} at {} resolution",
+            h.service,
+            fmt_time(h.from_ns),
+            fmt_time(h.to_ns),
+            humantime::format_duration(h.resolution)
+        );
+    }
+    Ok(h)
+}
+
+/// Run `tailtrap history`.
+pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+    block_on(async move {
+        let source = Source::open(&args.target, verbose).await?;
+        let params = args.range.params(args.probe, DEFAULT_SPAN);
+        let h = read(&source, &params).await?;
+        if args.json {
+            print_json(&summarise(&h, args.buckets))?;
+        } else if args.summary {
+            print_summary(&summarise(&h, args.buckets));
+        } else {
+            let mut out = io::BufWriter::new(io::stdout().lock());
+            for r in records(&h) {
+                writeln!(out, "{}", r.to_json_line())?;
+            }
+            out.flush()?;
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The summary `--json` prints.
+#[derive(Debug, Serialize)]
+struct Summary {
+    service: String,
+    #[serde(with = "humantime_serde")]
+    resolution: Duration,
+    from: String,
+    to: String,
+    probes: Vec<ProbeSummary>,
+}
+
+#[derive(Debug, Serialize)]
+struct ProbeSummary {
+    probe: Probe,
+    points: usize,
+    buckets: Vec<Bucket>,
+}
+
+/// One time bucket of one probe: the merged histogram's quantiles.
+#[derive(Debug, Serialize)]
+struct Bucket {
+    from: String,
+    to: String,
+    count: u64,
+    p50_ns: Option<f64>,
+    p99_ns: Option<f64>,
+    p999_ns: Option<f64>,
+}
+
+fn summarise(h: &HistoryAnswer, buckets: u32) -> Summary {
+    let span = h.to_ns.saturating_sub(h.from_ns).max(1);
+    let n = u64::from(buckets.max(1));
+    let width = span.div_ceil(n).max(1);
+    let probes = h
+        .series
+        .iter()
+        .map(|s| {
+            let mut merged: Vec<Histogram> = vec![Histogram::new(); n as usize];
+            for (start, hist) in &s.points {
+                let i = (start.saturating_sub(h.from_ns) / width).min(n - 1) as usize;
+                merged[i].merge(hist);
+            }
+            let buckets = merged
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| !m.is_empty())
+                .map(|(i, m)| {
+                    let from = h.from_ns + i as u64 * width;
+                    let q = |q: f64| m.quantile(q).map(|e| e.value_ns);
+                    Bucket {
+                        from: fmt_time(from),
+                        to: fmt_time((from + width).min(h.to_ns)),
+                        count: m.count(),
+                        p50_ns: q(0.5),
+                        p99_ns: q(0.99),
+                        p999_ns: q(0.999),
+                    }
+                })
+                .collect();
+            ProbeSummary {
+                probe: s.probe,
+                points: s.points.len(),
+                buckets,
+            }
+        })
+        .collect();
+    Summary {
+        service: h.service.clone(),
+        resolution: h.resolution,
+        from: fmt_time(h.from_ns),
+        to: fmt_time(h.to_ns),
+        probes,
+    }
+}
+
+fn print_summary(s: &Summary) {
+    println!(
+        "{} from {} to {} at {} resolution",
+        s.service,
+        s.from,
+        s.to,
+        humantime::format_duration(s.resolution)
+    );
+    let mut t = table(["probe", "from", "to", "samples", "p50", "p99", "p99.9"]);
+    let ns = |v: Option<f64>| v.map_or_else(|| "-".into(), fmt_ns);
+    for p in &s.probes {
+        for b in &p.buckets {
+            t.add_row([
+                p.probe.to_string(),
+                b.from.clone(),
+                b.to.clone(),
+                b.count.to_string(),
+                ns(b.p50_ns),
+                ns(b.p99_ns),
+                ns(b.p999_ns),
+            ]);
+        }
+    }
+    println!("{t}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ProbeHistory;
+
+    fn hist(v: u64, n: u64) -> Histogram {
+        let mut h = Histogram::new();
+        h.record_n(v, n);
+        h
+    }
+
+    #[test]
+    fn records_are_stamped_with_their_end_in_time_then_probe_order() {
+        let s = 1_000_000_000u64;
+        let h = HistoryAnswer {
+            service: "web".into(),
+            resolution: Duration::from_secs(10),
+            from_ns: 0,
+            to_ns: 100 * s,
+            series: vec![
+                ProbeHistory {
+                    probe: Probe::TcpSocketRead,
+                    points: vec![(0, hist(1000, 2)), (10 * s, hist(2000, 1))],
+                },
+                ProbeHistory {
+                    probe: Probe::IpStart,
+                    points: vec![(10 * s, hist(500, 3))],
+                },
+            ],
+        };
+        let r = records(&h);
+        let got: Vec<(u64, Probe, u64)> = r
+            .iter()
+            .map(|r| {
+                let ts = r.ts.duration_since(UNIX_EPOCH).unwrap().as_secs();
+                (ts, r.probe, r.hist.count())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (10, Probe::TcpSocketRead, 2),
+                (20, Probe::IpStart, 3),
+                (20, Probe::TcpSocketRead, 1)
+            ]
+        );
+        assert!(r.iter().all(|r| r.interval_ms == 10_000));
+        // Every line reads back as the same record.
+        for rec in &r {
+            assert_eq!(&Record::parse(&rec.to_json_line()).unwrap(), rec);
+        }
+        let sum = summarise(&h, 2);
+        assert_eq!(sum.probes.len(), 2);
+        assert_eq!(sum.probes[1].buckets.len(), 1);
+        assert_eq!(sum.probes[1].buckets[0].count, 3);
+    }
+}

@@ -1,0 +1,922 @@
+//! `tailtrap tune SERVICE`: replay a service's stored history through the detector with the
+//! settings in force and with candidate settings (`--set`, `--sweep`), and compare what
+//! each would have opened with the incidents the daemon recorded and the operator marked.
+//! docs/detector.md ("Tuning a service") is the user's guide.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{bail, Context};
+use detector::event::Incident as Replayed;
+use detector::replay::{Record, Replayer};
+use detector::{Detector, DetectorConfig, Thresholds};
+use indicatif::{ProgressBar, ProgressStyle};
+use model::config::{key_segment, Validate};
+use serde::Serialize;
+use storage::{Incident, IncidentState, IncidentVerdict, Verdict};
+
+use crate::api::query::IncidentsParams;
+use crate::cmd::history::{self, Range};
+use crate::output::{fmt_span, fmt_time, print_json, probe_list, table};
+use crate::source::{block_on, Source, Target};
+
+/// Most candidates one run replays (the product of the `--sweep` lists, times one): each
+/// is a full replay of the history.
+pub const MAX_CANDIDATES: usize = 64;
+
+/// Arguments of `tailtrap tune`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    range: Range,
+    /// Set a threshold key of `[detector.services.SERVICE]` in every candidate
+    /// (`min_ratio=1.5`, `quantiles=[0.99,0.999]`, `window=10s`). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Try each value of a key (`min_ratio=1.5,2,3`); several `--sweep`s form a grid of at
+    /// most 64 candidates. A list value is written in brackets: `quantiles=[0.99],[0.999]`.
+    #[arg(long, value_name = "KEY=V1,V2,...")]
+    sweep: Vec<String>,
+    /// List the incidents candidate N (0: the settings in force) would have opened.
+    #[arg(long, value_name = "N")]
+    show: Option<usize>,
+    /// Print the `[detector.services.SERVICE]` block of candidate N (default: the only
+    /// candidate) to paste into the configuration.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "-1", allow_negative_numbers = true)]
+    emit: Option<i64>,
+    /// JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Default range: a week back (read at the resolution whose retention reaches it).
+const DEFAULT_SPAN: Duration = Duration::from_secs(7 * 86_400);
+
+/// One setting tried: the service's override table, and the thresholds it gives.
+#[derive(Debug, Clone)]
+struct Candidate {
+    /// What differs from the settings in force, as given (`min_ratio=2`); empty for 0.
+    changes: Vec<(String, toml::Value)>,
+    /// The service's whole override table for this candidate (what `--emit` prints).
+    overrides: toml::Table,
+    /// Thresholds in force for the service with this candidate.
+    thresholds: Thresholds,
+}
+
+/// A `KEY=VALUE` word: the value read as TOML when it is TOML (`2`, `[0.99]`, `"5s"`),
+/// else as a string (`5s`).
+fn parse_assignment(word: &str, flag: &str) -> anyhow::Result<(String, Vec<toml::Value>)> {
+    let Some((key, value)) = word.split_once('=') else {
+        bail!("{flag} {word:?}: expected KEY=VALUE");
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        bail!("{flag} {word:?}: the key is empty");
+    }
+    let values = if flag == "--sweep" {
+        split_values(value)
+            .into_iter()
+            .map(toml_value)
+            .collect::<Vec<_>>()
+    } else {
+        vec![toml_value(value)]
+    };
+    if values.is_empty() {
+        bail!("{flag} {word:?}: no value");
+    }
+    Ok((key.to_string(), values))
+}
+
+/// `1.5,2,[0.99,0.999],3`: commas split values except inside brackets.
+fn split_values(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(s[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(s[start..].trim());
+    out.retain(|v| !v.is_empty());
+    out
+}
+
+fn toml_value(s: &str) -> toml::Value {
+    format!("v = {s}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(s.to_string()))
+}
+
+/// Candidate 0 (the settings in force) and one candidate per point of the `--sweep` grid
+/// (each with the `--set` keys); with `--set` only, one candidate.
+fn candidates(
+    config: &DetectorConfig,
+    service: &str,
+    set: &[String],
+    sweep: &[String],
+) -> anyhow::Result<Vec<Candidate>> {
+    let in_force = config.services.get(service).cloned().unwrap_or_default();
+    let mut base = in_force.clone();
+    let mut base_changes = Vec::new();
+    for word in set {
+        let (key, mut values) = parse_assignment(word, "--set")?;
+        let v = values.remove(0);
+        base.insert(key.clone(), v.clone());
+        base_changes.push((key, v));
+    }
+    let mut axes: Vec<(String, Vec<toml::Value>)> = Vec::new();
+    for word in sweep {
+        let (key, values) = parse_assignment(word, "--sweep")?;
+        if axes.iter().any(|(k, _)| *k == key) {
+            bail!("--sweep {key} is given twice: put all its values in one list");
+        }
+        axes.push((key, values));
+    }
+    let grid: usize = axes
+        .iter()
+        .try_fold(1usize, |n, (_, v)| n.checked_mul(v.len()))
+        .unwrap_or(usize::MAX);
+    if grid > MAX_CANDIDATES {
+        bail!(
+            "the sweep grid has {grid} candidates; at most {MAX_CANDIDATES} are replayed in one run (narrow a --sweep list or split the run)"
+        );
+    }
+    let build = |overrides: toml::Table, changes: Vec<(String, toml::Value)>| {
+        let thresholds = config.defaults.with_overrides(&overrides).map_err(|p| {
+            let word = changes
+                .iter()
+                .find(|(k, _)| p.key == *k || p.key.starts_with(&format!("{k}[")))
+                .map(|(k, v)| format!("{k}={v}"));
+            match word {
+                Some(w) => anyhow::anyhow!("{w}: {}", p.reason),
+                None if p.key.is_empty() => anyhow::anyhow!("{}", p.reason),
+                None => anyhow::anyhow!("{p}"),
+            }
+        })?;
+        if let Some(p) = thresholds.validate().into_iter().next() {
+            bail!("{}", p.reason);
+        }
+        Ok(Candidate {
+            changes,
+            overrides,
+            thresholds,
+        })
+    };
+    let mut out = vec![Candidate {
+        changes: Vec::new(),
+        overrides: in_force,
+        thresholds: config.thresholds(service),
+    }];
+    if set.is_empty() && sweep.is_empty() {
+        return Ok(out);
+    }
+    for i in 0..grid {
+        let mut overrides = base.clone();
+        let mut changes = base_changes.clone();
+        let mut rest = i;
+        for (key, values) in &axes {
+            let v = &values[rest % values.len()];
+            rest /= values.len();
+            overrides.insert(key.clone(), v.clone());
+            changes.push((key.clone(), v.clone()));
+        }
+        out.push(build(overrides, changes)?);
+    }
+    Ok(out)
+}
+
+/// What one candidate's replay opened.
+struct Outcome {
+    incidents: Vec<Replayed>,
+}
+
+/// Replay `records` once per candidate, spread over the machine's cores.
+fn replay_all(
+    records: &[Record],
+    config: &DetectorConfig,
+    cands: &[Candidate],
+    interval: Duration,
+    resolution: Duration,
+    progress: &ProgressBar,
+) -> anyhow::Result<Vec<Outcome>> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
+        Mutex::new((0..cands.len()).map(|_| None).collect());
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(cands.len())
+        .max(1);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = cands.get(i) else { break };
+                let cfg = DetectorConfig {
+                    significance: config.significance,
+                    defaults: c.thresholds.at_resolution(interval, resolution),
+                    services: BTreeMap::new(),
+                    slo: config.slo.clone(),
+                };
+                let r = replay_one(records, cfg, progress);
+                if let Ok(mut all) = results.lock() {
+                    all[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a replay thread panicked"))?
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a replay did not finish"))))
+        .collect()
+}
+
+fn replay_one(
+    records: &[Record],
+    cfg: DetectorConfig,
+    progress: &ProgressBar,
+) -> anyhow::Result<Outcome> {
+    const STEP: usize = 4096;
+    let mut replayer = Replayer::new(Detector::new(cfg));
+    for chunk in records.chunks(STEP) {
+        for r in chunk {
+            replayer.push(r).context("replaying the stored history")?;
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    let (incidents, _) = replayer.finish();
+    Ok(Outcome { incidents })
+}
+
+/// A recorded incident and its verdict.
+#[derive(Debug, Clone, Serialize)]
+struct Recorded {
+    id: u64,
+    opened: String,
+    closed: Option<String>,
+    state: IncidentState,
+    probes: String,
+    verdict: Option<Verdict>,
+    #[serde(skip)]
+    opened_ns: u64,
+    #[serde(skip)]
+    closed_ns: Option<u64>,
+}
+
+/// How one recorded incident fared under a candidate.
+#[derive(Debug, Clone, Serialize)]
+struct Match {
+    id: u64,
+    verdict: Option<Verdict>,
+    kept: bool,
+    /// Seconds from the recorded opening to the candidate's (negative: earlier).
+    delay_s: Option<f64>,
+}
+
+/// One row of the comparison.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    candidate: usize,
+    settings: BTreeMap<String, toml::Value>,
+    incidents: usize,
+    kept: usize,
+    missed: usize,
+    real_kept: usize,
+    real: usize,
+    false_alarms_dropped: usize,
+    false_alarms: usize,
+    expected_dropped: usize,
+    expected: usize,
+    time_in_incident_s: f64,
+    matches: Vec<Match>,
+}
+
+fn ns(t: SystemTime) -> u64 {
+    crate::daemon::unix_ns(t)
+}
+
+/// Compare one candidate's incidents with the recorded ones. A recorded incident is kept
+/// when a replayed one overlaps it, one point of slack on each side.
+fn compare(
+    n: usize,
+    cand: &Candidate,
+    out: &Outcome,
+    recorded: &[Recorded],
+    slack_ns: u64,
+    end_ns: u64,
+) -> Row {
+    let span = |i: &Replayed| (ns(i.opened_at), i.closed_at.map_or(end_ns, ns));
+    let mut row = Row {
+        candidate: n,
+        settings: cand.changes.iter().cloned().collect(),
+        incidents: out.incidents.len(),
+        kept: 0,
+        missed: 0,
+        real_kept: 0,
+        real: 0,
+        false_alarms_dropped: 0,
+        false_alarms: 0,
+        expected_dropped: 0,
+        expected: 0,
+        time_in_incident_s: out
+            .incidents
+            .iter()
+            .map(|i| {
+                let (o, c) = span(i);
+                c.saturating_sub(o) as f64 / 1e9
+            })
+            .sum(),
+        matches: Vec::new(),
+    };
+    for r in recorded {
+        let (ro, rc) = (r.opened_ns, r.closed_ns.unwrap_or(end_ns).max(r.opened_ns));
+        let hit = out.incidents.iter().find(|i| {
+            let (o, c) = span(i);
+            o <= rc.saturating_add(slack_ns) && c.saturating_add(slack_ns) >= ro
+        });
+        let kept = hit.is_some();
+        if kept {
+            row.kept += 1;
+        } else {
+            row.missed += 1;
+        }
+        match r.verdict {
+            Some(Verdict::Real) => {
+                row.real += 1;
+                row.real_kept += usize::from(kept);
+            }
+            Some(Verdict::FalseAlarm) => {
+                row.false_alarms += 1;
+                row.false_alarms_dropped += usize::from(!kept);
+            }
+            Some(Verdict::Expected) => {
+                row.expected += 1;
+                row.expected_dropped += usize::from(!kept);
+            }
+            None => {}
+        }
+        row.matches.push(Match {
+            id: r.id,
+            verdict: r.verdict,
+            kept,
+            delay_s: hit.map(|i| (ns(i.opened_at) as f64 - ro as f64) / 1e9),
+        });
+    }
+    row
+}
+
+/// What `--json` prints.
+#[derive(Serialize)]
+struct Report {
+    service: String,
+    #[serde(with = "humantime_serde")]
+    resolution: Duration,
+    #[serde(with = "humantime_serde")]
+    daemon_interval: Duration,
+    from: String,
+    to: String,
+    points: usize,
+    baseline: &'static str,
+    scaling: String,
+    recorded: Vec<Recorded>,
+    candidates: Vec<Row>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shown: Option<Shown>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emitted: Option<String>,
+}
+
+/// `--show N`: a candidate's incidents.
+#[derive(Serialize)]
+struct Shown {
+    candidate: usize,
+    incidents: Vec<ShownIncident>,
+}
+
+#[derive(Serialize)]
+struct ShownIncident {
+    opened_at: String,
+    closed_at: Option<String>,
+    probes: String,
+    quantile: f64,
+    ratio: f64,
+    headline_probe: String,
+}
+
+const BASELINE: &str = "fresh: learnt from the first point of the range, with the warm-up of the settings tried (the saved baseline is not used: it was learnt after this history and would let the replay see the future)";
+
+/// Run `tailtrap tune`.
+pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+    let config = crate::config::load(args.target.config_path())?;
+    let service = args.range.service.clone();
+    let cands = candidates(&config.detector, &service, &args.set, &args.sweep)?;
+    if let Some(n) = args.show.filter(|&n| n >= cands.len()) {
+        bail!(
+            "--show {n}: there are {} candidates (0 to {})",
+            cands.len(),
+            cands.len() - 1
+        );
+    }
+    let emit = match args.emit {
+        None => None,
+        Some(-1) if cands.len() <= 2 => Some(cands.len() - 1),
+        Some(-1) => bail!(
+            "--emit: {} candidates were tried; say which with --emit N",
+            cands.len() - 1
+        ),
+        Some(n) => match usize::try_from(n).ok().filter(|&n| n < cands.len()) {
+            Some(n) => Some(n),
+            None => bail!(
+                "--emit {n}: there are {} candidates (0 to {})",
+                cands.len(),
+                cands.len() - 1
+            ),
+        },
+    };
+    let interval = config.daemon.interval;
+    let (h, recorded_page) = block_on(async {
+        let source = Source::open(&args.target, verbose).await?;
+        let params = args.range.params(None, DEFAULT_SPAN);
+        let h = history::read(&source, &params).await?;
+        let page = source
+            .incidents(&IncidentsParams {
+                since_ns: Some(h.from_ns),
+                service: Some(service.clone()),
+                state: None,
+                before_id: None,
+                limit: 0,
+            })
+            .await?;
+        Ok((h, page))
+    })?;
+    let records = history::records(&h);
+    let end_ns = records
+        .last()
+        .map_or(h.to_ns, |r| ns(r.ts))
+        .min(h.to_ns.max(h.from_ns));
+    let first_ns = records.first().map_or(h.from_ns, |r| ns(r.ts));
+    let recorded = recorded_in(
+        &recorded_page.incidents,
+        &recorded_page.verdicts,
+        first_ns,
+        end_ns,
+    );
+
+    let progress = progress_bar((records.len() * cands.len()) as u64);
+    let evaluated = evaluate(
+        &records,
+        &config.detector,
+        &cands,
+        &recorded,
+        (interval, h.resolution),
+        end_ns,
+        &progress,
+    );
+    progress.finish_and_clear();
+    let (outcomes, rows) = evaluated?;
+    let slack = u64::try_from(h.resolution.as_nanos()).unwrap_or(u64::MAX);
+    let scaled = cands[0].thresholds.at_resolution(interval, h.resolution);
+    let scaling = if h.resolution > interval {
+        format!(
+            "history read at {} for a daemon interval of {}: windows, durations and sample counts are kept; open_after/open_window/close_after count points, scaled to {}/{}/{} for the settings in force",
+            humantime::format_duration(h.resolution),
+            humantime::format_duration(interval),
+            scaled.open_after,
+            scaled.open_window,
+            scaled.close_after
+        )
+    } else {
+        format!(
+            "history read at {}, the daemon's interval: settings apply unchanged",
+            humantime::format_duration(h.resolution)
+        )
+    };
+    let shown = args.show.map(|n| Shown {
+        candidate: n,
+        incidents: outcomes[n].incidents.iter().map(shown_incident).collect(),
+    });
+    let emitted = emit.map(|n| emit_block(&service, &cands[n].overrides));
+    let report = Report {
+        service,
+        resolution: h.resolution,
+        daemon_interval: interval,
+        from: fmt_time(first_ns.saturating_sub(slack)),
+        to: fmt_time(end_ns),
+        points: records.len(),
+        baseline: BASELINE,
+        scaling,
+        recorded,
+        candidates: rows,
+        shown,
+        emitted,
+    };
+    if args.json {
+        print_json(&report)?;
+    } else if let Some(block) = &report.emitted {
+        // Only the block, so it can be redirected into a file as it is.
+        print!("{block}");
+    } else {
+        print_report(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Replay every candidate and compare each with the recorded incidents. `times` is the
+/// daemon's interval and the history's resolution.
+fn evaluate(
+    records: &[Record],
+    detector: &DetectorConfig,
+    cands: &[Candidate],
+    recorded: &[Recorded],
+    times: (Duration, Duration),
+    end_ns: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<(Vec<Outcome>, Vec<Row>)> {
+    let (interval, resolution) = times;
+    let outcomes = replay_all(records, detector, cands, interval, resolution, progress)?;
+    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
+    let rows = cands
+        .iter()
+        .zip(&outcomes)
+        .enumerate()
+        .map(|(n, (c, o))| compare(n, c, o, recorded, slack, end_ns))
+        .collect();
+    Ok((outcomes, rows))
+}
+
+/// The recorded incidents opened within the replayed range, oldest first.
+fn recorded_in(
+    incidents: &[Incident],
+    verdicts: &BTreeMap<u64, IncidentVerdict>,
+    first_ns: u64,
+    end_ns: u64,
+) -> Vec<Recorded> {
+    let mut out: Vec<Recorded> = incidents
+        .iter()
+        .filter(|i| i.opened_ns >= first_ns && i.opened_ns <= end_ns)
+        .map(|i| Recorded {
+            id: i.id,
+            opened: fmt_time(i.opened_ns),
+            closed: i.closed_ns.map(fmt_time),
+            state: i.state,
+            probes: probe_list(&i.probes),
+            verdict: verdicts.get(&i.id).map(|v| v.verdict),
+            opened_ns: i.opened_ns,
+            closed_ns: i.closed_ns,
+        })
+        .collect();
+    out.sort_by_key(|r| r.id);
+    out
+}
+
+fn shown_incident(i: &Replayed) -> ShownIncident {
+    ShownIncident {
+        opened_at: fmt_time(ns(i.opened_at)),
+        closed_at: i.closed_at.map(|c| fmt_time(ns(c))),
+        probes: probe_list(&i.probes),
+        quantile: i.headline.quantile,
+        ratio: i.headline.ratio,
+        headline_probe: i.headline.probe.to_string(),
+    }
+}
+
+/// The `[detector.services.SERVICE]` block holding `overrides`.
+fn emit_block(service: &str, overrides: &toml::Table) -> String {
+    let body = toml::to_string(overrides).unwrap_or_default();
+    format!("[detector.services.{}]\n{body}", key_segment(service))
+}
+
+fn settings_text(s: &BTreeMap<String, toml::Value>) -> String {
+    if s.is_empty() {
+        return "in force".into();
+    }
+    s.iter()
+        .map(|(k, v)| match v {
+            toml::Value::String(s) => format!("{k}={s}"),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "{}: {} points from {} to {} at {} resolution",
+        r.service,
+        r.points,
+        r.from,
+        r.to,
+        humantime::format_duration(r.resolution)
+    );
+    println!("baseline: {}", r.baseline);
+    println!("windows: {}", r.scaling);
+    let marked = r.recorded.iter().filter(|i| i.verdict.is_some()).count();
+    println!(
+        "recorded: {} incidents ({} marked)",
+        r.recorded.len(),
+        marked
+    );
+    let mut t = table([
+        "#",
+        "settings",
+        "incidents",
+        "recorded kept",
+        "missed",
+        "real kept",
+        "false alarms dropped",
+        "expected dropped",
+        "delay to open",
+        "time in incident",
+    ]);
+    for row in &r.candidates {
+        let delays: Vec<String> = row
+            .matches
+            .iter()
+            .filter_map(|m| m.delay_s.map(|d| format!("#{} {d:+.0}s", m.id)))
+            .collect();
+        t.add_row([
+            row.candidate.to_string(),
+            settings_text(&row.settings),
+            row.incidents.to_string(),
+            format!("{}/{}", row.kept, row.kept + row.missed),
+            row.missed.to_string(),
+            format!("{}/{}", row.real_kept, row.real),
+            format!("{}/{}", row.false_alarms_dropped, row.false_alarms),
+            format!("{}/{}", row.expected_dropped, row.expected),
+            if delays.is_empty() {
+                "-".into()
+            } else {
+                delays.join(" ")
+            },
+            fmt_span((row.time_in_incident_s * 1e9) as u64),
+        ]);
+    }
+    println!("{t}");
+    if let Some(row) = r.candidates.first() {
+        let missed: Vec<String> = row
+            .matches
+            .iter()
+            .filter(|m| !m.kept)
+            .filter_map(|m| r.recorded.iter().find(|i| i.id == m.id))
+            .map(|i| format!("#{} ({})", i.id, why_missed(i)))
+            .collect();
+        if !missed.is_empty() {
+            println!(
+                "not reproduced with the settings in force: {}",
+                missed.join(", ")
+            );
+        }
+    }
+    if let Some(s) = &r.shown {
+        println!("\nincidents of candidate {}", s.candidate);
+        if s.incidents.is_empty() {
+            println!("none");
+        } else {
+            let mut t = table(["opened", "closed", "probes", "headline", "ratio"]);
+            for i in &s.incidents {
+                t.add_row([
+                    i.opened_at.clone(),
+                    i.closed_at.clone().unwrap_or_else(|| "open".into()),
+                    i.probes.clone(),
+                    format!(
+                        "{} {}",
+                        i.headline_probe,
+                        crate::output::quantile_name(i.quantile)
+                    ),
+                    format!("x{:.2}", i.ratio),
+                ]);
+            }
+            println!("{t}");
+        }
+    }
+}
+
+/// Why the settings in force may not reproduce a recorded incident.
+fn why_missed(i: &Recorded) -> &'static str {
+    match i.state {
+        IncidentState::Interrupted => "the daemon stopped while it was open",
+        _ => "the daemon restarted with a saved baseline, was reloaded, or the incident opened within the replay's warm-up",
+    }
+}
+
+/// A bar over replayed points on stderr, hidden when stderr is not a terminal.
+fn progress_bar(total: u64) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template(
+        "{spinner} replaying {human_pos}/{human_len} points {wide_bar} eta {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::query::{self, HistoryParams};
+    use detector::scenario::Scenario;
+    use storage::{NewIncident, Store, StoreConfig};
+
+    /// Three hours of one service at 1 s, its read latency five times slower for ten
+    /// minutes after two hours.
+    const SCENARIO: &str = r#"
+seed = 5
+start = "2026-01-05T00:00:00Z"
+duration = "3h"
+
+[[services]]
+name = "web"
+rate = 1000
+
+[[services.probes]]
+probe = "tcp-socket-read"
+latency = [{ kind = "log-normal", weight = 1, median = "100us", sigma = 0.4 }]
+
+[[anomalies]]
+service = "web"
+kind = "step"
+start = "2h"
+duration = "10m"
+factor = 5
+"#;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn scenario_store(dir: &tempfile::TempDir) -> (Store, u64, u64) {
+        let store = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+        let sc = Scenario::from_toml_str(SCENARIO, "t.toml").unwrap();
+        let start = ns(sc.start);
+        for interval in sc.generate() {
+            for rec in interval {
+                let end = ns(rec.ts);
+                store
+                    .record_history(&rec.service, rec.probe, end - SEC, &rec.hist)
+                    .unwrap();
+            }
+        }
+        (store, start, start + 3 * 3600 * SEC)
+    }
+
+    fn tune_at(
+        store: &Store,
+        from: u64,
+        to: u64,
+        resolution_s: u64,
+        sweep: &[&str],
+        recorded: &[Recorded],
+    ) -> (Vec<Outcome>, Vec<Row>) {
+        let p = HistoryParams {
+            service: "web".into(),
+            probe: None,
+            from_ns: from,
+            to_ns: to,
+            resolution_ms: Some(resolution_s * 1000),
+        };
+        let h = query::history(store, &p, to).unwrap();
+        assert_eq!(h.resolution, Duration::from_secs(resolution_s));
+        let records = history::records(&h);
+        let config = DetectorConfig::default();
+        let sweep: Vec<String> = sweep.iter().map(|s| s.to_string()).collect();
+        let cands = candidates(&config, "web", &[], &sweep).unwrap();
+        let end = records.last().map(|r| ns(r.ts)).unwrap();
+        evaluate(
+            &records,
+            &config,
+            &cands,
+            recorded,
+            (Duration::from_secs(1), h.resolution),
+            end,
+            &ProgressBar::hidden(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_step_is_found_at_every_resolution_and_a_strict_candidate_drops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, from, to) = scenario_store(&dir);
+        let step = from + 2 * 3600 * SEC;
+        // The daemon opened one incident on the step; the operator called it a false alarm.
+        let inc = store
+            .open_incident(&NewIncident {
+                service: "web".into(),
+                probes: vec![model::Probe::TcpSocketRead],
+                opened_ns: step + 3 * SEC,
+                evidence_json: String::new(),
+                stages_json: String::new(),
+            })
+            .unwrap();
+        let mut closed = inc.clone();
+        store.close_incident(&mut closed, step + 610 * SEC).unwrap();
+        let recorded = vec![Recorded {
+            id: inc.id,
+            opened: fmt_time(inc.opened_ns),
+            closed: closed.closed_ns.map(fmt_time),
+            state: IncidentState::Closed,
+            probes: "tcp-socket-read".into(),
+            verdict: Some(Verdict::FalseAlarm),
+            opened_ns: inc.opened_ns,
+            closed_ns: closed.closed_ns,
+        }];
+        for res in [1, 10, 60] {
+            let (outcomes, rows) =
+                tune_at(&store, from, to, res, &["min_ratio=1.25,50"], &recorded);
+            assert_eq!(rows.len(), 3, "in force, then two candidates");
+            let found = &outcomes[0].incidents;
+            assert_eq!(found.len(), 1, "at {res}s: {found:#?}");
+            let opened = ns(found[0].opened_at);
+            // Opens within a few points of the step's start, windows meaning time.
+            assert!(
+                opened >= step && opened <= step + 3 * res * SEC + 5 * SEC,
+                "at {res}s opened {}s after the step",
+                (opened as i64 - step as i64) / SEC as i64
+            );
+            let closed = ns(found[0].closed_at.unwrap());
+            let lasted = (closed - opened) / SEC;
+            assert!((500..=1000).contains(&lasted), "at {res}s lasted {lasted}s");
+            assert_eq!(rows[0].kept, 1);
+            assert!(rows[0].matches[0].delay_s.unwrap().abs() <= 3.0 * res as f64 + 5.0);
+            assert_eq!(rows[1].incidents, 1, "min_ratio=1.25 is the default");
+            assert_eq!(rows[2].incidents, 0, "at {res}s");
+            assert_eq!((rows[2].false_alarms_dropped, rows[2].false_alarms), (1, 1));
+            assert_eq!(rows[0].false_alarms_dropped, 0);
+        }
+    }
+
+    #[test]
+    fn bad_settings_and_ranges_are_refused_with_one_line() {
+        let c = DetectorConfig::default();
+        let err = |set: &[&str], sweep: &[&str]| {
+            let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+            let sweep: Vec<String> = sweep.iter().map(|s| s.to_string()).collect();
+            candidates(&c, "web", &set, &sweep).unwrap_err().to_string()
+        };
+        assert!(err(&["min_ration=2"], &[]).contains("min_ration"));
+        assert!(err(&["min_ratio=0.5"], &[]).starts_with("min_ratio=0.5: "));
+        assert!(err(&["open_after=9"], &[]).contains("open_window"));
+        assert!(err(&["min_ratio"], &[]).contains("KEY=VALUE"));
+        let big = err(
+            &[],
+            &["min_ratio=1,2,3,4,5,6,7,8,9", "open_after=1,2,3,4,5,6,7,8"],
+        );
+        assert!(big.contains("72 candidates") && big.contains("64"), "{big}");
+        // A list value in a sweep.
+        let cands = candidates(
+            &c,
+            "web",
+            &["window=10s".into()],
+            &["quantiles=[0.99],[0.5,0.999]".into()],
+        )
+        .unwrap();
+        assert_eq!(cands.len(), 3);
+        assert_eq!(cands[2].thresholds.quantiles, vec![0.5, 0.999]);
+        assert_eq!(cands[1].thresholds.window, Duration::from_secs(10));
+        let block = emit_block("web", &cands[1].overrides);
+        assert!(block.starts_with("[detector.services.web]\n"), "{block}");
+        let parsed: toml::Table = block.parse().unwrap();
+        assert_eq!(
+            parsed["detector"]["services"]["web"]["window"].as_str(),
+            Some("10s")
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+        let p = |service: &str, from: u64, to: u64, res: Option<u64>| HistoryParams {
+            service: service.into(),
+            probe: None,
+            from_ns: from,
+            to_ns: to,
+            resolution_ms: res,
+        };
+        let now = 2_000 * SEC;
+        let e = |p: HistoryParams| query::history(&store, &p, now).unwrap_err().to_string();
+        assert!(e(p("web", 0, now, None)).contains("no histogram history"));
+        let mut h = model::Histogram::new();
+        h.record(1000);
+        store
+            .record_history("web", model::Probe::IpStart, now - 10 * SEC, &h)
+            .unwrap();
+        assert!(e(p("api", 0, now, None))
+            .contains("no history for service \"api\" (services with history: web)"));
+        assert!(e(p("web", now, now, None)).contains("empty time range"));
+        assert!(e(p("web", 0, now, Some(5000))).contains("kept: 1s, 10s, 1m"));
+    }
+}
