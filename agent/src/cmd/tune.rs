@@ -338,9 +338,10 @@ fn compare(
             .iter()
             .map(|i| {
                 let (o, c) = span(i);
-                c.saturating_sub(o) as f64 / 1e9
+                c.saturating_sub(o)
             })
-            .sum(),
+            .sum::<u64>() as f64
+            / 1e9,
         matches: Vec::new(),
     };
     for r in recorded {
@@ -391,6 +392,7 @@ struct Report {
     from: String,
     to: String,
     points: usize,
+    probes: usize,
     baseline: &'static str,
     scaling: String,
     recorded: Vec<Recorded>,
@@ -518,6 +520,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         from: fmt_time(first_ns.saturating_sub(slack)),
         to: fmt_time(end_ns),
         points: records.len(),
+        probes: h.series.len(),
         baseline: BASELINE,
         scaling,
         recorded,
@@ -616,9 +619,10 @@ fn settings_text(s: &BTreeMap<String, toml::Value>) -> String {
 
 fn print_report(r: &Report) {
     println!(
-        "{}: {} points from {} to {} at {} resolution",
+        "{}: {} points of {} probe(s) from {} to {} at {} resolution",
         r.service,
         r.points,
+        r.probes,
         r.from,
         r.to,
         humantime::format_duration(r.resolution)
