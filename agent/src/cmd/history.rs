@@ -94,20 +94,27 @@ impl Range {
 /// The history as replay records: every probe's points, ordered by time then probe. A
 /// point stored under its start becomes a record stamped with its end, as the daemon's
 /// detector saw it.
-pub fn records(h: &HistoryAnswer) -> Vec<Record> {
+pub fn records(h: HistoryAnswer) -> Vec<Record> {
     let interval_ms = u64::try_from(h.resolution.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
-    let mut out: Vec<Record> = h
-        .series
-        .iter()
+    let HistoryAnswer {
+        service,
+        resolution,
+        series,
+        ..
+    } = h;
+    // Histograms are moved, not copied: a week of points is hundreds of megabytes dense.
+    let mut out: Vec<Record> = series
+        .into_iter()
         .flat_map(|s| {
-            s.points.iter().map(move |(start, hist)| Record {
-                ts: UNIX_EPOCH + Duration::from_nanos(*start) + h.resolution,
-                service: h.service.clone(),
+            let service = service.clone();
+            s.points.into_iter().map(move |(start, hist)| Record {
+                ts: UNIX_EPOCH + Duration::from_nanos(start) + resolution,
+                service: service.clone(),
                 probe: s.probe,
                 interval_ms,
-                hist: hist.clone(),
+                hist,
             })
         })
         .collect();
@@ -142,7 +149,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             print_summary(&summarise(&h, args.buckets));
         } else {
             let mut out = io::BufWriter::new(io::stdout().lock());
-            for r in records(&h) {
+            for r in records(h) {
                 writeln!(out, "{}", r.to_json_line())?;
             }
             out.flush()?;
@@ -282,7 +289,11 @@ mod tests {
                 },
             ],
         };
-        let r = records(&h);
+        let sum = summarise(&h, 2);
+        assert_eq!(sum.probes.len(), 2);
+        assert_eq!(sum.probes[1].buckets.len(), 1);
+        assert_eq!(sum.probes[1].buckets[0].count, 3);
+        let r = records(h);
         let got: Vec<(u64, Probe, u64)> = r
             .iter()
             .map(|r| {
@@ -303,9 +314,5 @@ mod tests {
         for rec in &r {
             assert_eq!(&Record::parse(&rec.to_json_line()).unwrap(), rec);
         }
-        let sum = summarise(&h, 2);
-        assert_eq!(sum.probes.len(), 2);
-        assert_eq!(sum.probes[1].buckets.len(), 1);
-        assert_eq!(sum.probes[1].buckets[0].count, 3);
     }
 }

@@ -466,12 +466,13 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             .await?;
         Ok((h, page))
     })?;
-    let records = history::records(&h);
+    let (from_ns, to_ns, resolution, probes) = (h.from_ns, h.to_ns, h.resolution, h.series.len());
+    let records = history::records(h);
     let end_ns = records
         .last()
-        .map_or(h.to_ns, |r| ns(r.ts))
-        .min(h.to_ns.max(h.from_ns));
-    let first_ns = records.first().map_or(h.from_ns, |r| ns(r.ts));
+        .map_or(to_ns, |r| ns(r.ts))
+        .min(to_ns.max(from_ns));
+    let first_ns = records.first().map_or(from_ns, |r| ns(r.ts));
     let recorded = recorded_in(
         &recorded_page.incidents,
         &recorded_page.verdicts,
@@ -485,18 +486,18 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         &config.detector,
         &cands,
         &recorded,
-        (interval, h.resolution),
+        (interval, resolution),
         end_ns,
         &progress,
     );
     progress.finish_and_clear();
     let (outcomes, rows) = evaluated?;
-    let slack = u64::try_from(h.resolution.as_nanos()).unwrap_or(u64::MAX);
-    let scaled = cands[0].thresholds.at_resolution(interval, h.resolution);
-    let scaling = if h.resolution > interval {
+    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
+    let scaled = cands[0].thresholds.at_resolution(interval, resolution);
+    let scaling = if resolution > interval {
         format!(
             "history read at {} for a daemon interval of {}: windows, durations and sample counts are kept; open_after/open_window/close_after count points, scaled to {}/{}/{} for the settings in force",
-            humantime::format_duration(h.resolution),
+            humantime::format_duration(resolution),
             humantime::format_duration(interval),
             scaled.open_after,
             scaled.open_window,
@@ -505,7 +506,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     } else {
         format!(
             "history read at {}, the daemon's interval: settings apply unchanged",
-            humantime::format_duration(h.resolution)
+            humantime::format_duration(resolution)
         )
     };
     let shown = args.show.map(|n| Shown {
@@ -515,12 +516,12 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     let emitted = emit.map(|n| emit_block(&service, &cands[n].overrides));
     let report = Report {
         service,
-        resolution: h.resolution,
+        resolution,
         daemon_interval: interval,
         from: fmt_time(first_ns.saturating_sub(slack)),
         to: fmt_time(end_ns),
         points: records.len(),
-        probes: h.series.len(),
+        probes,
         baseline: BASELINE,
         scaling,
         recorded,
@@ -796,7 +797,8 @@ factor = 5
         };
         let h = query::history(store, &p, to).unwrap();
         assert_eq!(h.resolution, Duration::from_secs(resolution_s));
-        let records = history::records(&h);
+        let resolution = h.resolution;
+        let records = history::records(h);
         let config = DetectorConfig::default();
         let sweep: Vec<String> = sweep.iter().map(|s| s.to_string()).collect();
         let cands = candidates(&config, "web", &[], &sweep).unwrap();
@@ -806,7 +808,7 @@ factor = 5
             &config,
             &cands,
             recorded,
-            (Duration::from_secs(1), h.resolution),
+            (Duration::from_secs(1), resolution),
             end,
             &ProgressBar::hidden(),
         )
