@@ -86,14 +86,25 @@ fn fmt_rfc3339(ns: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_nanos(ns)).to_string()
 }
 
-/// Run `tailtrap tune` offline with 8 candidates; (cpu, wall, rows, points).
-fn tune(dir: &Path, from: u64, to: u64, resolution: &str) -> (Duration, Duration, usize, u64) {
+/// Run `tailtrap tune` offline with 8 candidates (or none: the settings in force only);
+/// (cpu, wall, rows, points).
+fn tune(
+    dir: &Path,
+    from: u64,
+    to: u64,
+    resolution: &str,
+    sweep: bool,
+) -> (Duration, Duration, usize, u64) {
     let cpu0 = children_cpu();
     let t0 = Instant::now();
     let out = Command::new(TAILTRAP)
         .args(["tune", "web", "--json", "--resolution", resolution])
         .args(["--from", &fmt_rfc3339(from), "--to", &fmt_rfc3339(to)])
-        .args(["--sweep", "min_ratio=1.1,1.25,1.5,2,3,4,6,8"])
+        .args(if sweep {
+            &["--sweep", "min_ratio=1.1,1.25,1.5,2,3,4,6,8"][..]
+        } else {
+            &[][..]
+        })
         .arg("--db")
         .arg(dir.join("db"))
         .arg("--socket")
@@ -129,7 +140,7 @@ fn main() {
     std::fs::write(dir.path().join("none.toml"), "").expect("config");
     println!("tailtrap tune, offline, 8 candidates + the settings in force, {probes} probe(s)");
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>6}",
+        "{:<40} {:>9} {:>9} {:>9} {:>6}",
         "history", "points", "cpu", "wall", "rows"
     );
     for (name, duration, interval, res) in [
@@ -144,11 +155,15 @@ fn main() {
         let span = humantime::parse_duration(duration).expect("span");
         let from = end - u64::try_from(span.as_nanos()).expect("span");
         eprintln!("({name}: database written in {:.1?})", built.elapsed());
-        let (cpu, wall, rows, points) = tune(&sub, from, end, res);
-        println!(
-            "{name:<28} {points:>9} {:>8.2}s {:>8.2}s {rows:>6}",
-            cpu.as_secs_f64(),
-            wall.as_secs_f64()
-        );
+        // The settings in force alone: reading plus one replay, to split the cost.
+        for (label, sweep) in [("", true), (", in force only", false)] {
+            let (cpu, wall, rows, points) = tune(&sub, from, end, res, sweep);
+            println!(
+                "{:<40} {points:>9} {:>8.2}s {:>8.2}s {rows:>6}",
+                format!("{name}{label}"),
+                cpu.as_secs_f64(),
+                wall.as_secs_f64()
+            );
+        }
     }
 }
