@@ -236,6 +236,7 @@ cooldown = "1s"
     assert_eq!(fate(&rows[0])["kept"], true);
     assert!(fate(&rows[0])["delay_s"].as_f64().unwrap().abs() <= 1.5);
     assert_eq!(rows[0]["missed"], 0, "{rows:#?}");
+    assert_eq!(tune["not_reproduced"], serde_json::json!([]));
     assert_eq!(fate(&rows[2])["kept"], false);
     assert_eq!(rows[2]["false_alarms_dropped"], 1);
     assert_eq!(rows[2]["false_alarms"], 1);

@@ -397,10 +397,19 @@ struct Report {
     scaling: String,
     recorded: Vec<Recorded>,
     candidates: Vec<Row>,
+    /// Recorded incidents the settings in force do not reproduce, and the likely reason.
+    not_reproduced: Vec<NotReproduced>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shown: Option<Shown>,
     #[serde(skip_serializing_if = "Option::is_none")]
     emitted: Option<String>,
+}
+
+/// A recorded incident candidate 0 misses.
+#[derive(Serialize)]
+struct NotReproduced {
+    id: u64,
+    why: String,
 }
 
 /// `--show N`: a candidate's incidents.
@@ -514,6 +523,21 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         incidents: outcomes[n].incidents.iter().map(shown_incident).collect(),
     });
     let emitted = emit.map(|n| emit_block(&service, &cands[n].overrides));
+    let gaps = gaps(&records, slack);
+    let not_reproduced = rows
+        .first()
+        .map(|row| {
+            row.matches
+                .iter()
+                .filter(|m| !m.kept)
+                .filter_map(|m| recorded.iter().find(|i| i.id == m.id))
+                .map(|i| NotReproduced {
+                    id: i.id,
+                    why: why_missed(i, &gaps),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let report = Report {
         service,
         resolution,
@@ -526,6 +550,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         scaling,
         recorded,
         candidates: rows,
+        not_reproduced,
         shown,
         emitted,
     };
@@ -672,19 +697,10 @@ fn print_report(r: &Report) {
         ]);
     }
     println!("{t}");
-    if let Some(row) = r.candidates.first() {
-        let missed: Vec<String> = row
-            .matches
-            .iter()
-            .filter(|m| !m.kept)
-            .filter_map(|m| r.recorded.iter().find(|i| i.id == m.id))
-            .map(|i| format!("#{} ({})", i.id, why_missed(i)))
-            .collect();
-        if !missed.is_empty() {
-            println!(
-                "not reproduced with the settings in force: {}",
-                missed.join(", ")
-            );
+    if !r.not_reproduced.is_empty() {
+        println!("not reproduced with the settings in force:");
+        for n in &r.not_reproduced {
+            println!("  #{}: {}", n.id, n.why);
         }
     }
     if let Some(s) = &r.shown {
@@ -711,11 +727,33 @@ fn print_report(r: &Report) {
     }
 }
 
+/// Stretches without any point longer than two points, `(last point before, first after)`
+/// in ns: the daemon was not running (or not recording) then.
+fn gaps(records: &[Record], resolution_ns: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut prev: Option<u64> = None;
+    for r in records {
+        let t = ns(r.ts);
+        if let Some(p) = prev.filter(|&p| t > p.saturating_add(2 * resolution_ns)) {
+            out.push((p, t));
+        }
+        prev = Some(t);
+    }
+    out
+}
+
 /// Why the settings in force may not reproduce a recorded incident.
-fn why_missed(i: &Recorded) -> &'static str {
-    match i.state {
-        IncidentState::Interrupted => "the daemon stopped while it was open",
-        _ => "the daemon restarted with a saved baseline, was reloaded, or the incident opened within the replay's warm-up",
+fn why_missed(i: &Recorded, gaps: &[(u64, u64)]) -> String {
+    if i.state == IncidentState::Interrupted {
+        return "the daemon stopped while it was open".into();
+    }
+    match gaps.iter().rev().find(|&&(_, after)| after <= i.opened_ns) {
+        Some(&(before, after)) => format!(
+            "the history has a gap from {} to {} before it: the daemon restarted then and resumed from its saved baseline, which the replay does not",
+            fmt_time(before),
+            fmt_time(after)
+        ),
+        None => "the settings were reloaded (SIGHUP) in the range, or it opened within the replay's warm-up".into(),
     }
 }
 
@@ -738,6 +776,7 @@ mod tests {
     use super::*;
     use crate::api::query::{self, HistoryParams};
     use detector::scenario::Scenario;
+    use std::time::UNIX_EPOCH;
     use storage::{NewIncident, Store, StoreConfig};
 
     /// Three hours of one service at 1 s, its read latency five times slower for ten
@@ -865,6 +904,35 @@ factor = 5
             assert_eq!((rows[2].false_alarms_dropped, rows[2].false_alarms), (1, 1));
             assert_eq!(rows[0].false_alarms_dropped, 0);
         }
+    }
+
+    #[test]
+    fn a_history_gap_before_a_missed_incident_is_named_as_a_restart() {
+        let rec = |t: u64| Record {
+            ts: UNIX_EPOCH + Duration::from_secs(t),
+            service: "web".into(),
+            probe: model::Probe::IpStart,
+            interval_ms: 1000,
+            hist: model::Histogram::new(),
+        };
+        let records: Vec<Record> = [1, 2, 3, 50, 51].into_iter().map(rec).collect();
+        let g = gaps(&records, SEC);
+        assert_eq!(g, vec![(3 * SEC, 50 * SEC)]);
+        let mut r = Recorded {
+            id: 1,
+            opened: String::new(),
+            closed: None,
+            state: IncidentState::Closed,
+            probes: String::new(),
+            verdict: None,
+            opened_ns: 51 * SEC,
+            closed_ns: None,
+        };
+        assert!(why_missed(&r, &g).contains("restarted"));
+        r.opened_ns = 2 * SEC;
+        assert!(why_missed(&r, &g).contains("reloaded"));
+        r.state = IncidentState::Interrupted;
+        assert!(why_missed(&r, &g).contains("stopped"));
     }
 
     #[test]
