@@ -321,6 +321,15 @@ cooldown = "1s"
     for line in String::from_utf8_lossy(&history.stdout).lines() {
         assert!(offline.contains(line), "missing offline: {line}");
     }
+    // Marking works offline too, and replaces the earlier verdict.
+    let mark = cli(&config, &["incidents", "mark", &id.to_string(), "real"]);
+    assert!(mark.status.success(), "{mark:?}");
+    let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+    assert!(how.contains("reading the database"), "{how}");
+    assert_eq!(view["verdict"]["verdict"], "real");
+    let export = cli(&config, &["export", &id.to_string()]);
+    let doc: Value = serde_json::from_slice(&export.stdout).unwrap();
+    assert_eq!(doc["verdict"]["verdict"], "real");
     let (summary, _) = cli_json(
         &config,
         &[
