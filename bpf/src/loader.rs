@@ -425,8 +425,13 @@ impl ProbeSet {
             .filter_map(|p| {
                 let id = libbpf_rs::Program::id_from_fd(p.as_fd()).ok()?;
                 let name = p.name().to_string_lossy().into_owned();
-                let section = p.section().to_string_lossy().into_owned();
-                Some((id, (name, section)))
+                // Sections name only the kind; the target is set at load from one table.
+                let kind = p.section().to_string_lossy();
+                let point = match crate::probes::target_of(&name) {
+                    Some(target) => format!("{kind}/{target}"),
+                    None => kind.into_owned(),
+                };
+                Some((id, (name, point)))
             })
             .collect();
         let mut stats: Vec<ProgStats> = libbpf_rs::query::ProgInfoIter::default()
