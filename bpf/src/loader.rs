@@ -24,7 +24,6 @@ const _: () = assert!(
     "tt_hist must be NUM_BUCKETS counts and a sum"
 );
 const _: fn(&types::tt_hist) -> &[u64; model::hist::NUM_BUCKETS] = |h| &h.buckets;
-const _: () = assert!(std::mem::size_of::<types::tt_hist_key>() == 8);
 const _: () = {
     assert!(types::tt_probe::TT_PROBE_IP_START.0 == Probe::IpStart.id());
     assert!(types::tt_probe::TT_PROBE_TCP_START.0 == Probe::TcpStart.id());
@@ -180,6 +179,12 @@ pub enum ReadError {
     /// Reading the TAI offset failed.
     #[error("reading the TAI offset: {0}")]
     Clock(std::io::Error),
+}
+
+/// The (service slot, probe) of a histogram map index.
+struct HistKey {
+    service: u32,
+    probe: u32,
 }
 
 /// How service slots get their names.
@@ -372,7 +377,12 @@ impl ProbeSet {
         };
         let mut hists = Vec::new();
         for key_bytes in maps.hists.keys() {
-            let key: types::tt_hist_key = decode("hists", &key_bytes)?;
+            let index: u32 = decode("hists", &key_bytes)?;
+            let probes = types::tt_probe::TT_NUM_PROBES.0;
+            let key = HistKey {
+                service: index / probes,
+                probe: index % probes,
+            };
             let Some(per_cpu) = maps
                 .hists
                 .lookup_percpu(&key_bytes, MapFlags::ANY)
@@ -803,10 +813,11 @@ fn configure(
     } else {
         config.services.len()
     };
-    let probes = plans.values().filter(|p| matches!(p, Plan::Use(_))).count();
+    // Indexed by service * TT_NUM_PROBES + probe: every probe id has its entry.
+    let probes = types::tt_probe::TT_NUM_PROBES.0 as usize;
     let entries = match config.hist_map_entries {
         Some(n) => n,
-        None => u32::try_from((slots + 2) * probes.max(1))
+        None => u32::try_from((slots + 2) * probes)
             .map_err(|_| LoadError::config("services", "too many services for one map"))?,
     };
     let port_rules: usize = config.services.iter().map(|s| s.ports.len()).sum();
@@ -815,7 +826,11 @@ fn configure(
     let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 8] = [
         (&mut open.maps.hists, entries as usize),
         (&mut open.maps.service_cgroups, cgroup_rules),
-        (&mut open.maps.service_ports, port_rules),
+        // Indexed by port: every port has an entry once any rule exists.
+        (
+            &mut open.maps.service_ports,
+            if port_rules > 0 { 1 << 16 } else { 0 },
+        ),
         (&mut open.maps.auto_cgroups, if auto { slots } else { 0 }),
         (&mut open.maps.allowed_pids, f.pids.len()),
         (&mut open.maps.allowed_cgroups, filter_cgroups.len()),
@@ -873,7 +888,7 @@ fn fill_maps(
         for port in &s.ports {
             put(
                 &maps.service_ports,
-                &port.to_ne_bytes(),
+                &u32::from(*port).to_ne_bytes(),
                 &slot.to_ne_bytes(),
             )?;
         }

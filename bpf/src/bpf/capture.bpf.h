@@ -35,7 +35,8 @@ volatile __u64 armed_interval_ns;
 volatile __u64 armed_burst_ns;
 volatile __u64 flight_interval_ns;
 volatile __u64 flight_burst_ns;
-/* Theoretical arrival times of the two rate limits (bpf_ktime_get_ns clock). */
+/* Theoretical arrival times of the two rate limits (CLOCK_TAI: the probes read it anyway
+ * for REALTIME stamps and hand it over). */
 __u64 armed_tat;
 __u64 flight_tat;
 
@@ -53,13 +54,15 @@ struct {
 } capture_ring SEC(".maps");
 
 /* Take one record's worth of the rate limit; a lost race with another CPU counts as limited. */
-static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns)
+static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns,
+				       __u64 now)
 {
-	__u64 now, old, start;
+	__u64 old, start;
 
 	if (!interval_ns)
 		return true;
-	now = bpf_ktime_get_ns();
+	if (!now)
+		now = bpf_ktime_get_tai_ns();
 	for (int attempt = 0; attempt < 3; attempt++) {
 		old = *(volatile __u64 *)tat;
 		start = old > now ? old : now;
@@ -169,7 +172,7 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 
 /* Emit a record for this sample if armed capture or the flight recorder wants it. */
 static __always_inline void capture_sample(const struct tt_sample *s, __u32 service,
-					   __u64 latency_ns, bool hol_suspect)
+					   __u64 latency_ns, bool hol_suspect, __u64 now_tai)
 {
 	__u32 mode = capture_mode;
 	struct tt_capture_threshold *t;
@@ -193,14 +196,14 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 				return;
 			flags |= TT_CAPTURE_F_SUBSAMPLED;
 		}
-		if (!take_token(&armed_tat, armed_interval_ns, armed_burst_ns)) {
+		if (!take_token(&armed_tat, armed_interval_ns, armed_burst_ns, now_tai)) {
 			count_event(TT_CAPTURE_ARMED_RATE_LIMITED);
 			return;
 		}
 		emitted = TT_CAPTURE_ARMED_EMITTED;
 		ring_full = TT_CAPTURE_ARMED_RING_FULL;
 	} else if ((mode & TT_CAPTURE_MODE_FLIGHT) && t->flight_ns && latency_ns >= t->flight_ns) {
-		if (!take_token(&flight_tat, flight_interval_ns, flight_burst_ns)) {
+		if (!take_token(&flight_tat, flight_interval_ns, flight_burst_ns, now_tai)) {
 			count_event(TT_CAPTURE_FLIGHT_RATE_LIMITED);
 			return;
 		}
