@@ -11,7 +11,9 @@
 //! - `+ flight`: the two services with the flight recorder on for every slot, as the daemon
 //!   runs once baselines exist (the default row);
 //! - `armed`: as `+ flight`, and armed capture on both services with every sample over its
-//!   threshold, held to the default 2000 records/s by the rate limit.
+//!   threshold, held to the default 2000 records/s by the rate limit;
+//! - `flight, no ip ports`: as `+ flight` with `[probes] ip_start_ports = false` (ip-start
+//!   reads no IP header and counts everything as host).
 //!
 //! `cargo bench -p bpf --bench probe_cost` as root. `TAILTRAP_BENCH_SECS` sets each phase's
 //! duration (default 3). kernel.bpf_stats_enabled is switched on for the run and restored.
@@ -55,33 +57,49 @@ enum Capture {
     Armed,
 }
 
+/// Load-time configurations.
+#[derive(Clone, Copy, PartialEq)]
+enum Load {
+    /// No services: auto-grouping by cgroup.
+    Auto,
+    /// The two services.
+    Services,
+    /// The two services, `ip_start_ports = false`.
+    NoIpStartPorts,
+}
+
 /// A phase: a load-time configuration and a capture state.
 struct PhaseSpec {
     name: &'static str,
-    services: bool,
+    load: Load,
     capture: Capture,
 }
 
-const PHASES: [PhaseSpec; 4] = [
+const PHASES: [PhaseSpec; 5] = [
     PhaseSpec {
         name: "no services",
-        services: false,
+        load: Load::Auto,
         capture: Capture::Off,
     },
     PhaseSpec {
         name: "services",
-        services: true,
+        load: Load::Services,
         capture: Capture::Off,
     },
     PhaseSpec {
         name: "+ flight",
-        services: true,
+        load: Load::Services,
         capture: Capture::Flight,
     },
     PhaseSpec {
         name: "armed",
-        services: true,
+        load: Load::Services,
         capture: Capture::Armed,
+    },
+    PhaseSpec {
+        name: "flight, no ip ports",
+        load: Load::NoIpStartPorts,
+        capture: Capture::Flight,
     },
 ];
 /// The row users run by default (the daemon once baselines exist).
@@ -146,6 +164,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ..ProbeConfig::default()
     };
     let without = ProbeConfig::default();
+    let no_ip_ports = ProbeConfig {
+        ip_start_ports: false,
+        ..with_services.clone()
+    };
 
     // The floor object needs the hooks the probes use (fentry or tp_btf, per kernel).
     let attach_points: HashSet<String> = ProbeSet::load(&with_services, &mut |_| {})?
@@ -164,8 +186,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // results[phase] = one Measured per order
     let mut results: Vec<Vec<Measured>> = PHASES.iter().map(|_| Vec::new()).collect();
     for order in [Order::FloorFirst, Order::ProbesFirst] {
-        for services in [false, true] {
-            let config = if services { &with_services } else { &without };
+        for load in [Load::Auto, Load::Services, Load::NoIpStartPorts] {
+            let config = match load {
+                Load::Auto => &without,
+                Load::Services => &with_services,
+                Load::NoIpStartPorts => &no_ip_ports,
+            };
             let mut floor_links = Vec::new();
             let attach_floor = |links: &mut Vec<libbpf_rs::Link>| -> Result<_, String> {
                 let mut ids = HashMap::new();
@@ -195,7 +221,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             // RX timestamping switches on from a workqueue; let it settle.
             std::thread::sleep(Duration::from_millis(300));
             for (i, phase) in PHASES.iter().enumerate() {
-                if phase.services != services {
+                if phase.load != load {
                     continue;
                 }
                 set_capture(&mut control, &mut set, phase.capture)?;
@@ -341,7 +367,7 @@ fn report(results: &[Vec<Measured>], secs: f64) {
         .unwrap_or_default();
     print!("{:<26} {:<30} {:>7}", "program", "attach point", "floor");
     for p in &PHASES {
-        print!(" {:>16}", p.name);
+        print!(" {:>19}", p.name);
     }
     println!(" {:>12}", "armed÷flight");
     let mut misses = Vec::new();
@@ -359,7 +385,7 @@ fn report(results: &[Vec<Measured>], secs: f64) {
                 (Some(n), Some(r)) => format!("{n:.1} ({r:.2})"),
                 _ => "-".into(),
             };
-            print!(" {cell:>16}");
+            print!(" {cell:>19}");
             if i == DEFAULT_PHASE {
                 if let Some(r) = ratio {
                     let limit = if probes.contains("ip-start") {

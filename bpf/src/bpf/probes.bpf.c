@@ -99,12 +99,16 @@ static __always_inline __u16 read_dport(const void *l4)
  * costs about as much as the rest of the probe, so the per-field reads of parse_ip_header
  * stay with capture. The bytes past a short packet are its buffer's tail room, never
  * unmapped; they are only used when the header says the ports are there. */
+/* [probes] ip_start_ports: off, ip-start reads no header and counts everything as host. */
+const volatile bool ip_start_ports = true;
+
 static __always_inline __u16 dport_at_network_header(const struct sk_buff *skb)
 {
 	__u8 b[TT_IP_PREFIX];
 	__u32 ihl;
 
-	if (!have_port_rules || bpf_probe_read_kernel(b, sizeof(b), skb->data))
+	if (!have_port_rules || !ip_start_ports ||
+	    bpf_probe_read_kernel(b, sizeof(b), skb->data))
 		return 0;
 	/* Later fragments carry no transport header; behind IPv6 extension headers proto is
 	 * not TCP/UDP, and such packets count toward "host". */
