@@ -305,6 +305,8 @@ for cfg in configs:
     for (c, prog) in sorted(k for k in share if k[0] == cfg):
         s = statistics.mean(share[(c, prog)])
         cps = statistics.mean(calls[(c, prog)])
+        if cps == 0:
+            continue  # a variant not attached on this kernel, or no such traffic
         total += s
         ns = s / 100 * 1e9 / cps if cps > 0 else 0
         print(f"{cfg:<7} {prog:<28} {s:>8.3f} {cps:>12.0f} {ns:>9.1f}")
