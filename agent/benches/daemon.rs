@@ -5,7 +5,8 @@
 //! asserts nothing.
 //!
 //! `cargo bench -p tailtrap --bench daemon` (TAILTRAP_BENCH_SECS sets the run length, 20 s
-//! by default).
+//! by default). With TAILTRAP_BENCH_PERF=PREFIX the measured window of each run is profiled
+//! with `perf record -e cpu-clock -g` into PREFIX-<services>.data (`perf report -i ...`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,6 +22,7 @@ struct Run {
     services: usize,
     intervals: u64,
     cpu_s: f64,
+    user_s: f64,
     rss_bytes: u64,
     reads_per_s: f64,
     scrape: Scrape,
@@ -193,8 +195,25 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
     let before = status(&path).expect("status");
     let load = Load::start(listeners);
     let t0 = Instant::now();
+    let perf = std::env::var("TAILTRAP_BENCH_PERF").ok().map(|prefix| {
+        Command::new("perf")
+            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-p"])
+            .arg(daemon.id().to_string())
+            .arg("-o")
+            .arg(format!("{prefix}-{services}.data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start perf record")
+    });
     std::thread::sleep(Duration::from_secs(secs));
     let after = status(&path).expect("status");
+    if let Some(mut perf) = perf {
+        let _ = Command::new("kill")
+            .args(["-INT", &perf.id().to_string()])
+            .status();
+        let _ = perf.wait();
+    }
     let scrape = after["daemon"]["metrics_listen"]
         .as_str()
         .map(|addr| measure_scrapes(addr, Duration::from_secs(1)))
@@ -214,6 +233,8 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
         services,
         intervals: intervals(&after) - intervals(&before),
         cpu_s: cpu(&after) - cpu(&before),
+        user_s: after["process"]["cpu_user_s"].as_f64().unwrap_or(0.0)
+            - before["process"]["cpu_user_s"].as_f64().unwrap_or(0.0),
         rss_bytes: after["process"]["rss_bytes"].as_u64().unwrap_or(0),
         reads_per_s: reads as f64 / elapsed,
         scrape,
@@ -235,19 +256,21 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     println!("daemon cost, {secs} s per run, 1 s interval, loopback TCP ping-pong per service");
     println!(
-        "{:>8} {:>9} {:>16} {:>10} {:>12} {:>10}",
-        "services", "intervals", "CPU/interval", "RSS", "reads/s", "vs 1 svc"
+        "{:>8} {:>9} {:>16} {:>12} {:>10} {:>12} {:>10}",
+        "services", "intervals", "CPU/interval", "user/interval", "RSS", "reads/s", "vs 1 svc"
     );
     let base = runs
         .first()
         .map_or(1.0, |r| r.cpu_s / r.intervals.max(1) as f64);
     for r in &runs {
         let per = r.cpu_s / r.intervals.max(1) as f64;
+        let user = r.user_s / r.intervals.max(1) as f64;
         println!(
-            "{:>8} {:>9} {:>13.2} ms {:>7.1} MiB {:>12.0} {:>9.2}x",
+            "{:>8} {:>9} {:>13.2} ms {:>9.2} ms {:>7.1} MiB {:>12.0} {:>9.2}x",
             r.services,
             r.intervals,
             per * 1e3,
+            user * 1e3,
             r.rss_bytes as f64 / (1 << 20) as f64,
             r.reads_per_s,
             per / base

@@ -37,6 +37,10 @@ pub struct ProbeConfig {
     pub filters: Filters,
     /// Skip head-of-line-blocked reads at tcp-socket-read.
     pub hol_filter: bool,
+    /// Attribute ip-start samples to services by port (one read of the IP header per
+    /// packet, the largest part of ip-start's cost); off: ip-start counts everything as
+    /// `host`.
+    pub ip_start_ports: bool,
     /// Override the histogram map's entry count (normally service slots x probes).
     #[serde(skip)]
     pub hist_map_entries: Option<u32>,
@@ -50,6 +54,7 @@ impl Default for ProbeConfig {
             auto_service_limit: DEFAULT_AUTO_SERVICE_LIMIT,
             filters: Filters::default(),
             hol_filter: true,
+            ip_start_ports: true,
             hist_map_entries: None,
         }
     }

@@ -24,7 +24,6 @@ const _: () = assert!(
     "tt_hist must be NUM_BUCKETS counts and a sum"
 );
 const _: fn(&types::tt_hist) -> &[u64; model::hist::NUM_BUCKETS] = |h| &h.buckets;
-const _: () = assert!(std::mem::size_of::<types::tt_hist_key>() == 8);
 const _: () = {
     assert!(types::tt_probe::TT_PROBE_IP_START.0 == Probe::IpStart.id());
     assert!(types::tt_probe::TT_PROBE_TCP_START.0 == Probe::TcpStart.id());
@@ -180,6 +179,85 @@ pub enum ReadError {
     /// Reading the TAI offset failed.
     #[error("reading the TAI offset: {0}")]
     Clock(std::io::Error),
+}
+
+/// Every value of a per-CPU array, read with one batched lookup: per entry, one value per
+/// possible CPU, each padded to 8 bytes as the kernel hands them over.
+struct PerCpuTable {
+    entries: u32,
+    cpus: usize,
+    stride: usize,
+    value_size: usize,
+    bytes: Vec<u8>,
+}
+
+impl PerCpuTable {
+    /// The per-CPU values of entry `index`.
+    fn values(&self, index: u32) -> impl Iterator<Item = &[u8]> {
+        let start = index as usize * self.cpus * self.stride;
+        (0..self.cpus).map(move |cpu| {
+            let at = start + cpu * self.stride;
+            &self.bytes[at..at + self.value_size]
+        })
+    }
+}
+
+/// Read a whole per-CPU array in one `BPF_MAP_LOOKUP_BATCH` (one syscall instead of a key
+/// walk and a lookup per entry, and no allocation per entry and CPU): the interval loop
+/// reads (services + 2) x 7 histograms every second.
+fn read_percpu_array(
+    map: &libbpf_rs::MapMut<'_>,
+    value_size: usize,
+) -> Result<PerCpuTable, ReadError> {
+    use libbpf_rs::libbpf_sys;
+    use std::os::fd::AsRawFd;
+
+    let map_err = |source| ReadError::Map {
+        map: "hists",
+        source,
+    };
+    let cpus = libbpf_rs::num_possible_cpus().map_err(map_err)?;
+    let entries = map.max_entries();
+    let stride = value_size.next_multiple_of(8);
+    let mut bytes = vec![0u8; entries as usize * cpus * stride];
+    let mut keys = vec![0u32; entries as usize];
+    let mut out_batch = 0u32;
+    let mut count = entries;
+    let opts = libbpf_sys::bpf_map_batch_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+        ..Default::default()
+    };
+    // SAFETY: keys holds `entries` u32 keys and bytes `entries` per-CPU values, the most
+    // the kernel writes for `count` = entries; out_batch is a u32 like the array's key.
+    let ret = unsafe {
+        libbpf_sys::bpf_map_lookup_batch(
+            map.as_fd().as_raw_fd(),
+            std::ptr::null_mut(),
+            (&mut out_batch as *mut u32).cast(),
+            keys.as_mut_ptr().cast(),
+            bytes.as_mut_ptr().cast(),
+            &mut count,
+            &opts,
+        )
+    };
+    // ENOENT: the batch reached the end of the map, which is what reading all of it means.
+    if ret < 0 && ret != -libc::ENOENT {
+        return Err(map_err(libbpf_rs::Error::from_raw_os_error(-ret)));
+    }
+    // An array hands its entries over in index order; fewer than asked only if it ended.
+    Ok(PerCpuTable {
+        entries: count.min(entries),
+        cpus,
+        stride,
+        value_size,
+        bytes,
+    })
+}
+
+/// The (service slot, probe) of a histogram map index.
+struct HistKey {
+    service: u32,
+    probe: u32,
 }
 
 /// How service slots get their names.
@@ -371,34 +449,30 @@ impl ProbeSet {
             SlotNames::Configured(_) => HashMap::new(),
         };
         let mut hists = Vec::new();
-        for key_bytes in maps.hists.keys() {
-            let key: types::tt_hist_key = decode("hists", &key_bytes)?;
-            let Some(per_cpu) = maps
-                .hists
-                .lookup_percpu(&key_bytes, MapFlags::ANY)
-                .map_err(|source| ReadError::Map {
-                    map: "hists",
-                    source,
-                })?
-            else {
-                continue; // deleted between iteration and lookup: nothing to report
+        let probes = types::tt_probe::TT_NUM_PROBES.0;
+        let value_size = std::mem::size_of::<types::tt_hist>();
+        let table = read_percpu_array(&maps.hists, value_size)?;
+        for index in 0..table.entries {
+            let key = HistKey {
+                service: index / probes,
+                probe: index % probes,
             };
             let Some(probe) = Probe::from_id(key.probe) else {
                 continue;
             };
             let mut buckets = [0u64; model::hist::NUM_BUCKETS];
             let mut sum_ns = 0u64;
-            for cpu in &per_cpu {
+            for cpu in table.values(index) {
                 let h: types::tt_hist = decode("hists", cpu)?;
                 for (total, n) in buckets.iter_mut().zip(h.buckets.iter()) {
                     *total = total.saturating_add(*n);
                 }
                 sum_ns = sum_ns.saturating_add(h.sum_ns);
             }
-            let hist = Histogram::from_dense(&buckets, sum_ns)?;
-            if hist.is_empty() {
-                continue;
+            if sum_ns == 0 && buckets.iter().all(|&n| n == 0) {
+                continue; // never touched: most entries of a large map
             }
+            let hist = Histogram::from_dense(&buckets, sum_ns)?;
             let service = slot_name(&mut self.slot_names, key.service, &auto_slots);
             hists.push(ServiceHist {
                 service,
@@ -425,8 +499,13 @@ impl ProbeSet {
             .filter_map(|p| {
                 let id = libbpf_rs::Program::id_from_fd(p.as_fd()).ok()?;
                 let name = p.name().to_string_lossy().into_owned();
-                let section = p.section().to_string_lossy().into_owned();
-                Some((id, (name, section)))
+                // Sections name only the kind; the target is set at load from one table.
+                let kind = p.section().to_string_lossy();
+                let point = match crate::probes::target_of(&name) {
+                    Some(target) => format!("{kind}/{target}"),
+                    None => kind.into_owned(),
+                };
+                Some((id, (name, point)))
             })
             .collect();
         let mut stats: Vec<ProgStats> = libbpf_rs::query::ProgInfoIter::default()
@@ -798,10 +877,11 @@ fn configure(
     } else {
         config.services.len()
     };
-    let probes = plans.values().filter(|p| matches!(p, Plan::Use(_))).count();
+    // Indexed by service * TT_NUM_PROBES + probe: every probe id has its entry.
+    let probes = types::tt_probe::TT_NUM_PROBES.0 as usize;
     let entries = match config.hist_map_entries {
         Some(n) => n,
-        None => u32::try_from((slots + 2) * probes.max(1))
+        None => u32::try_from((slots + 2) * probes)
             .map_err(|_| LoadError::config("services", "too many services for one map"))?,
     };
     let port_rules: usize = config.services.iter().map(|s| s.ports.len()).sum();
@@ -810,7 +890,11 @@ fn configure(
     let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 8] = [
         (&mut open.maps.hists, entries as usize),
         (&mut open.maps.service_cgroups, cgroup_rules),
-        (&mut open.maps.service_ports, port_rules),
+        // Indexed by port: every port has an entry once any rule exists.
+        (
+            &mut open.maps.service_ports,
+            if port_rules > 0 { 1 << 16 } else { 0 },
+        ),
         (&mut open.maps.auto_cgroups, if auto { slots } else { 0 }),
         (&mut open.maps.allowed_pids, f.pids.len()),
         (&mut open.maps.allowed_cgroups, filter_cgroups.len()),
@@ -839,6 +923,7 @@ fn configure(
     ro.min_queue_len = f.min_queue_len;
     ro.sample_one_in = f.sample_one_in;
     ro.hol_filter = config.hol_filter;
+    ro.ip_start_ports = config.ip_start_ports;
     ro.sk_data_ready_tcp = uses_sk_data_ready(Probe::TcpSocketEnqueued);
     ro.sk_data_ready_udp = uses_sk_data_ready(Probe::UdpSocketEnqueued);
     Ok(())
@@ -868,7 +953,7 @@ fn fill_maps(
         for port in &s.ports {
             put(
                 &maps.service_ports,
-                &port.to_ne_bytes(),
+                &u32::from(*port).to_ne_bytes(),
                 &slot.to_ne_bytes(),
             )?;
         }

@@ -35,7 +35,8 @@ volatile __u64 armed_interval_ns;
 volatile __u64 armed_burst_ns;
 volatile __u64 flight_interval_ns;
 volatile __u64 flight_burst_ns;
-/* Theoretical arrival times of the two rate limits (bpf_ktime_get_ns clock). */
+/* Theoretical arrival times of the two rate limits (CLOCK_TAI: the probes read it anyway
+ * for REALTIME stamps and hand it over). */
 __u64 armed_tat;
 __u64 flight_tat;
 
@@ -53,13 +54,15 @@ struct {
 } capture_ring SEC(".maps");
 
 /* Take one record's worth of the rate limit; a lost race with another CPU counts as limited. */
-static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns)
+static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns,
+				       __u64 now)
 {
-	__u64 now, old, start;
+	__u64 old, start;
 
 	if (!interval_ns)
 		return true;
-	now = bpf_ktime_get_ns();
+	if (!now)
+		now = bpf_ktime_get_tai_ns();
 	for (int attempt = 0; attempt < 3; attempt++) {
 		old = *(volatile __u64 *)tat;
 		start = old > now ? old : now;
@@ -94,17 +97,22 @@ static __always_inline void tuple_from_packet(struct tt_capture_record *r, const
 	}
 }
 
+/* sk and skb are BTF-typed pointers here: plain loads (checked by the verifier, a fault
+ * reads 0) instead of a kernel-read helper call per field, which made each record cost
+ * microseconds. */
 static __always_inline void tuple_from_sock(struct tt_capture_record *r, const struct sock *sk)
 {
-	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	__u16 family = sk->__sk_common.skc_family;
 
-	r->ip_proto = BPF_CORE_READ(sk, sk_protocol);
-	r->sport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-	r->dport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	r->ip_proto = sk->sk_protocol;
+	r->sport = bpf_ntohs(sk->__sk_common.skc_dport);
+	r->dport = sk->__sk_common.skc_num;
 	if (family == TT_AF_INET) {
+		__be32 saddr = sk->__sk_common.skc_daddr, daddr = sk->__sk_common.skc_rcv_saddr;
+
 		r->family = TT_AF_INET;
-		bpf_probe_read_kernel(r->saddr, 4, &sk->__sk_common.skc_daddr);
-		bpf_probe_read_kernel(r->daddr, 4, &sk->__sk_common.skc_rcv_saddr);
+		__builtin_memcpy(r->saddr, &saddr, 4);
+		__builtin_memcpy(r->daddr, &daddr, 4);
 	} else if (family == TT_AF_INET6) {
 		r->family = TT_AF_INET6;
 		copy_in6(r->saddr, &sk->__sk_common.skc_v6_daddr);
@@ -123,21 +131,21 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 	r->probe = s->probe;
 	r->service = service;
 	r->cpu = bpf_get_smp_processor_id();
-	r->skb_len = skb ? BPF_CORE_READ(skb, len) : 0;
-	r->ifindex = skb ? BPF_CORE_READ(skb, skb_iif) : 0;
+	r->skb_len = skb ? skb->len : 0;
+	r->ifindex = skb ? skb->skb_iif : 0;
 	if (s->process_context) {
 		r->pid = bpf_get_current_pid_tgid() >> 32;
 		bpf_get_current_comm(r->comm, sizeof(r->comm));
 		flags |= TT_CAPTURE_F_PROCESS;
 	}
 	if (sk) {
-		struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+		struct cgroup *cg = sk->sk_cgrp_data.cgroup;
 
-		r->cgroup_id = cg ? BPF_CORE_READ(cg, kn, id) : 0;
-		r->netns_ino = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
-		r->queue_skbs = BPF_CORE_READ(sk, sk_receive_queue.qlen);
-		r->rmem_alloc = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
-		r->rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
+		r->cgroup_id = cg ? cg->kn->id : 0;
+		r->netns_ino = sk->__sk_common.skc_net.net->ns.inum;
+		r->queue_skbs = sk->sk_receive_queue.qlen;
+		r->rmem_alloc = sk->sk_backlog.rmem_alloc.counter;
+		r->rcvbuf = sk->sk_rcvbuf;
 		tuple_from_sock(r, sk);
 		if (r->ip_proto == TT_IPPROTO_TCP) {
 			const struct tcp_sock *tp = (const void *)sk;
@@ -148,14 +156,14 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		}
 		flags |= TT_CAPTURE_F_SOCKET;
 	} else if (skb) {
-		const __u8 *head = BPF_CORE_READ(skb, head);
+		const __u8 *head = skb->head;
 
-		r->netns_ino = BPF_CORE_READ(skb, dev, nd_net.net, ns.inum);
+		r->netns_ino = skb->dev ? skb->dev->nd_net.net->ns.inum : 0;
 		/* At ip-start skb->data is the IP header; later the network header offset is set. */
 		if (s->probe == TT_PROBE_IP_START)
-			tuple_from_packet(r, BPF_CORE_READ(skb, data));
+			tuple_from_packet(r, skb->data);
 		else
-			tuple_from_packet(r, head + BPF_CORE_READ(skb, network_header));
+			tuple_from_packet(r, head + skb->network_header);
 	}
 	/* The control block holds TCP's seq once tcp_v4_rcv/tcp_v6_rcv filled it in. */
 	if (skb && r->ip_proto == TT_IPPROTO_TCP &&
@@ -169,7 +177,7 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 
 /* Emit a record for this sample if armed capture or the flight recorder wants it. */
 static __always_inline void capture_sample(const struct tt_sample *s, __u32 service,
-					   __u64 latency_ns, bool hol_suspect)
+					   __u64 latency_ns, bool hol_suspect, __u64 now_tai)
 {
 	__u32 mode = capture_mode;
 	struct tt_capture_threshold *t;
@@ -193,14 +201,14 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 				return;
 			flags |= TT_CAPTURE_F_SUBSAMPLED;
 		}
-		if (!take_token(&armed_tat, armed_interval_ns, armed_burst_ns)) {
+		if (!take_token(&armed_tat, armed_interval_ns, armed_burst_ns, now_tai)) {
 			count_event(TT_CAPTURE_ARMED_RATE_LIMITED);
 			return;
 		}
 		emitted = TT_CAPTURE_ARMED_EMITTED;
 		ring_full = TT_CAPTURE_ARMED_RING_FULL;
 	} else if ((mode & TT_CAPTURE_MODE_FLIGHT) && t->flight_ns && latency_ns >= t->flight_ns) {
-		if (!take_token(&flight_tat, flight_interval_ns, flight_burst_ns)) {
+		if (!take_token(&flight_tat, flight_interval_ns, flight_burst_ns, now_tai)) {
 			count_event(TT_CAPTURE_FLIGHT_RATE_LIMITED);
 			return;
 		}

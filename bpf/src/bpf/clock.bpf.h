@@ -40,6 +40,23 @@ static __always_inline __u8 skb_clock(const struct sk_buff *skb)
 	return TT_CLOCK_REALTIME;
 }
 
+/* "now" in the stamp's clock; *tai gets now in CLOCK_TAI when that came for free (else 0),
+ * so that capture's rate limit need not read a clock of its own. */
+static __always_inline __u64 clock_now_tai(__u8 clock, __u64 *tai)
+{
+	switch (clock) {
+	case TT_CLOCK_MONOTONIC:
+		*tai = 0;
+		return bpf_ktime_get_ns();
+	case TT_CLOCK_TAI:
+		*tai = bpf_ktime_get_tai_ns();
+		return *tai;
+	default:
+		*tai = bpf_ktime_get_tai_ns();
+		return *tai - tai_offset_ns;
+	}
+}
+
 static __always_inline __u64 clock_now(__u8 clock)
 {
 	switch (clock) {
@@ -56,7 +73,8 @@ static __always_inline __u64 clock_now(__u8 clock)
  * Latency from a stamp to now. Zero stamps (RX timestamping was off) and future stamps
  * (clock mismatch, sender-side EDT times) are counted and yield false.
  */
-static __always_inline bool latency_since(__u64 stamp, __u8 clock, __u64 *latency_ns)
+static __always_inline bool latency_since(__u64 stamp, __u8 clock, __u64 *latency_ns,
+					  __u64 *now_tai)
 {
 	__u64 now;
 
@@ -64,7 +82,7 @@ static __always_inline bool latency_since(__u64 stamp, __u8 clock, __u64 *latenc
 		count_event(TT_COUNTER_ZERO_TSTAMP);
 		return false;
 	}
-	now = clock_now(clock);
+	now = clock_now_tai(clock, now_tai);
 	if (stamp > now) {
 		count_event(TT_COUNTER_FUTURE_TSTAMP);
 		return false;

@@ -29,7 +29,6 @@ char LICENSE[] SEC("license") = "GPL";
  * tracepoint from the one table in Rust (model::Probe::hooks), so no second copy lives here. */
 
 /* Emit the shared types into BTF so the skeleton generates them for Rust. */
-struct tt_hist_key tt_type_hist_key;
 struct tt_hist tt_type_hist;
 enum tt_probe tt_type_probe;
 enum tt_service_slot tt_type_service_slot;
@@ -48,7 +47,7 @@ enum tt_capture_limit tt_type_capture_limit;
 static __always_inline void record_latency(const struct tt_sample *s)
 {
 	bool hol_suspect = false;
-	__u64 latency_ns;
+	__u64 latency_ns, now_tai;
 	__u32 service;
 
 	if (!filters_pass(s->skb, s->sk, s->process_context))
@@ -59,12 +58,12 @@ static __always_inline void record_latency(const struct tt_sample *s)
 			return;
 		hol_suspect = true;
 	}
-	if (!latency_since(s->stamp_ns, s->clock, &latency_ns))
+	if (!latency_since(s->stamp_ns, s->clock, &latency_ns, &now_tai))
 		return;
 	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
 	if (!hol_suspect)
 		hist_add(service, s->probe, latency_ns);
-	capture_sample(s, service, latency_ns, hol_suspect);
+	capture_sample(s, service, latency_ns, hol_suspect, now_tai);
 }
 
 static __always_inline void record_skb(__u32 probe, const struct sk_buff *skb,
@@ -91,18 +90,45 @@ static __always_inline __u16 read_dport(const void *l4)
 	return bpf_ntohs(port);
 }
 
-/* Local port from a packet whose data starts at the IP header; only when port rules exist. */
+/* An IP header up to the destination port right after a fixed-size header: IPv4 without
+ * options (20 + 4 bytes) or IPv6 (40 + 4). */
+#define TT_IP_PREFIX 44
+
+/* Local port from a packet whose data starts at the IP header; only when port rules exist.
+ * One read of the first 44 bytes covers both families' header and ports: each kernel read
+ * costs about as much as the rest of the probe, so the per-field reads of parse_ip_header
+ * stay with capture. The bytes past a short packet are its buffer's tail room, never
+ * unmapped; they are only used when the header says the ports are there. */
+/* [probes] ip_start_ports: off, ip-start reads no header and counts everything as host. */
+const volatile bool ip_start_ports = true;
+
 static __always_inline __u16 dport_at_network_header(const struct sk_buff *skb)
 {
-	struct tt_ip_header h;
+	__u8 b[TT_IP_PREFIX];
+	__u32 ihl;
 
-	if (!have_port_rules || !parse_ip_header(skb->data, &h, NULL, NULL))
+	if (!have_port_rules || !ip_start_ports ||
+	    bpf_probe_read_kernel(b, sizeof(b), skb->data))
 		return 0;
 	/* Later fragments carry no transport header; behind IPv6 extension headers proto is
 	 * not TCP/UDP, and such packets count toward "host". */
-	if (h.later_fragment || (h.proto != TT_IPPROTO_TCP && h.proto != TT_IPPROTO_UDP))
+	switch (b[0] >> 4) {
+	case 4:
+		if (((b[6] << 8) | b[7]) & TT_IP_OFFSET_MASK)
+			return 0;
+		if (b[9] != TT_IPPROTO_TCP && b[9] != TT_IPPROTO_UDP)
+			return 0;
+		ihl = (b[0] & 0xf) * 4;
+		if (ihl == 20)
+			return (b[22] << 8) | b[23];
+		return read_dport(skb->data + ihl);
+	case 6:
+		if (b[6] != TT_IPPROTO_TCP && b[6] != TT_IPPROTO_UDP)
+			return 0;
+		return (b[42] << 8) | b[43];
+	default:
 		return 0;
-	return read_dport(h.l4);
+	}
 }
 
 /* Local port when skb->data is at the transport header (tcp_v4_rcv, udp_rcv, ...). */

@@ -35,13 +35,25 @@ struct {
 	__type(value, __u32);
 } service_cgroups SEC(".maps");
 
-/* Configured: local port (host order) -> service slot. */
+/* Configured: local port (host order) -> service slot, 0 (host) where no rule names it. An
+ * array indexed by port (65536 entries with port rules) so that the pre-socket probes pay an
+ * inlined index, not a hash, per packet. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
-	__type(key, __u16);
+	__type(key, __u32);
 	__type(value, __u32);
 } service_ports SEC(".maps");
+
+/* Per socket: its service slot + 1 once resolved (0: not yet). A socket's cgroup and local
+ * port do not change while it receives, so the cgroup walk and port lookup run once per
+ * socket instead of once per sample. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u32);
+} sock_services SEC(".maps");
 
 /* Auto-grouping: socket cgroup id -> slot, filled here; the loader reads it for names. */
 struct {
@@ -63,11 +75,12 @@ static __always_inline __u64 cgroup_id(const struct cgroup *cg)
 
 static __always_inline __u32 service_of_port(__u16 port)
 {
-	__u32 *slot;
+	__u32 key = port, *slot;
 
 	if (!have_port_rules || !port)
 		return TT_SERVICE_HOST;
-	slot = bpf_map_lookup_elem(&service_ports, &port);
+	slot = bpf_map_lookup_elem(&service_ports, &key);
+	/* Unset entries are 0, TT_SERVICE_HOST. */
 	return slot ? *slot : TT_SERVICE_HOST;
 }
 
@@ -117,7 +130,7 @@ static __always_inline __u32 auto_service(const struct sock *sk)
 	return slot;
 }
 
-static __always_inline __u32 service_of_sock(const struct sock *sk)
+static __always_inline __u32 resolve_service_of_sock(const struct sock *sk)
 {
 	__u32 slot;
 
@@ -129,6 +142,24 @@ static __always_inline __u32 service_of_sock(const struct sock *sk)
 			return slot;
 	}
 	return service_of_port(sk->__sk_common.skc_num);
+}
+
+static __always_inline __u32 service_of_sock(const struct sock *sk)
+{
+	__u32 *cached, slot;
+
+	/* Without services or auto-grouping every socket is "host": nothing to cache. */
+	if (!auto_services && !have_cgroup_rules && !have_port_rules)
+		return TT_SERVICE_HOST;
+	/* NULL for sockets without storage (not full sockets) or out of memory: resolve. */
+	cached = bpf_sk_storage_get(&sock_services, (struct sock *)sk, 0,
+				    BPF_SK_STORAGE_GET_F_CREATE);
+	if (cached && *cached)
+		return *cached - 1;
+	slot = resolve_service_of_sock(sk);
+	if (cached)
+		*cached = slot + 1;
+	return slot;
 }
 
 #endif /* TT_SERVICE_BPF_H */

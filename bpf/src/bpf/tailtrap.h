@@ -53,12 +53,6 @@ enum tt_counter {
 	TT_NUM_COUNTERS = 11,
 };
 
-/* Key of the histogram map: one histogram per (service slot, probe). */
-struct tt_hist_key {
-	__u32 service;
-	__u32 probe;
-};
-
 /* One histogram; the count is the sum of the buckets. */
 struct tt_hist {
 	__u64 buckets[TT_NUM_BUCKETS];
