@@ -213,6 +213,10 @@ fn replay_all(
     resolution: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Outcome>> {
+    // Every candidate replays the same points: their non-empty buckets are found once here
+    // rather than by scanning each dense histogram once per candidate.
+    let sparse: Vec<SparseRecord> = records.iter().map(SparseRecord::new).collect();
+    let records = &sparse[..];
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
         Mutex::new((0..cands.len()).map(|_| None).collect());
@@ -246,8 +250,29 @@ fn replay_all(
         .collect()
 }
 
+/// A [`Record`] reduced to what a replay reads, with its buckets sparse.
+struct SparseRecord<'a> {
+    ts: SystemTime,
+    service: &'a str,
+    probe: model::Probe,
+    count: u64,
+    buckets: Box<[(usize, u64)]>,
+}
+
+impl<'a> SparseRecord<'a> {
+    fn new(r: &'a Record) -> Self {
+        SparseRecord {
+            ts: r.ts,
+            service: &r.service,
+            probe: r.probe,
+            count: r.hist.count(),
+            buckets: r.hist.nonzero().collect(),
+        }
+    }
+}
+
 fn replay_one(
-    records: &[Record],
+    records: &[SparseRecord],
     cfg: DetectorConfig,
     progress: &ProgressBar,
 ) -> anyhow::Result<Outcome> {
@@ -255,7 +280,9 @@ fn replay_one(
     let mut replayer = Replayer::new(Detector::new(cfg));
     for chunk in records.chunks(STEP) {
         for r in chunk {
-            replayer.push(r).context("replaying the stored history")?;
+            replayer
+                .push_buckets(r.ts, r.service, r.probe, r.buckets.iter().copied(), r.count)
+                .context("replaying the stored history")?;
         }
         progress.inc(chunk.len() as u64);
     }
