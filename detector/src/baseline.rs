@@ -374,4 +374,29 @@ mod tests {
             Err(BaselineError::Corrupt(_))
         ));
     }
+
+    #[test]
+    fn shortcut_sums_equal_the_full_sums_bit_for_bit() {
+        let full = |w: &[f64]| Cumulative::new(w.iter().copied()).cum;
+        let mut b = Baseline::new(t(0));
+        for (step, v) in [
+            (0u64, 90_000u64),
+            (7, 3_000_000),
+            (20, 40_000),
+            (33, 250_000),
+        ] {
+            let mut h = hist_at(v, 997);
+            h.record_n(v / 3, 13);
+            b.learn(t(step), h.nonzero(), Duration::from_secs(11));
+            assert_eq!(b.cumulative().cum, full(&b.weights[..]));
+            let mut counts = [0u64; NUM_BUCKETS];
+            for (i, c) in h.nonzero() {
+                counts[i] = c * (step + 1);
+            }
+            let as_f64: Vec<f64> = counts.iter().map(|&c| c as f64).collect();
+            assert_eq!(Cumulative::from_counts(&counts).cum, full(&as_f64));
+        }
+        let back = Baseline::from_bytes(&b.to_bytes()).unwrap();
+        assert_eq!(back.cumulative().cum, full(&back.weights[..]));
+    }
 }
