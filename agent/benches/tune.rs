@@ -5,7 +5,7 @@
 //! system) and wall time of each run; asserts nothing. Needs no root.
 //!
 //! `cargo bench -p tailtrap --bench tune` (TAILTRAP_BENCH_PROBES sets the probes per
-//! service, 1 to 3, default 3).
+//! service, 1 to 7, default 3; TAILTRAP_BENCH_DIR keeps the databases).
 
 use std::path::Path;
 use std::process::Command;
@@ -17,7 +17,16 @@ use storage::{Store, StoreConfig};
 
 const TAILTRAP: &str = env!("CARGO_BIN_EXE_tailtrap");
 
-const PROBES: [&str; 3] = ["tcp-start", "tcp-socket-enqueued", "tcp-socket-read"];
+/// A TCP service's probes first (ip-start last: shared with UDP), then UDP's.
+const PROBES: [&str; 7] = [
+    "tcp-start",
+    "tcp-socket-enqueued",
+    "tcp-socket-read",
+    "ip-start",
+    "udp-start",
+    "udp-socket-enqueued",
+    "udp-socket-read",
+];
 
 fn scenario(duration: &str, interval: &str, probes: usize) -> String {
     let mut s = format!(
@@ -134,10 +143,14 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
-        .clamp(1, 3);
-    let dir = tempfile::tempdir().expect("tempdir");
+        .clamp(1, PROBES.len());
+    // TAILTRAP_BENCH_DIR keeps the databases there (and reuses them), e.g. to profile or to
+    // compare two builds' answers on the same history.
+    let kept = std::env::var_os("TAILTRAP_BENCH_DIR").map(std::path::PathBuf::from);
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = kept.as_deref().unwrap_or(temp.path());
     // An empty config file: the built-in defaults (daemon interval 1 s).
-    std::fs::write(dir.path().join("none.toml"), "").expect("config");
+    std::fs::write(dir.join("none.toml"), "").expect("config");
     println!("tailtrap tune, offline, 8 candidates + the settings in force, {probes} probe(s)");
     println!(
         "{:<40} {:>9} {:>9} {:>9} {:>6}",
@@ -147,11 +160,22 @@ fn main() {
         ("one week at 10 s", "7d", "10s", "10s"),
         ("6 h at 1 s", "6h", "1s", "1s"),
     ] {
-        let sub = dir.path().join(interval);
+        let sub = dir.join(format!("{interval}-{probes}"));
         std::fs::create_dir_all(&sub).expect("dir");
         std::fs::write(sub.join("none.toml"), "").expect("config");
         let built = Instant::now();
-        let end = build(&sub.join("db"), &scenario(duration, interval, probes));
+        let end_file = sub.join("end");
+        let end = match std::fs::read_to_string(&end_file)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            Some(end) => end,
+            None => {
+                let end = build(&sub.join("db"), &scenario(duration, interval, probes));
+                std::fs::write(&end_file, end.to_string()).expect("end");
+                end
+            }
+        };
         let span = humantime::parse_duration(duration).expect("span");
         let from = end - u64::try_from(span.as_nanos()).expect("span");
         eprintln!("({name}: database written in {:.1?})", built.elapsed());

@@ -26,6 +26,9 @@ pub enum BaselineError {
 pub(crate) struct Baseline {
     weights: Box<[f64; NUM_BUCKETS]>,
     total: f64,
+    /// Buckets outside `span.0..span.1` hold exactly 0: decay and running sums skip them
+    /// (adding or scaling a 0 changes nothing, so the results are bit-identical).
+    span: (usize, usize),
     first_seen: SystemTime,
     last_update: SystemTime,
 }
@@ -43,6 +46,7 @@ impl Baseline {
         Baseline {
             weights: Box::new([0.0; NUM_BUCKETS]),
             total: 0.0,
+            span: (0, 0),
             first_seen: now,
             last_update: now,
         }
@@ -62,7 +66,7 @@ impl Baseline {
             .as_secs_f64();
         if dt > 0.0 && self.total > 0.0 {
             let keep = 0.5f64.powf(dt / half_life.as_secs_f64());
-            for w in self.weights.iter_mut() {
+            for w in &mut self.weights[self.span.0..self.span.1] {
                 *w *= keep;
             }
             self.total *= keep;
@@ -71,6 +75,7 @@ impl Baseline {
             if let Some(w) = self.weights.get_mut(i) {
                 *w += c as f64;
                 self.total += c as f64;
+                self.widen(i);
             }
         }
         self.last_update = self.last_update.max(now);
@@ -94,9 +99,26 @@ impl Baseline {
                 >= min_age
     }
 
+    /// Cover bucket `i` in the span of possibly non-zero weights.
+    fn widen(&mut self, i: usize) {
+        if self.span.0 == self.span.1 {
+            self.span = (i, i + 1);
+        } else {
+            self.span = (self.span.0.min(i), self.span.1.max(i + 1));
+        }
+    }
+
     /// Cumulative weights, for repeated quantile look-ups in one evaluation.
     pub(crate) fn cumulative(&self) -> Cumulative {
-        Cumulative::new(self.weights.iter().copied())
+        let (lo, hi) = self.span;
+        let mut cum = [0.0; NUM_BUCKETS];
+        let mut acc = 0.0;
+        for (slot, &w) in cum[lo..hi].iter_mut().zip(&self.weights[lo..hi]) {
+            acc += w;
+            *slot = acc;
+        }
+        cum[hi..].fill(acc);
+        Cumulative { cum }
     }
 
     /// Quantile as the daemon wants it for capture thresholds.
@@ -151,6 +173,7 @@ impl Baseline {
             }
             *slot = w;
             b.total += w;
+            b.widen(usize::from(i));
         }
         Ok(b)
     }
@@ -174,6 +197,23 @@ pub(crate) struct Cumulative {
 }
 
 impl Cumulative {
+    /// Running sums of integer counts. Every partial sum below 2^53 is exact in f64 in any
+    /// order, so this equals `new` over the counts as f64 while adding integers (fast) and
+    /// skipping the empty buckets at both ends.
+    pub(crate) fn from_counts(counts: &[u64; NUM_BUCKETS]) -> Self {
+        let lo = counts.iter().position(|&c| c != 0).unwrap_or(NUM_BUCKETS);
+        let mut cum = [0.0; NUM_BUCKETS];
+        let mut acc = 0u64;
+        for (slot, &c) in cum[lo..].iter_mut().zip(&counts[lo..]) {
+            acc = acc.saturating_add(c);
+            *slot = acc as f64;
+        }
+        if acc >= 1 << 53 {
+            return Cumulative::new(counts.iter().map(|&c| c as f64));
+        }
+        Cumulative { cum }
+    }
+
     pub(crate) fn new(weights: impl Iterator<Item = f64>) -> Self {
         let mut cum = [0.0; NUM_BUCKETS];
         let mut acc = 0.0;
@@ -333,5 +373,30 @@ mod tests {
             Baseline::from_bytes(&[]),
             Err(BaselineError::Corrupt(_))
         ));
+    }
+
+    #[test]
+    fn shortcut_sums_equal_the_full_sums_bit_for_bit() {
+        let full = |w: &[f64]| Cumulative::new(w.iter().copied()).cum;
+        let mut b = Baseline::new(t(0));
+        for (step, v) in [
+            (0u64, 90_000u64),
+            (7, 3_000_000),
+            (20, 40_000),
+            (33, 250_000),
+        ] {
+            let mut h = hist_at(v, 997);
+            h.record_n(v / 3, 13);
+            b.learn(t(step), h.nonzero(), Duration::from_secs(11));
+            assert_eq!(b.cumulative().cum, full(&b.weights[..]));
+            let mut counts = [0u64; NUM_BUCKETS];
+            for (i, c) in h.nonzero() {
+                counts[i] = c * (step + 1);
+            }
+            let as_f64: Vec<f64> = counts.iter().map(|&c| c as f64).collect();
+            assert_eq!(Cumulative::from_counts(&counts).cum, full(&as_f64));
+        }
+        let back = Baseline::from_bytes(&b.to_bytes()).unwrap();
+        assert_eq!(back.cumulative().cum, full(&back.weights[..]));
     }
 }

@@ -85,6 +85,23 @@ impl Detector {
         key.fresh = true;
     }
 
+    /// [`Detector::observe`] from the interval's non-empty `(bucket, count)` pairs (as
+    /// [`Histogram::nonzero`] yields them) and its sample count: replaying one history many
+    /// times can convert it to sparse form once.
+    pub fn observe_buckets(
+        &mut self,
+        ts: SystemTime,
+        service: &str,
+        probe: Probe,
+        nonzero: impl Iterator<Item = (usize, u64)>,
+        count: u64,
+    ) {
+        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
+        let key = self.key_mut(service, probe, ts);
+        key.window.push_buckets(start, ts, nonzero, count);
+        key.fresh = true;
+    }
+
     /// Close the interval ending at `ts`: test every window, advance every service's state
     /// machine and learn. Returns the incident changes, in service order.
     pub fn end_interval(&mut self, ts: SystemTime) -> Vec<Event> {
@@ -100,7 +117,7 @@ impl Detector {
                 key.evaluated = key.window.evaluate(ts, reach(t), &mut snap);
                 if key.evaluated {
                     let snap = &snap;
-                    let window_cum = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
+                    let window_cum = Cumulative::from_counts(&snap.buckets);
                     for slo in self.config.slo.iter().filter(|s| applies(s, name, probe)) {
                         if let Some(e) = slo_evidence(slo, snap, &window_cum, &key.baseline) {
                             slo_hits.push(Test {
@@ -408,7 +425,7 @@ impl ServiceState {
             if !key.window.sum(ts, reach(&self.thresholds), &mut snap) {
                 continue;
             }
-            let window = Cumulative::new(snap.buckets.iter().map(|&c| c as f64));
+            let window = Cumulative::from_counts(&snap.buckets);
             let base = key.baseline.cumulative();
             if let (Some((_, b)), Some((_, o))) = (base.quantile(q), window.quantile(q)) {
                 path.push((p, b, o));

@@ -186,36 +186,55 @@ impl Replayer {
     /// Feed one record. Records of one interval share a `ts`; a later `ts` ends the interval
     /// before. A record out of time order or repeated is refused and changes nothing.
     pub fn push(&mut self, rec: &Record) -> Result<(), RecordError> {
+        self.push_buckets(
+            rec.ts,
+            &rec.service,
+            rec.probe,
+            rec.hist.nonzero(),
+            rec.hist.count(),
+        )
+    }
+
+    /// [`Replayer::push`] of a record given as its non-empty `(bucket, count)` pairs and
+    /// sample count (see [`Detector::observe_buckets`]).
+    pub fn push_buckets(
+        &mut self,
+        ts: SystemTime,
+        service: &str,
+        probe: Probe,
+        nonzero: impl Iterator<Item = (usize, u64)>,
+        count: u64,
+    ) -> Result<(), RecordError> {
         match self.current {
-            Some(cur) if rec.ts < cur => {
+            Some(cur) if ts < cur => {
                 return Err(RecordError::OutOfOrder {
-                    ts: format_time(rec.ts),
+                    ts: format_time(ts),
                     previous: format_time(cur),
                 })
             }
-            Some(cur) if rec.ts > cur => {
+            Some(cur) if ts > cur => {
                 let events = self.detector.end_interval(cur);
                 self.absorb(events);
                 self.seen.values_mut().for_each(|bits| *bits = 0);
             }
             _ => {}
         }
-        let bit = 1u8 << rec.probe.id();
-        let bits = match self.seen.get_mut(rec.service.as_str()) {
+        let bit = 1u8 << probe.id();
+        let bits = match self.seen.get_mut(service) {
             Some(bits) => bits,
-            None => self.seen.entry(rec.service.clone()).or_default(),
+            None => self.seen.entry(service.to_string()).or_default(),
         };
         if *bits & bit != 0 {
             return Err(RecordError::Duplicate {
-                service: rec.service.clone(),
-                probe: rec.probe,
-                ts: format_time(rec.ts),
+                service: service.to_string(),
+                probe,
+                ts: format_time(ts),
             });
         }
         *bits |= bit;
-        self.current = Some(rec.ts);
+        self.current = Some(ts);
         self.detector
-            .observe(rec.ts, &rec.service, rec.probe, &rec.hist);
+            .observe_buckets(ts, service, probe, nonzero, count);
         Ok(())
     }
 

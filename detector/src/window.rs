@@ -60,12 +60,25 @@ pub(crate) struct Window {
 impl Window {
     /// Add an interval; a second histogram for the same interval end adds up with the first.
     pub(crate) fn push(&mut self, start: SystemTime, end: SystemTime, hist: &Histogram) {
+        self.push_buckets(start, end, hist.nonzero(), hist.count());
+    }
+
+    /// [`Window::push`] from the interval's non-empty `(bucket, count)` pairs and its count.
+    pub(crate) fn push_buckets(
+        &mut self,
+        start: SystemTime,
+        end: SystemTime,
+        nonzero: impl Iterator<Item = (usize, u64)>,
+        count: u64,
+    ) {
         if let Some(last) = self.intervals.back_mut().filter(|iv| iv.end == end) {
             let mut merged = Histogram::new();
             for &(i, c) in last.buckets.iter() {
                 merged.record_n(model::hist::bucket_lower(usize::from(i)), u64::from(c));
             }
-            merged.merge(hist);
+            for (i, c) in nonzero {
+                merged.record_n(model::hist::bucket_lower(i), c);
+            }
             let start = last.start;
             self.intervals.pop_back();
             self.push(start, end, &merged);
@@ -73,7 +86,7 @@ impl Window {
         }
         let mut buckets = std::mem::take(&mut self.spare);
         buckets.clear();
-        for (i, c) in hist.nonzero() {
+        for (i, c) in nonzero {
             let mut left = c;
             while left > 0 {
                 let part = left.min(u64::from(u32::MAX));
@@ -84,7 +97,7 @@ impl Window {
         self.intervals.push_back(Interval {
             start,
             end,
-            count: hist.count(),
+            count,
             buckets,
         });
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use detector::event::Incident as Replayed;
-use detector::replay::{Record, Replayer};
+use detector::replay::{Record, RecordError, Replayer};
 use detector::{Detector, DetectorConfig, Thresholds};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::config::{key_segment, Validate};
@@ -213,6 +213,14 @@ fn replay_all(
     resolution: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Outcome>> {
+    // Every candidate replays the same points: their non-empty buckets are found once here
+    // rather than by scanning each dense histogram once per candidate. One candidate scans
+    // each once anyway, so it replays the records as they are.
+    let sparse: Vec<SparseRecord> = if cands.len() > 1 {
+        records.iter().map(SparseRecord::new).collect()
+    } else {
+        Vec::new()
+    };
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
         Mutex::new((0..cands.len()).map(|_| None).collect());
@@ -231,7 +239,14 @@ fn replay_all(
                     services: BTreeMap::new(),
                     slo: config.slo.clone(),
                 };
-                let r = replay_one(records, cfg, progress);
+                let r = if sparse.is_empty() {
+                    replay_one(records, cfg, progress, |rp, r| rp.push(r))
+                } else {
+                    replay_one(&sparse, cfg, progress, |rp, r| {
+                        let buckets = r.buckets.iter().copied();
+                        rp.push_buckets(r.ts, r.service, r.probe, buckets, r.count)
+                    })
+                };
                 if let Ok(mut all) = results.lock() {
                     all[i] = Some(r);
                 }
@@ -246,16 +261,39 @@ fn replay_all(
         .collect()
 }
 
-fn replay_one(
-    records: &[Record],
+/// A [`Record`] reduced to what a replay reads, with its buckets sparse.
+struct SparseRecord<'a> {
+    ts: SystemTime,
+    service: &'a str,
+    probe: model::Probe,
+    count: u64,
+    buckets: Box<[(usize, u64)]>,
+}
+
+impl<'a> SparseRecord<'a> {
+    fn new(r: &'a Record) -> Self {
+        SparseRecord {
+            ts: r.ts,
+            service: &r.service,
+            probe: r.probe,
+            count: r.hist.count(),
+            buckets: r.hist.nonzero().collect(),
+        }
+    }
+}
+
+/// Replay `records` with one candidate's settings; `feed` pushes one record.
+fn replay_one<R>(
+    records: &[R],
     cfg: DetectorConfig,
     progress: &ProgressBar,
+    feed: impl Fn(&mut Replayer, &R) -> Result<(), RecordError>,
 ) -> anyhow::Result<Outcome> {
     const STEP: usize = 4096;
     let mut replayer = Replayer::new(Detector::new(cfg));
     for chunk in records.chunks(STEP) {
         for r in chunk {
-            replayer.push(r).context("replaying the stored history")?;
+            feed(&mut replayer, r).context("replaying the stored history")?;
         }
         progress.inc(chunk.len() as u64);
     }
