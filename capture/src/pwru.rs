@@ -26,7 +26,8 @@ pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
 pub use incident::{IncidentRequestError, IncidentScope};
 pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};
 pub use request::{
-    FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits, SessionRequest,
+    stage_functions, FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits,
+    SessionRequest,
 };
 pub use session::{ManagerConfig, SessionManager, SessionState, SessionStatus};
 pub use stderr::AttachReport;
