@@ -20,6 +20,7 @@ mod prereq;
 mod request;
 mod session;
 mod stderr;
+mod timeline;
 
 pub use config::{PwruConfig, DEFAULTS_TOML};
 pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
@@ -31,3 +32,4 @@ pub use request::{
 };
 pub use session::{ManagerConfig, SessionManager, SessionState, SessionStatus};
 pub use stderr::AttachReport;
+pub use timeline::{wall_minus_mono_ns, Passes, SampleKey, Step, Timeline, TracePoint};
