@@ -37,6 +37,11 @@ pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
 
+/// The slot of `host`, the catch-all service of traffic no service claims.
+pub const HOST_SLOT: u32 = skel::types::tt_service_slot::TT_SERVICE_HOST.0;
+/// The slot of `other`, where auto-grouped services beyond the limit go.
+pub const OTHER_SLOT: u32 = skel::types::tt_service_slot::TT_SERVICE_OTHER.0;
+
 /// Bytes of one histogram in the kernel map (272 buckets and the sum, per CPU).
 pub const HIST_VALUE_BYTES: usize = std::mem::size_of::<skel::types::tt_hist>();
 

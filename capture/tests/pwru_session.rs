@@ -376,6 +376,35 @@ async fn the_deadline_counts_from_readiness() {
     assert!(!lines.is_empty());
 }
 
+/// Issue 9, finding 4: a failed start-up check is repeated when a session is requested, so
+/// one `--version` that timed out does not disable pwru for the daemon's life.
+#[tokio::test]
+async fn a_failed_prerequisite_check_is_repeated_at_the_next_request() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let mut stale = Prerequisites::check(Some(&rig.dir.path().join("pwru"))).await;
+    let fresh_summary = stale.summary.clone();
+    stale.status = capture::pwru::PrereqStatus::BadBinary;
+    stale.summary = "bad-binary: `pwru --help` gave no answer within 5s".to_owned();
+    let config = ManagerConfig {
+        prereq_recheck: Duration::ZERO,
+        ..rig.config()
+    };
+    let mgr = SessionManager::from_prerequisites(&stale, config);
+    let (st, _) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    if fresh_summary.starts_with("usable") {
+        // A host where pwru can run: the new check lets the session through.
+        assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    } else {
+        // This host lacks something else (kprobes, root): the reason is the new check's.
+        assert_eq!(st.state, SessionState::Unavailable, "{st:#?}");
+        assert_eq!(st.reason, fresh_summary);
+    }
+    // With the default interval the stale verdict stands until a minute has passed.
+    let mgr = SessionManager::from_prerequisites(&stale, rig.config());
+    let (st, _) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    assert_eq!(st.reason, stale.summary);
+}
+
 #[tokio::test]
 async fn one_at_a_time_and_stop() {
     let rig = Rig::new("ok", "tcp612.jsonl");

@@ -30,6 +30,10 @@ pub struct Args {
     /// At most this many, oldest first.
     #[arg(long, default_value_t = 100)]
     limit: usize,
+    /// Only samples with a pwru timeline (their packet was traced by the incident's
+    /// pwru session).
+    #[arg(long)]
+    with_timeline: bool,
     /// JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -61,13 +65,25 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             after_time_ns: None,
             after_seq: None,
-            limit: args.limit,
+            // The timeline filter applies after the join: take a whole page first.
+            limit: if args.with_timeline { 0 } else { args.limit },
         };
-        let page = source.samples(args.id, &params).await?;
+        let mut page = source.samples(args.id, &params).await?;
         let lines = all_pwru_lines(&source, args.id).await?;
-        let joined = join(&page.samples, &lines);
+        let mut joined = join(&page.samples, &lines);
         let with_timeline = joined.iter().filter(|t| t.is_some()).count();
-        let note = timeline_note(with_timeline, page.samples.len(), &lines);
+        let of = page.samples.len();
+        let note = timeline_note(with_timeline, of, &lines);
+        if args.with_timeline {
+            let kept: Vec<(model::Sample, Option<Timeline>)> = page
+                .samples
+                .into_iter()
+                .zip(joined)
+                .filter(|(_, t)| t.is_some())
+                .take(args.limit)
+                .collect();
+            (page.samples, joined) = kept.into_iter().unzip();
+        }
         if args.json {
             let mut v = serde_json::to_value(&page)?;
             if let Some(samples) = v.get_mut("samples").and_then(|s| s.as_array_mut()) {
@@ -76,7 +92,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 }
             }
             v["pwru_timelines"] = serde_json::json!({
-                "samples": page.samples.len(),
+                "samples": of,
                 "with_timeline": with_timeline,
                 "note": note,
             });

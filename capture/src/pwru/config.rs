@@ -222,6 +222,7 @@ impl PwruConfig {
         ManagerConfig {
             cooldown: self.cooldown,
             runtime_dir: self.runtime_dir.clone(),
+            ..ManagerConfig::default()
         }
     }
 }

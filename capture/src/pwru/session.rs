@@ -36,6 +36,9 @@ pub struct ManagerConfig {
     pub cooldown: Duration,
     /// Directory for pwru's ready files (created 0700 if missing).
     pub runtime_dir: PathBuf,
+    /// While the prerequisites fail, they are checked again at a session request at most
+    /// this often.
+    pub prereq_recheck: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -44,6 +47,7 @@ impl Default for ManagerConfig {
         ManagerConfig {
             cooldown: Duration::from_secs(600),
             runtime_dir: PathBuf::from("/run/tailtrap"),
+            prereq_recheck: Duration::from_secs(60),
         }
     }
 }
@@ -202,10 +206,19 @@ pub struct SessionManager {
 #[derive(Debug)]
 struct Inner {
     /// The binary, or why sessions cannot run here.
-    binary: Result<PathBuf, String>,
+    binary: Mutex<Binary>,
     config: ManagerConfig,
     slot: Mutex<Slot>,
     next_id: AtomicU64,
+}
+
+/// The binary to run and, for a manager made from a failed prerequisite check, when to
+/// check again: a check that timed out on a busy host must not disable pwru for good.
+#[derive(Debug)]
+struct Binary {
+    result: Result<PathBuf, String>,
+    /// What to check (the binary the check found, or PATH) and when it was last checked.
+    recheck: Option<(Option<PathBuf>, Instant)>,
 }
 
 #[derive(Debug, Default)]
@@ -227,6 +240,10 @@ impl Drop for SlotGuard {
     }
 }
 
+fn lock_binary(m: &Mutex<Binary>) -> MutexGuard<'_, Binary> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
     // A panic while holding this lock leaves plain data behind; keep using it.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -241,18 +258,28 @@ impl SessionManager {
 
     /// A manager for what [`Prerequisites::check`] found: when pwru is not usable, every
     /// request ends as [`SessionState::Unavailable`] with the check's summary as reason.
+    /// While the check fails, it is repeated when a session is requested (at most once a
+    /// minute), so a transient failure (a `--version` that timed out on a busy host) does
+    /// not disable pwru for the daemon's life; each failure is logged at WARN with the fix.
     pub fn from_prerequisites(prereq: &Prerequisites, config: ManagerConfig) -> Self {
-        let binary = match (&prereq.binary, prereq.is_usable()) {
-            (Some(b), true) => Ok(b.clone()),
-            _ => Err(prereq.summary.clone()),
-        };
-        Self::with_binary(binary, config)
+        match (&prereq.binary, prereq.is_usable()) {
+            (Some(b), true) => Self::with_binary(Ok(b.clone()), config),
+            _ => {
+                let m = Self::with_binary(Err(prereq.summary.clone()), config);
+                lock_binary(&m.inner.binary).recheck =
+                    Some((prereq.binary.clone(), Instant::now()));
+                m
+            }
+        }
     }
 
     fn with_binary(binary: Result<PathBuf, String>, config: ManagerConfig) -> Self {
         SessionManager {
             inner: Arc::new(Inner {
-                binary,
+                binary: Mutex::new(Binary {
+                    result: binary,
+                    recheck: None,
+                }),
                 config,
                 slot: Mutex::new(Slot::default()),
                 next_id: AtomicU64::new(1),
@@ -290,14 +317,10 @@ impl SessionManager {
         request: SessionRequest,
         lines: mpsc::Sender<PwruLine>,
     ) -> SessionStatus {
-        let binary = match &self.inner.binary {
-            Ok(b) => b.clone(),
+        let binary = match self.binary().await {
+            Ok(b) => b,
             Err(why) => {
-                return SessionStatus::not_run(
-                    request.service(),
-                    SessionState::Unavailable,
-                    why.clone(),
-                )
+                return SessionStatus::not_run(request.service(), SessionState::Unavailable, why)
             }
         };
         let (guard, stop) = match self.claim(request.service()) {
@@ -317,6 +340,40 @@ impl SessionManager {
             ),
         }
         status
+    }
+
+    /// The binary, after checking the prerequisites again when the last check failed more
+    /// than [`ManagerConfig::prereq_recheck`] ago.
+    async fn binary(&self) -> Result<PathBuf, String> {
+        let due = {
+            let b = lock_binary(&self.inner.binary);
+            match (&b.result, &b.recheck) {
+                (Err(_), Some((what, at))) if at.elapsed() >= self.inner.config.prereq_recheck => {
+                    Some(what.clone())
+                }
+                _ => None,
+            }
+        };
+        if let Some(what) = due {
+            let prereq = Prerequisites::check(what.as_deref()).await;
+            let mut b = lock_binary(&self.inner.binary);
+            match (&prereq.binary, prereq.is_usable()) {
+                (Some(path), true) => {
+                    tracing::info!(summary = %prereq.summary, "pwru prerequisites met on a new check");
+                    b.result = Ok(path.clone());
+                    b.recheck = None;
+                }
+                _ => {
+                    tracing::warn!(
+                        status = %prereq.status, summary = %prereq.summary, fix = prereq.status.fix(),
+                        "pwru prerequisites still not met; sessions stay unavailable"
+                    );
+                    b.result = Err(prereq.summary.clone());
+                    b.recheck = Some((what, Instant::now()));
+                }
+            }
+        }
+        lock_binary(&self.inner.binary).result.clone()
     }
 
     /// Take the slot for `service`, or say why not.

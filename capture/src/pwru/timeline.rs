@@ -4,8 +4,8 @@
 //! `--timestamp current` times (CLOCK_MONOTONIC ns). A sample knows its flow, when its
 //! packet arrived (`time - latency`, the skb's receive timestamp) and when the probe fired.
 //! The join: group pwru events by skb address into passes (an address is reused once the
-//! skb is freed, so a long gap starts a new pass); keep the passes of the sample's flow
-//! whose first event lies between the packet's arrival and the probe; take the one that
+//! skb is freed, so a release, a receive entry point or a long gap starts a new pass); keep the passes of the sample's flow
+//! (its local end, and its remote end where the sample knows it) whose first event lies between the packet's arrival and the probe; take the one that
 //! started closest to the arrival. That works where a probe has no skb (tcp-socket-read
 //! hooks `tcp_recv_timestamp`): the read is matched to the segment that arrived when the
 //! sample says its packet did.
@@ -18,6 +18,18 @@ use serde::Serialize;
 /// A pause between two events of one address longer than this means the address was
 /// freed and reused by another packet.
 const PASS_GAP_NS: u64 = 1_000_000_000;
+/// Functions that end an skb's life: the next event of its address is another packet.
+const RELEASES: [&str; 7] = [
+    "consume_skb",
+    "__kfree_skb",
+    "skb_attempt_defer_free",
+    "__consume_stateless_skb",
+    "kfree_skb_reason",
+    "sk_skb_reason_drop",
+    "kfree_skbmem",
+];
+/// Where a received packet enters the traced path: an skb seen here starts a new packet.
+const ENTRIES: [&str; 2] = ["ip_rcv_core", "ip6_rcv_core"];
 /// Slack around the packet's arrival and the probe time: the receive timestamp is taken a
 /// little before the first traced function, and clocks are converted.
 const SLACK_NS: u64 = 2_000_000;
@@ -74,8 +86,16 @@ pub struct SampleKey {
 /// The events of one session, grouped for joining.
 #[derive(Debug, Default)]
 pub struct Passes {
-    /// Passes by flow, each as (start mono ns, skb, events in time order).
-    by_flow: HashMap<Flow, Vec<(u64, u64, Vec<TracePoint>)>>,
+    /// Passes by the flow's local end (transport, address, port), each as (flow, start
+    /// mono ns, skb, events in time order): a read on an unconnected UDP socket knows only
+    /// its own end, so the remote end is matched only where the sample has it.
+    by_local: HashMap<(model::Transport, std::net::IpAddr, u16), Vec<Pass>>,
+}
+
+type Pass = (Flow, u64, u64, Vec<TracePoint>);
+
+fn local_end(f: &Flow) -> (model::Transport, std::net::IpAddr, u16) {
+    (f.transport, f.dst, f.dport)
 }
 
 impl Passes {
@@ -85,7 +105,7 @@ impl Passes {
         for p in points {
             by_skb.entry(p.skb).or_default().push(p);
         }
-        let mut by_flow: HashMap<Flow, Vec<(u64, u64, Vec<TracePoint>)>> = HashMap::new();
+        let mut by_local: HashMap<_, Vec<Pass>> = HashMap::new();
         for (skb, mut events) in by_skb {
             events.sort_by_key(|p| p.mono_ns);
             let mut pass: Vec<TracePoint> = Vec::new();
@@ -93,34 +113,40 @@ impl Passes {
                 let flow = pass.iter().find_map(|p| p.flow.map(canonical));
                 if let (Some(flow), Some(first)) = (flow, pass.first()) {
                     let start = first.mono_ns;
-                    by_flow
-                        .entry(flow)
-                        .or_default()
-                        .push((start, skb, std::mem::take(pass)));
+                    by_local.entry(local_end(&flow)).or_default().push((
+                        flow,
+                        start,
+                        skb,
+                        std::mem::take(pass),
+                    ));
                 } else {
                     pass.clear();
                 }
             };
             for e in events {
-                let gap = pass
-                    .last()
-                    .is_some_and(|l| e.mono_ns.saturating_sub(l.mono_ns) > PASS_GAP_NS);
-                if gap {
+                // A new packet in a reused skb: after the skb was released, at a receive
+                // entry point, or after a long pause.
+                let new_packet = pass.last().is_some_and(|l| {
+                    RELEASES.contains(&l.func.as_str())
+                        || ENTRIES.contains(&e.func.as_str())
+                        || e.mono_ns.saturating_sub(l.mono_ns) > PASS_GAP_NS
+                });
+                if new_packet {
                     flush(&mut pass);
                 }
                 pass.push(e);
             }
             flush(&mut pass);
         }
-        for v in by_flow.values_mut() {
-            v.sort_by_key(|(start, _, _)| *start);
+        for v in by_local.values_mut() {
+            v.sort_by_key(|(_, start, _, _)| *start);
         }
-        Passes { by_flow }
+        Passes { by_local }
     }
 
     /// Whether no event had a flow.
     pub fn is_empty(&self) -> bool {
-        self.by_flow.is_empty()
+        self.by_local.is_empty()
     }
 
     /// The timeline of `sample`'s packet, with pwru's monotonic times turned into wall
@@ -131,13 +157,18 @@ impl Passes {
             |wall: u64| u64::try_from(i128::from(wall) - i128::from(wall_minus_mono_ns)).ok();
         let arrival = to_mono(arrival_wall)?;
         let probe = to_mono(sample.time_ns)?;
-        let passes = self.by_flow.get(&canonical(sample.flow))?;
+        let want = canonical(sample.flow);
+        let passes = self.by_local.get(&local_end(&want))?;
         let lo = arrival.saturating_sub(SLACK_NS);
         let hi = probe.saturating_add(SLACK_NS);
-        let (_, skb, events) = passes
+        let remote_ok = |f: &Flow| {
+            (want.src.is_unspecified() || f.src == want.src)
+                && (want.sport == 0 || f.sport == want.sport)
+        };
+        let (_, _, skb, events) = passes
             .iter()
-            .filter(|(start, _, _)| (lo..=hi).contains(start))
-            .min_by_key(|(start, _, _)| start.abs_diff(arrival))?;
+            .filter(|(f, start, _, _)| remote_ok(f) && (lo..=hi).contains(start))
+            .min_by_key(|(_, start, _, _)| start.abs_diff(arrival))?;
         let steps = events
             .iter()
             .map(|e| {
@@ -214,8 +245,10 @@ mod tests {
             point(130 * ms, 0xa, None, "skb_consume_udp"),
             // Packet B of the same flow 2 ms later, another address.
             point(102 * ms, 0xb, Some(f), "udp_rcv"),
-            // The address 0xa reused 5 s later by another packet of the flow.
+            // The address 0xa reused 5 s later by another packet of the flow, and right
+            // after its release by yet another.
             point(5_100 * ms, 0xa, Some(f), "udp_rcv"),
+            point(130 * ms + 50_000, 0xa, Some(f), "ip_rcv_core"),
             // Another flow at the same time.
             point(100 * ms, 0xc, Some(flow(40001)), "udp_rcv"),
         ]);
@@ -242,6 +275,17 @@ mod tests {
         // No pass of another flow, none outside the window.
         let other = SampleKey { flow: flow(1), ..s };
         assert!(passes.timeline(&other, offset).is_none());
+        // A read on an unconnected socket knows only its own end: the pass of any peer to
+        // that end that started nearest the arrival (here the other flow's, at 100 ms).
+        let unconnected = SampleKey {
+            flow: Flow {
+                src: "0.0.0.0".parse().unwrap(),
+                sport: 0,
+                ..f
+            },
+            ..s
+        };
+        assert_eq!(passes.timeline(&unconnected, offset).unwrap().skb, 0xc);
         let later = SampleKey {
             time_ns: 1_003_000 * ms,
             latency_ns: ms,
