@@ -275,6 +275,68 @@ functions = ["skb_copy_datagram_iter", "tcp_v4_rcv", "tcp_data_queue"]"#,
     let show = cli(&run.config, &["incidents", "show", &run.id.to_string()]);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(text.contains("dropped functions"), "{text}");
+    // What docs/pwru.md says `tailtrap pwru ID` prints: its rows and columns.
+    let out = cli(&run.config, &["pwru", &run.id.to_string()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for item in [
+        "state",
+        "exit",
+        "started",
+        "ended",
+        "lines stored",
+        "message",
+        "functions",
+        "dropped functions",
+        "command",
+        "stderr (last lines)",
+    ] {
+        assert!(
+            text.contains(&format!("│ {item} ")),
+            "row {item:?} missing: {text}"
+        );
+    }
+    for column in [
+        "#",
+        "time (since boot)",
+        "function",
+        "drop reason",
+        "caller",
+        "skb",
+        "cpu",
+        "process",
+        "netns",
+        "iface",
+        "len",
+        "mark",
+        "flow",
+    ] {
+        assert!(
+            text.contains(&format!(" {column} ")),
+            "column {column:?} missing: {text}"
+        );
+    }
+    let (v, _) = cli_json(&run.config, &["pwru", &run.id.to_string(), "--json"]);
+    let line = &v["lines"][0];
+    assert!(line["skb"].as_str().unwrap().starts_with("0x"), "{line}");
+    for key in [
+        "seq",
+        "received_ns",
+        "pwru_time_ns",
+        "func",
+        "flow",
+        "event",
+        "raw",
+    ] {
+        assert!(line.get(key).is_some(), "{key} missing: {line}");
+    }
+    for key in [
+        "time_ns", "func", "caller", "skb", "cpu", "netns", "len", "mark", "tuple",
+    ] {
+        assert!(
+            line["event"].get(key).is_some(),
+            "event.{key} missing: {line}"
+        );
+    }
     drop(run.daemon);
     let _ = std::fs::remove_dir_all(argv_dir);
 }
