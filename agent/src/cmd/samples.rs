@@ -8,7 +8,7 @@ use capture::pwru::{wall_minus_mono_ns, Passes, SampleKey, Timeline, TracePoint}
 use model::Probe;
 use storage::PwruRecord;
 
-use crate::api::query::{PwruParams, SamplesParams};
+use crate::api::query::{IncidentsParams, PwruParams, SamplesParams};
 use crate::output::{fmt_ns, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
@@ -69,7 +69,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             limit: if args.with_timeline { 0 } else { args.limit },
         };
         let mut page = source.samples(args.id, &params).await?;
-        let lines = all_pwru_lines(&source, args.id).await?;
+        let lines = session_lines(&source, args.id, &page.samples).await?;
         let mut joined = join(&page.samples, &lines);
         let with_timeline = joined.iter().filter(|t| t.is_some()).count();
         let of = page.samples.len();
@@ -188,6 +188,44 @@ pub(crate) async fn all_pwru_lines(source: &Source, id: u64) -> anyhow::Result<V
         }
         out.extend(page);
     }
+}
+
+/// The pwru lines that may hold the samples' packets: the incident's own session's, and
+/// those of the service's other incidents whose session ran while these samples were
+/// taken (an incident that closes and reopens while one session runs gets its request
+/// `skipped-busy`; that session traced its packets all the same).
+async fn session_lines(
+    source: &Source,
+    id: u64,
+    samples: &[model::Sample],
+) -> anyhow::Result<Vec<PwruRecord>> {
+    let mut lines = all_pwru_lines(source, id).await?;
+    let (Some(first), Some(last)) = (
+        samples.iter().map(|s| s.time_ns).min(),
+        samples.iter().map(|s| s.time_ns).max(),
+    ) else {
+        return Ok(lines);
+    };
+    let service = source.incident(id).await?.incident.service;
+    let page = source
+        .incidents(&IncidentsParams {
+            service: Some(service),
+            limit: 0,
+            ..IncidentsParams::default()
+        })
+        .await?;
+    for other in page.incidents {
+        let p = &other.pwru;
+        let overlaps = match (p.started_ns, p.ended_ns) {
+            (Some(a), Some(b)) => a <= last && b >= first,
+            (Some(a), None) => a <= last,
+            _ => false,
+        };
+        if other.id != id && p.lines_stored > 0 && overlaps {
+            lines.extend(all_pwru_lines(source, other.id).await?);
+        }
+    }
+    Ok(lines)
 }
 
 /// Each sample's pwru timeline, when its packet is among the traced ones.
