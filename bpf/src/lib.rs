@@ -17,6 +17,7 @@ mod capture;
 mod cgroup;
 mod clock;
 mod config;
+pub mod kernel_functions;
 mod loader;
 mod probes;
 mod snapshot;
@@ -35,6 +36,11 @@ pub use cgroup::cgroup2_mount;
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_SERVICE_LIMIT};
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
+
+/// The slot of `host`, the catch-all service of traffic no service claims.
+pub const HOST_SLOT: u32 = skel::types::tt_service_slot::TT_SERVICE_HOST.0;
+/// The slot of `other`, where auto-grouped services beyond the limit go.
+pub const OTHER_SLOT: u32 = skel::types::tt_service_slot::TT_SERVICE_OTHER.0;
 
 /// Bytes of one histogram in the kernel map (272 buckets and the sum, per CPU).
 pub const HIST_VALUE_BYTES: usize = std::mem::size_of::<skel::types::tt_hist>();

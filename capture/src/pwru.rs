@@ -20,13 +20,16 @@ mod prereq;
 mod request;
 mod session;
 mod stderr;
+mod timeline;
 
 pub use config::{PwruConfig, DEFAULTS_TOML};
 pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
 pub use incident::{IncidentRequestError, IncidentScope};
 pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};
 pub use request::{
-    FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits, SessionRequest,
+    stage_functions, FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits,
+    SessionRequest,
 };
 pub use session::{ManagerConfig, SessionManager, SessionState, SessionStatus};
 pub use stderr::AttachReport;
+pub use timeline::{wall_minus_mono_ns, Passes, SampleKey, Step, Timeline, TracePoint};

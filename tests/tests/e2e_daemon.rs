@@ -289,7 +289,7 @@ cooldown = "1s"
     let argv = std::fs::read_to_string(&argv_log).unwrap();
     assert!(
         argv.lines()
-            .any(|a| a.starts_with(&format!("{name} and port {slow_port}"))),
+            .any(|a| a.starts_with(&format!("{name} and dst port {slow_port}"))),
         "{argv}"
     );
     let stored = pwru_done["incident"]["pwru"]["lines_stored"]

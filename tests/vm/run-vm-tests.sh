@@ -19,6 +19,7 @@
 #   -- ARGS           passed to every test executable (e.g. a name filter)
 # Environment:
 #   TAILTRAP_VM_TEST_TIMEOUT=1200  seconds per test executable and kernel
+#   TAILTRAP_REAL_PWRU  the real pwru binary for tests/tests/pwru_real.rs (else they skip)
 #   CARGO_TARGET_DIR, TAILTRAP_VMTEST_CACHE, VM_MEM, VM_CPUS, VM_VERBOSE as usual
 # Logs: <target dir>/vmtest-logs/<release>/<test>.log
 
@@ -84,6 +85,12 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_dire
 # ---- run
 export TAILTRAP_IN_VM=1 TAILTRAP_EXPECT_ATTACH=fentry
 export VM_ENV="TAILTRAP_IN_VM TAILTRAP_EXPECT_ATTACH TAILTRAP_KERNEL CARGO_MANIFEST_DIR"
+# The real pwru (scripts/test sets it when ../shared/tools/pwru has the binary); the
+# guest sees the host's files, so the path works there as it is.
+if [ -n "${TAILTRAP_REAL_PWRU:-}" ]; then
+    export TAILTRAP_REAL_PWRU
+    VM_ENV="$VM_ENV TAILTRAP_REAL_PWRU"
+fi
 export VM_TIMEOUT=${TAILTRAP_VM_TEST_TIMEOUT:-1200}
 export CARGO_MANIFEST_DIR=$ROOT/tests
 summary=(); total_pass=0; total_fail=0; bad=0

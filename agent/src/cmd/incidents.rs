@@ -388,11 +388,26 @@ pub fn print_pwru_status(i: &Incident) {
     t.add_row(["lines stored".to_owned(), p.lines_stored.to_string()]);
     if !p.message.is_empty() {
         // The daemon appends the exact command; it reads better on its own row.
-        let (message, command) = match p.message.split_once("; command: ") {
-            Some((m, c)) => (m, Some(c)),
+        // The daemon appends the kernel check's functions the same way.
+        let (message, functions) = match p.message.split_once("; functions: ") {
+            Some((m, f)) => (m, Some(f)),
             None => (p.message.as_str(), None),
         };
+        let (message, command) = match message.split_once("; command: ") {
+            Some((m, c)) => (m, Some(c)),
+            None => (message, None),
+        };
         t.add_row(["message".to_owned(), message.to_owned()]);
+        if let Some(f) = functions {
+            let (chosen, dropped) = match f.split_once("; dropped: ") {
+                Some((c, d)) => (c, Some(d)),
+                None => (f, None),
+            };
+            t.add_row(["functions".to_owned(), chosen.replace(',', ", ")]);
+            if let Some(d) = dropped {
+                t.add_row(["dropped functions".to_owned(), d.replace("), ", ")\n")]);
+            }
+        }
         if let Some(c) = command {
             t.add_row(["command".to_owned(), c.to_owned()]);
         }

@@ -2,6 +2,9 @@
 
 use std::process::ExitCode;
 
+use capture::pwru::PwruEvent;
+use storage::PwruRecord;
+
 use crate::api::query::PwruParams;
 use crate::output::{print_json, table};
 use crate::source::{block_on, Source, Target};
@@ -14,7 +17,8 @@ pub struct Args {
     /// At most this many lines, in output order.
     #[arg(long, default_value_t = 1000)]
     limit: usize,
-    /// JSON (the stored records, each with pwru's raw line) instead of tables.
+    /// JSON (the stored records, each with pwru's parsed fields and raw line) instead of
+    /// tables.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -36,6 +40,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             )
             .await?;
         if args.json {
+            let lines: Vec<serde_json::Value> = lines.iter().map(line_json).collect();
             print_json(&serde_json::json!({
                 "status": view.incident.pwru,
                 "lines": lines,
@@ -47,8 +52,25 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             println!("no pwru lines stored");
             return Ok(ExitCode::SUCCESS);
         }
-        let mut t = table(["#", "time (since boot)", "function", "skb", "flow"]);
+        let mut t = table([
+            "#",
+            "time (since boot)",
+            "function",
+            "drop reason",
+            "caller",
+            "skb",
+            "cpu",
+            "process",
+            "netns",
+            "iface",
+            "len",
+            "mark",
+            "flow",
+        ]);
         for r in &lines {
+            let event = PwruEvent::parse(&r.raw).ok();
+            let e = event.as_ref();
+            let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
             t.add_row([
                 r.seq.to_string(),
                 r.pwru_time_ns
@@ -58,7 +80,21 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 } else {
                     r.func.clone()
                 },
+                or_dash(e.and_then(|e| e.drop_reason.clone())),
+                or_dash(e.and_then(|e| e.caller.clone())),
                 format!("{:#x}", r.skb),
+                or_dash(e.map(|e| e.cpu.to_string())),
+                or_dash(
+                    e.and_then(|e| e.process.as_ref().map(|p| format!("{}:{}", p.name, p.pid))),
+                ),
+                or_dash(e.map(|e| e.netns.to_string())),
+                or_dash(e.and_then(|e| {
+                    e.iface
+                        .as_ref()
+                        .map(|i| format!("{}:{}", i.name, i.ifindex))
+                })),
+                or_dash(e.map(|e| e.len.to_string())),
+                or_dash(e.map(|e| e.mark.to_string())),
                 r.flow.map_or_else(|| "-".into(), |f| f.to_string()),
             ]);
         }
@@ -67,5 +103,21 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             println!("(more lines may be stored: raise --limit)");
         }
         Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A stored line in JSON: the record's fields with the skb address as a hex string (a
+/// 64-bit kernel address loses digits as a JSON number in most readers), and every field
+/// pwru printed, parsed from the raw line.
+fn line_json(r: &PwruRecord) -> serde_json::Value {
+    serde_json::json!({
+        "seq": r.seq,
+        "received_ns": r.received_ns,
+        "pwru_time_ns": r.pwru_time_ns,
+        "func": r.func,
+        "skb": format!("{:#x}", r.skb),
+        "flow": r.flow,
+        "event": PwruEvent::parse(&r.raw).ok(),
+        "raw": r.raw,
     })
 }

@@ -4,9 +4,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use capture::pwru::{wall_minus_mono_ns, Passes, SampleKey, Timeline, TracePoint};
 use model::Probe;
+use storage::PwruRecord;
 
-use crate::api::query::SamplesParams;
+use crate::api::query::{IncidentsParams, PwruParams, SamplesParams};
 use crate::output::{fmt_ns, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
@@ -28,6 +30,10 @@ pub struct Args {
     /// At most this many, oldest first.
     #[arg(long, default_value_t = 100)]
     limit: usize,
+    /// Only samples with a pwru timeline (their packet was traced by the incident's
+    /// pwru session).
+    #[arg(long)]
+    with_timeline: bool,
     /// JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -59,11 +65,38 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             after_time_ns: None,
             after_seq: None,
-            limit: args.limit,
+            // The timeline filter applies after the join: take a whole page first.
+            limit: if args.with_timeline { 0 } else { args.limit },
         };
-        let page = source.samples(args.id, &params).await?;
+        let mut page = source.samples(args.id, &params).await?;
+        let lines = session_lines(&source, args.id, &page.samples).await?;
+        let mut joined = join(&page.samples, &lines);
+        let with_timeline = joined.iter().filter(|t| t.is_some()).count();
+        let of = page.samples.len();
+        let note = timeline_note(with_timeline, of, &lines);
+        if args.with_timeline {
+            let kept: Vec<(model::Sample, Option<Timeline>)> = page
+                .samples
+                .into_iter()
+                .zip(joined)
+                .filter(|(_, t)| t.is_some())
+                .take(args.limit)
+                .collect();
+            (page.samples, joined) = kept.into_iter().unzip();
+        }
         if args.json {
-            print_json(&page)?;
+            let mut v = serde_json::to_value(&page)?;
+            if let Some(samples) = v.get_mut("samples").and_then(|s| s.as_array_mut()) {
+                for (s, t) in samples.iter_mut().zip(&joined) {
+                    s["pwru_timeline"] = serde_json::to_value(t)?;
+                }
+            }
+            v["pwru_timelines"] = serde_json::json!({
+                "samples": of,
+                "with_timeline": with_timeline,
+                "note": note,
+            });
+            print_json(&v)?;
             return Ok(ExitCode::SUCCESS);
         }
         if page.samples.is_empty() {
@@ -71,9 +104,9 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         let mut t = table([
-            "time", "probe", "latency", "flow", "process", "cpu", "queue", "flags",
+            "#", "time", "probe", "latency", "flow", "process", "cpu", "queue", "flags", "pwru",
         ]);
-        for s in &page.samples {
+        for (i, (s, timeline)) in page.samples.iter().zip(&joined).enumerate() {
             let process = match s.pid {
                 Some(pid) => format!("{} [{pid}]", s.comm),
                 None => "-".into(),
@@ -81,7 +114,12 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             let queue = s
                 .socket_queue
                 .map_or_else(|| "-".into(), |q| format!("{} skbs, {} B", q.skbs, q.bytes));
+            let pwru = timeline.as_ref().map_or_else(
+                || "-".to_owned(),
+                |t| format!("{} events, skb {:#x}", t.steps.len(), t.skb),
+            );
             t.add_row([
+                (i + 1).to_string(),
                 fmt_time(s.time_ns),
                 s.probe.to_string(),
                 fmt_ns(s.latency_ns as f64),
@@ -90,12 +128,149 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 s.cpu.to_string(),
                 queue,
                 s.flags.names().collect::<Vec<_>>().join(","),
+                pwru,
             ]);
         }
         println!("{t}");
         if page.next.is_some() {
             println!("(more samples: raise --limit)");
         }
+        println!("\n{note}");
+        // The timelines themselves, for the slowest joined samples.
+        let mut shown: Vec<(usize, &Timeline, u64)> = joined
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.as_ref().map(|t| (i, t, page.samples[i].latency_ns)))
+            .collect();
+        shown.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        for (i, timeline, _) in shown.into_iter().take(TIMELINES_SHOWN) {
+            let s = &page.samples[i];
+            println!(
+                "\nsample #{} ({}, {} at {}), skb {:#x}:",
+                i + 1,
+                s.flow,
+                fmt_ns(s.latency_ns as f64),
+                s.probe,
+                timeline.skb
+            );
+            let mut t = table(["since arrival", "function", "time"]);
+            for step in &timeline.steps {
+                t.add_row([
+                    format!("{:+.3} ms", step.since_arrival_ns as f64 / 1e6),
+                    step.func.clone(),
+                    fmt_time(step.time_ns),
+                ]);
+            }
+            println!("{t}");
+        }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Timelines printed under the samples table (the slowest samples first).
+const TIMELINES_SHOWN: usize = 3;
+
+/// Every stored pwru line of the incident, page by page.
+pub(crate) async fn all_pwru_lines(source: &Source, id: u64) -> anyhow::Result<Vec<PwruRecord>> {
+    let mut out: Vec<PwruRecord> = Vec::new();
+    loop {
+        let page = source
+            .pwru(
+                id,
+                &PwruParams {
+                    after_seq: out.last().map(|r| r.seq),
+                    limit: 0,
+                },
+            )
+            .await?;
+        if page.is_empty() {
+            return Ok(out);
+        }
+        out.extend(page);
+    }
+}
+
+/// The pwru lines that may hold the samples' packets: the incident's own session's, and
+/// those of the service's other incidents whose session ran while these samples were
+/// taken (an incident that closes and reopens while one session runs gets its request
+/// `skipped-busy`; that session traced its packets all the same).
+async fn session_lines(
+    source: &Source,
+    id: u64,
+    samples: &[model::Sample],
+) -> anyhow::Result<Vec<PwruRecord>> {
+    let mut lines = all_pwru_lines(source, id).await?;
+    let (Some(first), Some(last)) = (
+        samples.iter().map(|s| s.time_ns).min(),
+        samples.iter().map(|s| s.time_ns).max(),
+    ) else {
+        return Ok(lines);
+    };
+    let service = source.incident(id).await?.incident.service;
+    let page = source
+        .incidents(&IncidentsParams {
+            service: Some(service),
+            limit: 0,
+            ..IncidentsParams::default()
+        })
+        .await?;
+    for other in page.incidents {
+        let p = &other.pwru;
+        let overlaps = match (p.started_ns, p.ended_ns) {
+            (Some(a), Some(b)) => a <= last && b >= first,
+            (Some(a), None) => a <= last,
+            _ => false,
+        };
+        if other.id != id && p.lines_stored > 0 && overlaps {
+            lines.extend(all_pwru_lines(source, other.id).await?);
+        }
+    }
+    Ok(lines)
+}
+
+/// Each sample's pwru timeline, when its packet is among the traced ones.
+fn join(samples: &[model::Sample], lines: &[PwruRecord]) -> Vec<Option<Timeline>> {
+    let passes = Passes::new(lines.iter().filter_map(|r| {
+        Some(TracePoint {
+            mono_ns: r.pwru_time_ns?,
+            skb: r.skb,
+            flow: r.flow,
+            func: r.func.clone(),
+        })
+    }));
+    let offset = wall_minus_mono_ns();
+    samples
+        .iter()
+        .map(|s| {
+            let key = SampleKey {
+                flow: s.flow,
+                time_ns: s.time_ns,
+                latency_ns: s.latency_ns,
+            };
+            offset.and_then(|o| passes.timeline(&key, o))
+        })
+        .collect()
+}
+
+/// How many samples got a timeline, and why the others did not.
+fn timeline_note(with: usize, of: usize, lines: &[PwruRecord]) -> String {
+    if lines.is_empty() {
+        return "pwru timelines: none (no pwru lines stored for this incident)".to_owned();
+    }
+    let first = lines
+        .iter()
+        .find_map(|r| r.pwru_time_ns.map(|_| r.received_ns));
+    let last = lines
+        .iter()
+        .rev()
+        .find_map(|r| r.pwru_time_ns.map(|_| r.received_ns));
+    let span = match (first, last) {
+        (Some(a), Some(b)) => format!(" (pwru events from {} to {})", fmt_time(a), fmt_time(b)),
+        _ => String::new(),
+    };
+    format!(
+        "pwru timelines: {with} of {of} samples; a sample gets one when pwru traced its \
+         packet: same flow, first event between the packet's arrival and the probe{span}. \
+         Samples taken before the session attached or after it ended have none."
+    )
 }

@@ -407,6 +407,13 @@ fn service_slot(
     if let Some(&s) = slots.get(service) {
         return Some(s);
     }
+    // The catch-alls have fixed slots, which the capture maps cover like any other: an
+    // incident on them gets samples too.
+    match service {
+        "host" => return Some(bpf::HOST_SLOT),
+        "other" => return Some(bpf::OTHER_SLOT),
+        _ => {}
+    }
     let slot = kernel.service_slot(service).ok().flatten()?;
     slots.insert(service.to_owned(), slot);
     Some(slot)

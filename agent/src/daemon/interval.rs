@@ -289,18 +289,21 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             cgroup_dir: cgroup_dir.as_deref(),
             flows,
         };
-        match SessionRequest::for_incident(&self.config.pwru, &scope) {
-            Ok(request) => {
+        let chosen = SessionRequest::for_incident(&self.config.pwru, &scope)
+            .map_err(|e| e.to_string())
+            .and_then(pwru::choose_functions);
+        match chosen {
+            Ok(pwru::FunctionChoice { request, summary }) => {
+                tracing::info!(incident = id, filter = %request.filter().expression(), %summary, "pwru session requested");
                 self.incidents.update(id, |r| {
                     r.pwru.state = PwruState::Running;
                     r.pwru.started_ns = Some(unix_ns(now));
-                    r.pwru.message = format!("requested: {}", request.filter().expression());
+                    r.pwru.message =
+                        format!("requested: {}; {summary}", request.filter().expression());
                 });
                 self.pwru.start(id, request);
             }
-            Err(why) => self
-                .incidents
-                .update(id, |r| r.pwru.message = why.to_string()),
+            Err(why) => self.incidents.update(id, |r| r.pwru.message = why),
         }
     }
 
@@ -316,7 +319,17 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             "pwru session ended"
         );
         self.incidents.update(done.incident, |record| {
+            // Keep the kernel check's choice of functions with the outcome.
+            let functions = record
+                .pwru
+                .message
+                .split_once("; functions: ")
+                .map(|(_, f)| f.to_owned());
             record.pwru = status;
+            if let Some(f) = functions {
+                record.pwru.message.push_str("; functions: ");
+                record.pwru.message.push_str(&f);
+            }
             record.counters.store_errors += done.store_errors;
         });
     }

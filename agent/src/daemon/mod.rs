@@ -133,12 +133,21 @@ impl Daemon {
             }
             _ => SessionManager::from_prerequisites(&prereq, config.pwru.manager_config()),
         };
-        tracing::info!(
-            status = %prereq.status,
-            ignored = ignore,
-            summary = %prereq.summary,
-            "pwru prerequisites"
-        );
+        if prereq.is_usable() || ignore {
+            tracing::info!(
+                status = %prereq.status,
+                ignored = ignore,
+                summary = %prereq.summary,
+                "pwru prerequisites"
+            );
+        } else {
+            tracing::warn!(
+                status = %prereq.status,
+                summary = %prereq.summary,
+                fix = prereq.status.fix(),
+                "pwru prerequisites not met: no sessions until a later check passes"
+            );
+        }
         let (pwru_done_tx, pwru_done) = mpsc::channel(16);
         let live = Arc::new(Mutex::new(Live::new(
             &config,

@@ -1,8 +1,10 @@
 //! pwru sessions for incidents, each run on a worker: its lines go to the store as they
 //! come; its outcome goes back to the interval loop, the only writer of incident records.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use bpf::kernel_functions::KernelFunctions;
 
 use capture::pwru::{PwruLine, SessionManager, SessionRequest, SessionState, SessionStatus};
 use model::{Flow, Transport};
@@ -186,7 +188,7 @@ fn record(incident: u64, line: PwruLine) -> PwruRecord {
 pub(super) fn status_of(s: &SessionStatus, stored: u64) -> PwruStatus {
     let state = match s.state {
         SessionState::Ok => PwruState::Done,
-        SessionState::Failed | SessionState::Timeout => PwruState::Failed,
+        SessionState::Failed | SessionState::Timeout | SessionState::NotReady => PwruState::Failed,
         SessionState::SkippedBusy | SessionState::SkippedCooldown | SessionState::Unavailable => {
             PwruState::NotRun
         }
@@ -208,4 +210,55 @@ pub(super) fn status_of(s: &SessionStatus, stored: u64) -> PwruStatus {
         lines_stored: stored,
         message,
     }
+}
+
+/// The running kernel's functions as pwru selects them, read once (BTF and tracefs do not
+/// change while the daemon runs; a module loaded later is not worth a re-read).
+fn kernel_functions() -> &'static Result<KernelFunctions, String> {
+    static KERNEL: OnceLock<Result<KernelFunctions, String>> = OnceLock::new();
+    KERNEL.get_or_init(|| KernelFunctions::load().map_err(|e| e.to_string()))
+}
+
+/// What the kernel check made of a request's functions, for the incident's message.
+pub(super) struct FunctionChoice {
+    /// The request with only the functions pwru really traces.
+    pub(super) request: SessionRequest,
+    /// One line: the chosen functions and the dropped ones with why.
+    pub(super) summary: String,
+}
+
+/// Keep only the functions pwru 1.0.12 would select on this kernel (see
+/// [`bpf::kernel_functions`]): a function it skips would only make the trace look
+/// complete when it is not. `Err` with why when none is left.
+pub(super) fn choose_functions(request: SessionRequest) -> Result<FunctionChoice, String> {
+    let kernel = match kernel_functions() {
+        Ok(k) => k,
+        // Without BTF pwru cannot run at all; its own error will say so.
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check pwru's functions against the kernel");
+            let summary = format!("functions unchecked ({e})");
+            return Ok(FunctionChoice { request, summary });
+        }
+    };
+    let names = request.filter_funcs().names().to_vec();
+    let (kept, dropped) = kernel.select(names.iter().map(String::as_str));
+    let mut summary = format!("functions: {}", kept.join(","));
+    if !dropped.is_empty() {
+        let why: Vec<String> = dropped.iter().map(|(n, v)| format!("{n} ({v})")).collect();
+        summary.push_str("; dropped: ");
+        summary.push_str(&why.join(", "));
+    }
+    if let Some(e) = kernel.available_error() {
+        // pwru itself would select nothing; the prerequisite check reports it too.
+        summary.push_str(&format!("; available_filter_functions unreadable: {e}"));
+    }
+    let Some(funcs) = request.filter_funcs().retain(|n| kept.contains(&n)) else {
+        return Err(format!(
+            "no session: none of the functions is traced by pwru on this kernel; {summary}"
+        ));
+    };
+    Ok(FunctionChoice {
+        request: request.with_filter_funcs(funcs),
+        summary,
+    })
 }

@@ -342,7 +342,19 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
     assert_eq!(*for_id, id);
     assert_eq!(
         request.filter().expression(),
-        "tcp and port 8080 and (host 10.0.0.5 or host 10.0.0.6)"
+        "tcp and dst port 8080 and dst host 10.0.0.1 and (src host 10.0.0.5 or src host 10.0.0.6)"
+    );
+    // Only functions pwru selects on this kernel (BTF rule) reach the request.
+    let names = request.filter_funcs().names();
+    assert!(names.iter().any(|n| n == "tcp_v4_rcv"), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n == "skb_copy_datagram_iter"),
+        "{names:?}"
+    );
+    assert!(
+        rec.pwru.message.contains("; functions: "),
+        "{}",
+        rec.pwru.message
     );
     assert_eq!(rec.pwru.state, PwruState::Running);
 
@@ -399,7 +411,7 @@ fn without_capture_the_incident_is_stored_with_the_reason() {
     assert!(kernel.state().armed.is_empty());
     // Without samples, pwru still gets the configured port.
     let requests = lock(&h.pwru.0).clone();
-    assert_eq!(requests[0].1.filter().expression(), "tcp and port 8080");
+    assert_eq!(requests[0].1.filter().expression(), "tcp and dst port 8080");
     let status = h.core.status();
     assert!(!lock(&status).capture.available);
 }

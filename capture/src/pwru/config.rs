@@ -12,7 +12,8 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::request::{
-    check_deadline, check_kill_grace, check_output_limit, FilterFuncs, SessionLimits, MAX_ADDRS,
+    check_attach_timeout, check_deadline, check_kill_grace, check_output_limit, FilterFuncs,
+    SessionLimits, MAX_ADDRS,
 };
 use super::session::ManagerConfig;
 
@@ -26,6 +27,7 @@ pub const DEFAULTS_TOML: &str = include_str!("defaults.toml");
 /// enabled = true
 /// binary = "/usr/local/bin/pwru"   # default: `pwru` on PATH
 /// functions = ["tcp_v4_rcv", "tcp_queue_rcv"]   # default: probed functions + drop points
+/// attach_timeout = "60s"
 /// deadline = "30s"
 /// kill_grace = "5s"
 /// output_limit_lines = 5000
@@ -67,6 +69,11 @@ struct RawPwruConfig {
         deserialize_with = "kill_grace"
     )]
     kill_grace: Duration,
+    #[serde(
+        serialize_with = "humantime_serde::serialize",
+        deserialize_with = "attach_timeout"
+    )]
+    attach_timeout: Duration,
     #[serde(deserialize_with = "output_limit")]
     output_limit_lines: u64,
     #[serde(with = "humantime_serde")]
@@ -100,6 +107,10 @@ fn deadline<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 
 fn kill_grace<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     check_kill_grace(humantime_serde::deserialize(d)?).map_err(D::Error::custom)
+}
+
+fn attach_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    check_attach_timeout(humantime_serde::deserialize(d)?).map_err(D::Error::custom)
 }
 
 fn output_limit<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
@@ -146,7 +157,8 @@ impl From<RawPwruConfig> for PwruConfig {
             enabled: r.enabled,
             binary: r.binary,
             functions: r.functions,
-            limits: SessionLimits::from_checked(r.deadline, r.kill_grace, r.output_limit_lines),
+            limits: SessionLimits::from_checked(r.deadline, r.kill_grace, r.output_limit_lines)
+                .with_attach_timeout_checked(r.attach_timeout),
             cooldown: r.cooldown,
             max_peers: r.max_peers,
             runtime_dir: r.runtime_dir,
@@ -162,6 +174,7 @@ impl From<PwruConfig> for RawPwruConfig {
             functions: c.functions,
             deadline: c.limits.deadline(),
             kill_grace: c.limits.kill_grace(),
+            attach_timeout: c.limits.attach_timeout(),
             output_limit_lines: c.limits.output_limit_lines(),
             cooldown: c.cooldown,
             max_peers: c.max_peers,
@@ -209,6 +222,7 @@ impl PwruConfig {
         ManagerConfig {
             cooldown: self.cooldown,
             runtime_dir: self.runtime_dir.clone(),
+            ..ManagerConfig::default()
         }
     }
 }
@@ -295,7 +309,19 @@ mod tests {
         assert_eq!(
             c.filter_funcs(&[Probe::TcpSocketRead]).names(),
             [
-                "skb_copy_datagram_iter",
+                "ip_rcv_core",
+                "ip_local_deliver",
+                "ip6_rcv_core",
+                "ip6_input",
+                "tcp_v4_rcv",
+                "tcp_v6_rcv",
+                "tcp_rcv_established",
+                "tcp_data_queue",
+                "tcp_queue_rcv",
+                "tcp_eat_recv_skb",
+                "skb_attempt_defer_free",
+                "__kfree_skb",
+                "consume_skb",
                 "kfree_skb_reason",
                 "sk_skb_reason_drop"
             ]

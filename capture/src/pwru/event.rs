@@ -89,6 +89,15 @@ pub struct PwruEvent {
     pub iface: Option<Iface>,
     /// `skb->len` (0 when pwru printed none).
     pub len: u32,
+    /// `skb->mark` (0 when pwru printed none).
+    #[serde(default)]
+    pub mark: u32,
+    /// The device's MTU (0 when pwru printed none).
+    #[serde(default)]
+    pub mtu: u32,
+    /// `skb->protocol`, the EtherType in host order (0x0800 IPv4, 0x86dd IPv6).
+    #[serde(default)]
+    pub l3_proto: u16,
     /// The L4 tuple, when pwru printed one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuple: Option<Tuple>,
@@ -128,6 +137,9 @@ pub struct Tuple {
     /// IP protocol number (6 TCP, 17 UDP).
     #[serde(default)]
     pub proto: u8,
+    /// TCP flags as pwru names them (`--output-tcp-flags`), when printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flags: Option<String>,
 }
 
 /// The wire form, as pwru writes it.
@@ -145,6 +157,12 @@ struct RawEvent {
     iface: Option<String>,
     #[serde(default)]
     len: u32,
+    #[serde(default)]
+    mark: u32,
+    #[serde(default)]
+    mtu: u32,
+    #[serde(default)]
+    proto: u16,
     tuple: Option<Tuple>,
 }
 
@@ -186,6 +204,9 @@ impl PwruEvent {
             netns: raw.netns,
             iface,
             len: raw.len,
+            mark: raw.mark,
+            mtu: raw.mtu,
+            l3_proto: raw.proto,
             tuple: raw.tuple,
         })
     }

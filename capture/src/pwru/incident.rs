@@ -169,7 +169,7 @@ mod tests {
         .unwrap();
         assert_eq!(r.service(), "web");
         // The sample's port is not the service's: its peer does not narrow the filter.
-        assert_eq!(r.filter().expression(), "tcp and port 9000");
+        assert_eq!(r.filter().expression(), "tcp and dst port 9000");
         assert_eq!(
             r.filter_funcs(),
             &PwruConfig::default().filter_funcs(&[Probe::TcpSocketRead])

@@ -63,6 +63,25 @@ impl PrereqStatus {
     }
 }
 
+impl PrereqStatus {
+    /// What an operator does about this verdict (empty for `usable`).
+    pub const fn fix(self) -> &'static str {
+        match self {
+            PrereqStatus::Usable => "",
+            PrereqStatus::MissingBinary => {
+                "install pwru 1.0.12 (docs/pwru.md) and set [pwru] binary to its absolute path"
+            }
+            PrereqStatus::BadBinary => {
+                "check that `<binary> --version` prints pwru v1.0.12 promptly; a busy host can \
+                 time the check out, it is repeated at the next session request"
+            }
+            PrereqStatus::NotRoot => "run tailtrap as root",
+            PrereqStatus::NoKprobes => "use a kernel built with CONFIG_KPROBES",
+            PrereqStatus::NoTracefs => "mount tracefs: mount -t tracefs nodev /sys/kernel/tracing",
+        }
+    }
+}
+
 impl fmt::Display for PrereqStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

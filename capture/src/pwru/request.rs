@@ -84,15 +84,20 @@ impl Protocol {
 const MAX_PORTS: usize = 16;
 /// Most remote addresses: the top talkers among the incident's samples, not every peer.
 pub(crate) const MAX_ADDRS: usize = 16;
+/// Most service addresses in a filter; with more, any destination address is taken.
+const MAX_LOCAL_ADDRS: usize = 4;
 
-/// The pcap filter of a session: the service's protocol and local port(s), optionally
-/// narrowed to the top remote addresses. Built only from typed values (and therefore
+/// The pcap filter of a session: packets *to* the service (its protocol and local
+/// port(s), optionally its local addresses), optionally narrowed to those *from* the top
+/// remote addresses. Inbound only: the slow packets are the ones the service receives. Built only from typed values (and therefore
 /// serialisable for the record, but not deserialisable around [`PcapFilter::new`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PcapFilter {
     protocol: Protocol,
     local_ports: Vec<u16>,
     remote_addrs: Vec<IpAddr>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    local_addrs: Vec<IpAddr>,
 }
 
 impl PcapFilter {
@@ -145,6 +150,7 @@ impl PcapFilter {
             protocol,
             local_ports: ports,
             remote_addrs: addrs,
+            local_addrs: Vec::new(),
         })
     }
 
@@ -164,10 +170,15 @@ impl PcapFilter {
             Protocol::Udp => Transport::Udp,
         };
         let mut counts: HashMap<IpAddr, u64> = HashMap::new();
+        let mut local: Vec<IpAddr> = Vec::new();
         for f in flows {
             if f.transport == transport && local_ports.contains(&f.dport) && !f.src.is_unspecified()
             {
                 *counts.entry(f.src.to_canonical()).or_default() += 1;
+                let dst = f.dst.to_canonical();
+                if !dst.is_unspecified() && !local.contains(&dst) {
+                    local.push(dst);
+                }
             }
         }
         let mut peers: Vec<(IpAddr, u64)> = counts.into_iter().collect();
@@ -177,7 +188,17 @@ impl PcapFilter {
             .take(max_peers.min(MAX_ADDRS))
             .map(|(a, _)| a)
             .collect();
-        PcapFilter::new(protocol, local_ports, &top)
+        let mut filter = PcapFilter::new(protocol, local_ports, &top)?;
+        if local.len() <= MAX_LOCAL_ADDRS {
+            local.sort();
+            filter.local_addrs = local;
+        }
+        Ok(filter)
+    }
+
+    /// The service's own addresses seen in the samples (empty: any).
+    pub fn local_addrs(&self) -> &[IpAddr] {
+        &self.local_addrs
     }
 
     /// The protocol.
@@ -195,15 +216,21 @@ impl PcapFilter {
         &self.remote_addrs
     }
 
-    /// The pcap-filter expression, e.g. `tcp and port 9000 and (host 10.0.0.5 or host ::1)`.
-    /// `port`/`host` match either direction, so replies and ACKs of the flow are traced too.
+    /// The pcap-filter expression, e.g.
+    /// `tcp and dst port 9000 and dst host 10.0.0.1 and (src host 10.0.0.5 or src host ::1)`:
+    /// inbound only, so the service's own replies and ACKs (and their drops when a
+    /// connection closes) stay out of the trace.
     pub fn expression(&self) -> String {
         let mut s = String::from(self.protocol.pcap_name());
         s.push_str(" and ");
-        push_alternatives(&mut s, "port", &self.local_ports);
+        push_alternatives(&mut s, "dst port", &self.local_ports);
+        if !self.local_addrs.is_empty() {
+            s.push_str(" and ");
+            push_alternatives(&mut s, "dst host", &self.local_addrs);
+        }
         if !self.remote_addrs.is_empty() {
             s.push_str(" and ");
-            push_alternatives(&mut s, "host", &self.remote_addrs);
+            push_alternatives(&mut s, "src host", &self.remote_addrs);
         }
         s
     }
@@ -307,9 +334,43 @@ pub struct FilterFuncs(Vec<String>);
 /// Most functions in one session: pwru's cost grows with each attached function.
 const MAX_FUNCS: usize = 64;
 
-/// Where SKBs are dropped: `kfree_skb_reason` up to 6.11, `sk_skb_reason_drop` from 6.12
-/// (pwru skips the name the running kernel lacks).
+/// Where SKBs are dropped: `kfree_skb_reason` up to 6.11, `sk_skb_reason_drop` from 6.12.
+/// The daemon keeps only the one the running kernel really traces.
 const DROP_POINTS: [&str; 2] = ["kfree_skb_reason", "sk_skb_reason_drop"];
+
+/// The functions that take a packet through one probe's stage, each with a `struct
+/// sk_buff *` parameter pwru can select: the receive function, the queueing function,
+/// and for the read stages the functions that consume or free the skb once the reader
+/// took it (so the time from queueing to consumption shows per packet). Candidates only:
+/// names the running kernel lacks or cannot trace are dropped before a session starts.
+pub fn stage_functions(probe: Probe) -> &'static [&'static str] {
+    match probe {
+        Probe::IpStart => &[
+            "ip_rcv_core",
+            "ip_local_deliver",
+            "ip6_rcv_core",
+            "ip6_input",
+        ],
+        Probe::TcpStart => &["tcp_v4_rcv", "tcp_v6_rcv", "tcp_rcv_established"],
+        Probe::TcpSocketEnqueued => &["tcp_data_queue", "tcp_queue_rcv"],
+        // skb_copy_datagram_iter (the copy to the reader) takes a `const struct sk_buff *`,
+        // which pwru never selects; the skb's release after the read marks consumption.
+        Probe::TcpSocketRead => &[
+            "tcp_eat_recv_skb",
+            "skb_attempt_defer_free",
+            "__kfree_skb",
+            "consume_skb",
+        ],
+        Probe::UdpStart => &[
+            "udp_rcv",
+            "udp_unicast_rcv_skb",
+            "udp_queue_rcv_one_skb",
+            "udpv6_rcv",
+        ],
+        Probe::UdpSocketEnqueued => &["__udp_enqueue_schedule_skb"],
+        Probe::UdpSocketRead => &["skb_consume_udp", "__consume_stateless_skb", "consume_skb"],
+    }
+}
 
 impl FilterFuncs {
     /// Checked function names (duplicates dropped, order kept).
@@ -341,13 +402,21 @@ impl FilterFuncs {
         Ok(FilterFuncs(out))
     }
 
-    /// The functions pwru follows for `probes` ([`model::KernelHooks::skb_functions`]) plus
-    /// the drop points.
+    /// The functions pwru follows for `probes`: for each, its [`stage_functions`] and
+    /// those of every stage before it on the path (a slow read is followed from the IP
+    /// receive on), then the drop points. Candidates for the kernel check, not verified.
     pub fn for_probes(probes: &[Probe]) -> Self {
-        let names = probes
-            .iter()
-            .flat_map(|p| p.hooks().skb_functions.iter().copied())
-            .chain(DROP_POINTS);
+        let mut names: Vec<&str> = Vec::new();
+        for &hot in probes {
+            let mut path = vec![hot];
+            while let Some(prev) = path.last().and_then(|p| p.previous()) {
+                path.push(prev);
+            }
+            for stage in path.into_iter().rev() {
+                names.extend(stage_functions(stage));
+            }
+        }
+        names.extend(DROP_POINTS);
         let mut out: Vec<String> = Vec::new();
         for n in names {
             if !out.iter().any(|o| o == n) {
@@ -355,6 +424,13 @@ impl FilterFuncs {
             }
         }
         FilterFuncs(out)
+    }
+
+    /// Keep only the names `keep` accepts (the daemon's kernel check); `None` when none is
+    /// left.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> Option<Self> {
+        let v: Vec<String> = self.0.iter().filter(|n| keep(n)).cloned().collect();
+        (!v.is_empty()).then_some(FilterFuncs(v))
     }
 
     /// The names.
@@ -409,6 +485,7 @@ fn is_symbol_name(s: &str) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawLimits", into = "RawLimits")]
 pub struct SessionLimits {
+    attach_timeout: Duration,
     deadline: Duration,
     kill_grace: Duration,
     output_limit_lines: u64,
@@ -418,6 +495,8 @@ pub struct SessionLimits {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct RawLimits {
+    #[serde(with = "humantime_serde")]
+    attach_timeout: Duration,
     #[serde(with = "humantime_serde")]
     deadline: Duration,
     #[serde(with = "humantime_serde")]
@@ -429,6 +508,7 @@ impl Default for RawLimits {
     fn default() -> Self {
         let d = SessionLimits::default();
         RawLimits {
+            attach_timeout: d.attach_timeout,
             deadline: d.deadline,
             kill_grace: d.kill_grace,
             output_limit_lines: d.output_limit_lines,
@@ -439,13 +519,15 @@ impl Default for RawLimits {
 impl TryFrom<RawLimits> for SessionLimits {
     type Error = RequestError;
     fn try_from(r: RawLimits) -> Result<Self, RequestError> {
-        SessionLimits::new(r.deadline, r.kill_grace, r.output_limit_lines)
+        SessionLimits::new(r.deadline, r.kill_grace, r.output_limit_lines)?
+            .with_attach_timeout(r.attach_timeout)
     }
 }
 
 impl From<SessionLimits> for RawLimits {
     fn from(l: SessionLimits) -> Self {
         RawLimits {
+            attach_timeout: l.attach_timeout,
             deadline: l.deadline,
             kill_grace: l.kill_grace,
             output_limit_lines: l.output_limit_lines,
@@ -454,9 +536,10 @@ impl From<SessionLimits> for RawLimits {
 }
 
 impl Default for SessionLimits {
-    /// 30 s deadline, 5 s between SIGTERM and SIGKILL, 5000 lines.
+    /// 60 s to attach, then 30 s of tracing, 5 s between SIGTERM and SIGKILL, 5000 lines.
     fn default() -> Self {
         SessionLimits {
+            attach_timeout: Duration::from_secs(60),
             deadline: Duration::from_secs(30),
             kill_grace: Duration::from_secs(5),
             output_limit_lines: 5000,
@@ -467,6 +550,16 @@ impl Default for SessionLimits {
 /// 100 ms..=10 min. Separate checks so configuration can name the offending key.
 pub(crate) fn check_deadline(d: Duration) -> Result<Duration, RequestError> {
     check_duration(d, "deadline", Duration::from_secs(600), "100ms..=10min")
+}
+
+/// 100 ms..=10 min (pwru under emulation takes over a minute to attach).
+pub(crate) fn check_attach_timeout(d: Duration) -> Result<Duration, RequestError> {
+    check_duration(
+        d,
+        "attach timeout",
+        Duration::from_secs(600),
+        "100ms..=10min",
+    )
 }
 
 /// 100 ms..=60 s.
@@ -513,6 +606,7 @@ impl SessionLimits {
         output_limit_lines: u64,
     ) -> Result<Self, RequestError> {
         Ok(SessionLimits {
+            attach_timeout: SessionLimits::default().attach_timeout,
             deadline: check_deadline(deadline)?,
             kill_grace: check_kill_grace(kill_grace)?,
             output_limit_lines: check_output_limit(output_limit_lines)?,
@@ -522,13 +616,30 @@ impl SessionLimits {
     /// Limits whose values went through the `check_*` functions one by one.
     pub(crate) fn from_checked(deadline: Duration, kill_grace: Duration, lines: u64) -> Self {
         SessionLimits {
+            attach_timeout: SessionLimits::default().attach_timeout,
             deadline,
             kill_grace,
             output_limit_lines: lines,
         }
     }
 
-    /// When SIGTERM is sent, counted from the start.
+    /// These limits with another attach timeout (100 ms..=10 min).
+    pub fn with_attach_timeout(self, d: Duration) -> Result<Self, RequestError> {
+        Ok(self.with_attach_timeout_checked(check_attach_timeout(d)?))
+    }
+
+    pub(crate) fn with_attach_timeout_checked(mut self, d: Duration) -> Self {
+        self.attach_timeout = d;
+        self
+    }
+
+    /// How long pwru may take to attach (create its ready file), counted from the start;
+    /// past it the session ends as not ready.
+    pub fn attach_timeout(&self) -> Duration {
+        self.attach_timeout
+    }
+
+    /// How long pwru traces: SIGTERM is sent this long after it became ready.
     pub fn deadline(&self) -> Duration {
         self.deadline
     }
@@ -630,6 +741,10 @@ impl SessionRequest {
                 "--output-meta",
                 "--output-tuple",
                 "--output-caller",
+                // Once a packet matched the filter, follow its skb by address: past the
+                // IP layer (queueing, the read, the free) the headers pwru's filter reads
+                // may no longer be where it looks.
+                "--filter-track-skb",
             ]
             .map(OsString::from),
         );
@@ -650,7 +765,7 @@ mod tests {
     #[test]
     fn filter_expression_single_and_grouped() {
         let f = PcapFilter::new(Protocol::Tcp, &[9000], &[]).unwrap();
-        assert_eq!(f.expression(), "tcp and port 9000");
+        assert_eq!(f.expression(), "tcp and dst port 9000");
         let f = PcapFilter::new(
             Protocol::Udp,
             &[53, 5353, 53],
@@ -659,10 +774,13 @@ mod tests {
         .unwrap();
         assert_eq!(
             f.expression(),
-            "udp and (port 53 or port 5353) and (host 10.0.0.5 or host 2001:db8::1)"
+            "udp and (dst port 53 or dst port 5353) and (src host 10.0.0.5 or src host 2001:db8::1)"
         );
         let f = PcapFilter::new(Protocol::Tcp, &[443], &[ip("::ffff:192.0.2.7")]).unwrap();
-        assert_eq!(f.expression(), "tcp and port 443 and host 192.0.2.7");
+        assert_eq!(
+            f.expression(),
+            "tcp and dst port 443 and src host 192.0.2.7"
+        );
     }
 
     fn flow(t: Transport, src: &str, dport: u16) -> Flow {
@@ -699,10 +817,11 @@ mod tests {
         // 10.0.0.7 and 10.0.0.8 tie at 3: the lower address first.
         assert_eq!(
             f.expression(),
-            "tcp and port 9000 and (host 10.0.0.5 or host 10.0.0.7 or host 10.0.0.8)"
+            "tcp and dst port 9000 and dst host 10.0.0.1 and \
+             (src host 10.0.0.5 or src host 10.0.0.7 or src host 10.0.0.8)"
         );
         let f = PcapFilter::from_flows(Protocol::Udp, &[53], &flows, 3).unwrap();
-        assert_eq!(f.expression(), "udp and port 53");
+        assert_eq!(f.expression(), "udp and dst port 53");
         let many: Vec<Flow> = (1..=40u8)
             .map(|i| flow(Transport::Tcp, &format!("10.1.0.{i}"), 9000))
             .collect();
@@ -764,15 +883,36 @@ mod tests {
     fn default_funcs_cover_probes_and_drops() {
         assert_eq!(
             FilterFuncs::default().regex(),
-            "^(ip_rcv_core|ip6_rcv_core|tcp_v4_rcv|tcp_v6_rcv|udp_rcv|udpv6_rcv|tcp_queue_rcv|\
-             __udp_enqueue_schedule_skb|skb_copy_datagram_iter|skb_consume_udp|\
-             kfree_skb_reason|sk_skb_reason_drop)$"
+            "^(ip_rcv_core|ip_local_deliver|ip6_rcv_core|ip6_input|tcp_v4_rcv|tcp_v6_rcv|\
+             tcp_rcv_established|udp_rcv|udp_unicast_rcv_skb|udp_queue_rcv_one_skb|udpv6_rcv|\
+             tcp_data_queue|tcp_queue_rcv|__udp_enqueue_schedule_skb|tcp_eat_recv_skb|\
+             skb_attempt_defer_free|__kfree_skb|consume_skb|skb_consume_udp|\
+             __consume_stateless_skb|kfree_skb_reason|sk_skb_reason_drop)$"
         );
         let f = FilterFuncs::for_probes(&[Probe::UdpSocketRead, Probe::UdpSocketRead]);
+        // The whole UDP path up to the read, once, then the drop points.
         assert_eq!(
             f.names(),
-            ["skb_consume_udp", "kfree_skb_reason", "sk_skb_reason_drop"]
+            [
+                "ip_rcv_core",
+                "ip_local_deliver",
+                "ip6_rcv_core",
+                "ip6_input",
+                "udp_rcv",
+                "udp_unicast_rcv_skb",
+                "udp_queue_rcv_one_skb",
+                "udpv6_rcv",
+                "__udp_enqueue_schedule_skb",
+                "skb_consume_udp",
+                "__consume_stateless_skb",
+                "consume_skb",
+                "kfree_skb_reason",
+                "sk_skb_reason_drop"
+            ]
         );
+        let kept = f.retain(|n| n.starts_with("udp")).unwrap();
+        assert_eq!(kept.names().len(), 4);
+        assert!(f.retain(|_| false).is_none());
     }
 
     #[test]
@@ -839,7 +979,8 @@ mod tests {
             "--output-meta",
             "--output-tuple",
             "--output-caller",
-            "tcp and port 9000 and host 10.1.2.3",
+            "--filter-track-skb",
+            "tcp and dst port 9000 and src host 10.1.2.3",
         ];
         assert_eq!(argv, expected.map(OsString::from));
     }
@@ -861,7 +1002,8 @@ mod tests {
             "--output-meta",
             "--output-tuple",
             "--output-caller",
-            "udp and port 9001",
+            "--filter-track-skb",
+            "udp and dst port 9001",
         ]
         .map(OsString::from);
         assert_eq!(argv, expected);

@@ -26,6 +26,8 @@ const MAX_LINE_BYTES: usize = 64 * 1024;
 /// How long to wait for the output pipes to close once pwru has exited (a grandchild
 /// holding them must not hold the session open).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the ready file is looked for while pwru attaches.
+const READY_POLL: Duration = Duration::from_millis(100);
 
 /// Settings shared by every session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,9 @@ pub struct ManagerConfig {
     pub cooldown: Duration,
     /// Directory for pwru's ready files (created 0700 if missing).
     pub runtime_dir: PathBuf,
+    /// While the prerequisites fail, they are checked again at a session request at most
+    /// this often.
+    pub prereq_recheck: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -42,6 +47,7 @@ impl Default for ManagerConfig {
         ManagerConfig {
             cooldown: Duration::from_secs(600),
             runtime_dir: PathBuf::from("/run/tailtrap"),
+            prereq_recheck: Duration::from_secs(60),
         }
     }
 }
@@ -54,8 +60,11 @@ pub enum SessionState {
     Ok,
     /// pwru could not start, failed to attach, attached nothing, or exited with an error.
     Failed,
-    /// pwru was not ready by the deadline, or had to be killed after ignoring SIGTERM.
+    /// pwru attached and traced, but had to be killed after ignoring SIGTERM.
     Timeout,
+    /// pwru had not attached its probes (no ready file) within the attach timeout, so it
+    /// was stopped before tracing anything: a slow start, not a hang.
+    NotReady,
     /// Not run: the service had a session less than the cooldown ago.
     SkippedCooldown,
     /// Not run: another session was running.
@@ -71,6 +80,7 @@ impl SessionState {
             SessionState::Ok => "ok",
             SessionState::Failed => "failed",
             SessionState::Timeout => "timeout",
+            SessionState::NotReady => "not-ready",
             SessionState::SkippedCooldown => "skipped-cooldown",
             SessionState::SkippedBusy => "skipped-busy",
             SessionState::Unavailable => "unavailable",
@@ -196,10 +206,19 @@ pub struct SessionManager {
 #[derive(Debug)]
 struct Inner {
     /// The binary, or why sessions cannot run here.
-    binary: Result<PathBuf, String>,
+    binary: Mutex<Binary>,
     config: ManagerConfig,
     slot: Mutex<Slot>,
     next_id: AtomicU64,
+}
+
+/// The binary to run and, for a manager made from a failed prerequisite check, when to
+/// check again: a check that timed out on a busy host must not disable pwru for good.
+#[derive(Debug)]
+struct Binary {
+    result: Result<PathBuf, String>,
+    /// What to check (the binary the check found, or PATH) and when it was last checked.
+    recheck: Option<(Option<PathBuf>, Instant)>,
 }
 
 #[derive(Debug, Default)]
@@ -221,6 +240,10 @@ impl Drop for SlotGuard {
     }
 }
 
+fn lock_binary(m: &Mutex<Binary>) -> MutexGuard<'_, Binary> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
     // A panic while holding this lock leaves plain data behind; keep using it.
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -235,18 +258,28 @@ impl SessionManager {
 
     /// A manager for what [`Prerequisites::check`] found: when pwru is not usable, every
     /// request ends as [`SessionState::Unavailable`] with the check's summary as reason.
+    /// While the check fails, it is repeated when a session is requested (at most once a
+    /// minute), so a transient failure (a `--version` that timed out on a busy host) does
+    /// not disable pwru for the daemon's life; each failure is logged at WARN with the fix.
     pub fn from_prerequisites(prereq: &Prerequisites, config: ManagerConfig) -> Self {
-        let binary = match (&prereq.binary, prereq.is_usable()) {
-            (Some(b), true) => Ok(b.clone()),
-            _ => Err(prereq.summary.clone()),
-        };
-        Self::with_binary(binary, config)
+        match (&prereq.binary, prereq.is_usable()) {
+            (Some(b), true) => Self::with_binary(Ok(b.clone()), config),
+            _ => {
+                let m = Self::with_binary(Err(prereq.summary.clone()), config);
+                lock_binary(&m.inner.binary).recheck =
+                    Some((prereq.binary.clone(), Instant::now()));
+                m
+            }
+        }
     }
 
     fn with_binary(binary: Result<PathBuf, String>, config: ManagerConfig) -> Self {
         SessionManager {
             inner: Arc::new(Inner {
-                binary,
+                binary: Mutex::new(Binary {
+                    result: binary,
+                    recheck: None,
+                }),
                 config,
                 slot: Mutex::new(Slot::default()),
                 next_id: AtomicU64::new(1),
@@ -284,14 +317,10 @@ impl SessionManager {
         request: SessionRequest,
         lines: mpsc::Sender<PwruLine>,
     ) -> SessionStatus {
-        let binary = match &self.inner.binary {
-            Ok(b) => b.clone(),
+        let binary = match self.binary().await {
+            Ok(b) => b,
             Err(why) => {
-                return SessionStatus::not_run(
-                    request.service(),
-                    SessionState::Unavailable,
-                    why.clone(),
-                )
+                return SessionStatus::not_run(request.service(), SessionState::Unavailable, why)
             }
         };
         let (guard, stop) = match self.claim(request.service()) {
@@ -311,6 +340,40 @@ impl SessionManager {
             ),
         }
         status
+    }
+
+    /// The binary, after checking the prerequisites again when the last check failed more
+    /// than [`ManagerConfig::prereq_recheck`] ago.
+    async fn binary(&self) -> Result<PathBuf, String> {
+        let due = {
+            let b = lock_binary(&self.inner.binary);
+            match (&b.result, &b.recheck) {
+                (Err(_), Some((what, at))) if at.elapsed() >= self.inner.config.prereq_recheck => {
+                    Some(what.clone())
+                }
+                _ => None,
+            }
+        };
+        if let Some(what) = due {
+            let prereq = Prerequisites::check(what.as_deref()).await;
+            let mut b = lock_binary(&self.inner.binary);
+            match (&prereq.binary, prereq.is_usable()) {
+                (Some(path), true) => {
+                    tracing::info!(summary = %prereq.summary, "pwru prerequisites met on a new check");
+                    b.result = Ok(path.clone());
+                    b.recheck = None;
+                }
+                _ => {
+                    tracing::warn!(
+                        status = %prereq.status, summary = %prereq.summary, fix = prereq.status.fix(),
+                        "pwru prerequisites still not met; sessions stay unavailable"
+                    );
+                    b.result = Err(prereq.summary.clone());
+                    b.recheck = Some((what, Instant::now()));
+                }
+            }
+        }
+        lock_binary(&self.inner.binary).result.clone()
     }
 
     /// Take the slot for `service`, or say why not.
@@ -380,6 +443,9 @@ fn human(d: Duration) -> String {
 /// Why pwru was asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopCause {
+    /// Not ready within the attach timeout.
+    AttachTimeout,
+    /// The tracing time after readiness is over.
     Deadline,
     Requested,
 }
@@ -569,8 +635,9 @@ struct Ending {
     ready_before_term: bool,
 }
 
-/// Wait for pwru to exit, sending SIGTERM at the deadline or on a stop request and SIGKILL
-/// after the grace period.
+/// Wait for pwru to exit, sending SIGTERM when it is not ready by the attach timeout, at
+/// the deadline counted from readiness, or on a stop request, and SIGKILL after the grace
+/// period.
 async fn wait_bounded(
     child: &mut Child,
     t0: Instant,
@@ -578,7 +645,11 @@ async fn wait_bounded(
     stop: &Notify,
     ready_file: &Path,
 ) -> Ending {
-    let deadline = tokio::time::Instant::from_std(t0 + limits.deadline());
+    let attach_by = tokio::time::Instant::from_std(t0 + limits.attach_timeout());
+    // Until pwru is ready, its ready file is looked for this often.
+    let mut poll = tokio::time::interval(READY_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ready_at: Option<tokio::time::Instant> = None;
     let mut e = Ending {
         exit: Ok(ExitStatus::from_raw(0)),
         cause: None,
@@ -588,16 +659,24 @@ async fn wait_bounded(
     };
     let mut kill_deadline = None;
     loop {
-        // Next timer: the deadline until SIGTERM, then the end of the grace period, then none.
+        // Next timer: the attach timeout, or once ready the deadline, until SIGTERM; then
+        // the end of the grace period; then none.
         let next = match (e.term_at, e.kill_at) {
-            (None, _) => Some(deadline),
+            (None, _) => Some(ready_at.map_or(attach_by, |r| r + limits.deadline())),
             (Some(_), None) => kill_deadline,
             (Some(_), Some(_)) => None,
         };
+        let watching = e.term_at.is_none() && ready_at.is_none();
         let term_cause = tokio::select! {
             exit = child.wait() => {
                 e.exit = exit;
                 return e;
+            }
+            _ = poll.tick(), if watching => {
+                if ready_file.exists() {
+                    ready_at = Some(tokio::time::Instant::now());
+                }
+                continue;
             }
             _ = sleep_until_opt(next) => {
                 if e.term_at.is_some() {
@@ -607,13 +686,17 @@ async fn wait_bounded(
                     e.kill_at = Some(SystemTime::now());
                     continue;
                 }
-                StopCause::Deadline
+                if ready_at.is_some() || ready_file.exists() {
+                    StopCause::Deadline
+                } else {
+                    StopCause::AttachTimeout
+                }
             }
             _ = stop.notified(), if e.term_at.is_none() => StopCause::Requested,
         };
         // Checked before signalling: the question is whether pwru was attached when we
         // decided to stop it, not whether it created the file on its way out.
-        e.ready_before_term = ready_file.exists();
+        e.ready_before_term = ready_at.is_some() || ready_file.exists();
         e.cause = Some(term_cause);
         e.term_at = Some(terminate(child));
         kill_deadline = Some(tokio::time::Instant::now() + limits.kill_grace());
@@ -743,22 +826,23 @@ fn classify(
             ),
         );
     }
-    if status.sigkill.is_some() {
-        return (
-            SessionState::Timeout,
-            format!(
-                "pwru ignored SIGTERM for {} and was killed; {lines} lines captured",
-                humantime::format_duration(limits.kill_grace())
-            ),
-        );
-    }
+    let killed = status.sigkill.is_some().then(|| {
+        format!(
+            "it ignored SIGTERM for {} and was killed",
+            humantime::format_duration(limits.kill_grace())
+        )
+    });
+    // Not ready first: a pwru still attaching when stopped is slow, whatever it did with
+    // the SIGTERM that stopped it.
     if !ready_in_time {
         return match cause {
-            Some(StopCause::Deadline) => (
-                SessionState::Timeout,
+            Some(StopCause::AttachTimeout | StopCause::Deadline) => (
+                SessionState::NotReady,
                 format!(
-                    "pwru was not ready (probes not attached) within the {} deadline; {how}",
-                    humantime::format_duration(limits.deadline())
+                    "pwru was not ready (probes not attached) within the {} attach timeout, \
+                     so it traced nothing; {}",
+                    humantime::format_duration(limits.attach_timeout()),
+                    killed.unwrap_or_else(|| format!("stopped with SIGTERM, {how}"))
                 ),
             ),
             Some(StopCause::Requested) => (
@@ -771,12 +855,19 @@ fn classify(
             ),
         };
     }
+    if let Some(killed) = killed {
+        return (
+            SessionState::Timeout,
+            format!("pwru traced, then {killed}; {lines} lines captured"),
+        );
+    }
     if exit.code() != Some(0) {
         return (SessionState::Failed, format!("pwru ended with {how}{err}"));
     }
     let reason = match cause {
-        Some(StopCause::Deadline) => format!(
-            "deadline {} reached; pwru stopped cleanly on SIGTERM after {lines} lines",
+        Some(StopCause::Deadline | StopCause::AttachTimeout) => format!(
+            "traced for the {} deadline after attaching; pwru stopped cleanly on SIGTERM \
+             after {lines} lines",
             humantime::format_duration(limits.deadline())
         ),
         Some(StopCause::Requested) => {
