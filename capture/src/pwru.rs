@@ -20,6 +20,8 @@ mod prereq;
 mod request;
 mod session;
 mod stderr;
+#[cfg(test)]
+mod stderr_fuzz;
 
 pub use config::{PwruConfig, DEFAULTS_TOML};
 pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};

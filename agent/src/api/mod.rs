@@ -7,6 +7,9 @@ pub mod client;
 pub mod query;
 pub mod server;
 
+#[cfg(test)]
+mod fuzz;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
