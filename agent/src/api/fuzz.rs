@@ -81,7 +81,7 @@ proptest! {
     fn fuzz_config_arbitrary_text(text in ".{0,300}") {
         let start = Instant::now();
         let _ = crate::config::parse(&text, "fuzz.toml");
-        prop_assert!(start.elapsed() < Duration::from_secs(2));
+        prop_assert!(start.elapsed() < Duration::from_secs(10));
     }
 
     #[test]
@@ -92,7 +92,7 @@ proptest! {
             // Refused: every problem is a line naming the file (what `config check` prints).
             Err(e) => prop_assert!(e.lines().iter().all(|l| l.contains("fuzz.toml"))),
         }
-        prop_assert!(start.elapsed() < Duration::from_secs(2));
+        prop_assert!(start.elapsed() < Duration::from_secs(10));
     }
 }
 

@@ -4,6 +4,7 @@
 //! the endpoints.
 
 pub mod client;
+pub mod limits;
 pub mod query;
 pub mod server;
 
@@ -87,6 +88,10 @@ pub struct DaemonInfo {
     /// How long the last interval's work took, ns.
     #[serde(default)]
     pub last_interval_ns: u64,
+    /// The longest any interval took since start, from its scheduled tick to the end of
+    /// its work, ns: how late the daemon ever was (API load, storage, pwru).
+    #[serde(default)]
+    pub worst_interval_ns: u64,
     /// Where `GET /metrics` is served (`None`: metrics are off).
     #[serde(default)]
     pub metrics_listen: Option<String>,

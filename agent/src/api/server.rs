@@ -15,6 +15,7 @@ use serde::Serialize;
 use storage::Store;
 use tokio::net::UnixListener;
 
+use super::limits::{LimitedListener, Limits};
 use super::query::{self, IncidentsParams, PwruParams, QueryError, SamplesParams};
 use super::{ApiError, StatusReport};
 
@@ -70,8 +71,18 @@ pub async fn bind(path: &Path) -> anyhow::Result<Socket> {
     Ok(socket)
 }
 
-/// Serve the API on `socket` until the task is dropped or aborted.
-pub async fn serve(mut socket: Socket, state: Arc<AppState>) -> anyhow::Result<()> {
+/// Serve the API on `socket` until the task is dropped or aborted, with the default
+/// connection [`Limits`].
+pub async fn serve(socket: Socket, state: Arc<AppState>) -> anyhow::Result<()> {
+    serve_with(socket, state, Limits::default()).await
+}
+
+/// [`serve`] with chosen connection limits.
+pub async fn serve_with(
+    mut socket: Socket,
+    state: Arc<AppState>,
+    limits: Limits,
+) -> anyhow::Result<()> {
     let listener = socket
         .listener
         .take()
@@ -91,7 +102,7 @@ pub async fn serve(mut socket: Socket, state: Arc<AppState>) -> anyhow::Result<(
         })
         .with_state(state);
     // The socket file stays owned by `socket` while serving, so it is removed on the way out.
-    let served = axum::serve(listener, app).await;
+    let served = axum::serve(LimitedListener::new(listener, limits), app).await;
     drop(socket);
     served.context("serving the API")
 }

@@ -195,12 +195,18 @@ impl Daemon {
 
         let why = loop {
             tokio::select! {
-                _ = ticker.tick() => {
+                scheduled = ticker.tick() => {
                     let now = Now::read();
                     let began = Instant::now();
                     self.core.interval(last_tick, now);
                     let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    lock(&self.core.status()).last_interval_ns = took;
+                    let late = u64::try_from(scheduled.into_std().elapsed().as_nanos())
+                        .unwrap_or(u64::MAX);
+                    let status = self.core.status();
+                    let mut status = lock(&status);
+                    status.last_interval_ns = took;
+                    status.worst_interval_ns = status.worst_interval_ns.max(late);
+                    drop(status);
                     self.publish_metrics();
                     last_tick = now.wall;
                     notify(&[NotifyState::Watchdog]);
