@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use capture::pwru::{
-    ManagerConfig, PcapFilter, Protocol, PwruLine, SessionLimits, SessionManager,
-    SessionRequest, SessionState, SessionStatus,
+    ManagerConfig, PcapFilter, Protocol, PwruLine, SessionLimits, SessionManager, SessionRequest,
+    SessionState, SessionStatus,
 };
 use tokio::sync::mpsc;
 
@@ -41,6 +41,8 @@ impl Rig {
     }
 
     fn manager(&self) -> SessionManager {
+        // Kept for fields added later.
+        #[allow(clippy::needless_update)]
         let config = ManagerConfig {
             runtime_dir: self.dir.path().join("run"),
             cooldown: Duration::ZERO,
@@ -64,7 +66,10 @@ fn request(deadline: Duration, grace: Duration, limit: u64) -> SessionRequest {
 }
 
 /// Run a session, collecting its lines; also how long it took.
-async fn run(mgr: &SessionManager, req: SessionRequest) -> (SessionStatus, Vec<PwruLine>, Duration) {
+async fn run(
+    mgr: &SessionManager,
+    req: SessionRequest,
+) -> (SessionStatus, Vec<PwruLine>, Duration) {
     let (tx, mut rx) = mpsc::channel(16);
     let collector = tokio::spawn(async move {
         let mut got = Vec::new();
@@ -82,7 +87,11 @@ async fn run(mgr: &SessionManager, req: SessionRequest) -> (SessionStatus, Vec<P
 async fn next_session_is_normal(mgr: &SessionManager) {
     // The rig's mode is fixed; a session stopped right away shows the manager is free and
     // reaps again: not busy, a terminal state.
-    let (st, _, took) = run(mgr, request(Duration::from_millis(300), Duration::from_secs(1), 1)).await;
+    let (st, _, took) = run(
+        mgr,
+        request(Duration::from_millis(300), Duration::from_secs(1), 1),
+    )
+    .await;
     assert_ne!(st.state, SessionState::SkippedBusy, "{st:#?}");
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
@@ -91,7 +100,11 @@ async fn next_session_is_normal(mgr: &SessionManager) {
 async fn a_crashing_pwru_is_a_failed_session_with_its_signal() {
     let rig = Rig::new("crash");
     let mgr = rig.manager();
-    let (st, lines, _) = run(&mgr, request(Duration::from_secs(20), Duration::from_secs(5), 1000)).await;
+    let (st, lines, _) = run(
+        &mgr,
+        request(Duration::from_secs(20), Duration::from_secs(5), 1000),
+    )
+    .await;
     eprintln!("crash: {:?} {:?}: {}", st.state, st.signal, st.reason);
     assert_eq!(st.state, SessionState::Failed, "{st:#?}");
     assert_eq!(st.signal, Some(11), "{st:#?}");
@@ -132,7 +145,11 @@ async fn a_flooding_pwru_delivers_no_more_than_the_output_limit() {
 async fn a_pwru_printing_garbage_keeps_the_lines_raw_and_counts_them_unparsed() {
     let rig = Rig::new("garbage");
     let mgr = rig.manager();
-    let (st, lines, _) = run(&mgr, request(Duration::from_secs(2), Duration::from_secs(5), 1000)).await;
+    let (st, lines, _) = run(
+        &mgr,
+        request(Duration::from_secs(2), Duration::from_secs(5), 1000),
+    )
+    .await;
     eprintln!(
         "garbage: {:?}, {} lines, {} unparsed: {}",
         st.state,

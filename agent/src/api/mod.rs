@@ -88,8 +88,8 @@ pub struct DaemonInfo {
     /// How long the last interval's work took, ns.
     #[serde(default)]
     pub last_interval_ns: u64,
-    /// The longest any interval took since start, from its scheduled tick to the end of
-    /// its work, ns: how late the daemon ever was (API load, storage, pwru).
+    /// The longest any interval of the last 10 s took from its scheduled tick to the end
+    /// of its work, ns: how late the daemon was lately (API load, storage, pwru).
     #[serde(default)]
     pub worst_interval_ns: u64,
     /// Where `GET /metrics` is served (`None`: metrics are off).

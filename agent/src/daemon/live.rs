@@ -45,7 +45,7 @@ pub(super) struct LoopStatus {
     /// How long the last interval's work took, ns (set by whoever runs the loop: the loop
     /// itself only sees the times it is given).
     pub(super) last_interval_ns: u64,
-    /// The longest since start from a scheduled tick to the end of its work, ns.
+    /// The longest of the last 10 s from a scheduled tick to the end of its work, ns.
     pub(super) worst_interval_ns: u64,
     /// Incidents opened since start by (service, stage verdict at opening).
     opened: BTreeMap<(String, String), u64>,

@@ -181,7 +181,7 @@ impl Daemon {
                 move || lock(&live).report(&lock(&status), &store)
             }),
         });
-        let api = tokio::spawn(server::serve(socket, state));
+        let api = server::ApiRuntime::start(socket, state)?;
         tracing::info!(socket = %config.api.socket.display(), "API listening");
         let metrics = metrics_listener.map(|l| self.start_metrics(l));
         let config = self.core.config();
@@ -190,6 +190,7 @@ impl Daemon {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await; // the first tick is immediate
         let mut last_tick = SystemTime::now();
+        let mut lateness = RecentMax::default();
         notify(&[NotifyState::Ready]);
         tracing::info!(interval = %humantime::format_duration(config.daemon.interval), "ready");
 
@@ -205,7 +206,7 @@ impl Daemon {
                     let status = self.core.status();
                     let mut status = lock(&status);
                     status.last_interval_ns = took;
-                    status.worst_interval_ns = status.worst_interval_ns.max(late);
+                    status.worst_interval_ns = lateness.push(late);
                     drop(status);
                     self.publish_metrics();
                     last_tick = now.wall;
@@ -229,12 +230,11 @@ impl Daemon {
             self.core.pwru_finished(done);
         }
         self.core.stop(Now::read());
-        api.abort();
         if let Some(m) = metrics {
             m.abort();
         }
         // The socket file goes with the aborted server task; the probes detach on drop.
-        let _ = api.await;
+        api.stop().await;
         drop(self.core);
         tracing::info!("stopped");
         Ok(())
@@ -331,4 +331,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn unix_ns(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The largest value pushed within the last [`RecentMax::WINDOW`]: how late intervals
+/// were lately (a bounded queue; one entry per interval).
+#[derive(Default)]
+struct RecentMax(std::collections::VecDeque<(Instant, u64)>);
+
+impl RecentMax {
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn push(&mut self, v: u64) -> u64 {
+        let now = Instant::now();
+        while self
+            .0
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > Self::WINDOW)
+        {
+            self.0.pop_front();
+        }
+        self.0.push_back((now, v));
+        self.0.iter().map(|(_, v)| *v).max().unwrap_or(v)
+    }
 }
