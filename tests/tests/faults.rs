@@ -404,3 +404,44 @@ fn api_load_during_an_incident_then_sigkill_with_pwru_running() {
         pwru_after["lines"].as_array().unwrap().len()
     );
 }
+
+/// A damaged database at start: the daemon says what happened and how to recover, keeps the
+/// old files, and does not start empty over them silently.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn damaged_database_at_start_is_kept_aside_with_a_recovery_message() {
+    let scratch = ScratchDir::new("faults-corrupt").unwrap();
+    let dir = scratch.path();
+    let config = config(dir, 9, &fake_pwru());
+    let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    daemon.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(daemon.wait_exit(Duration::from_secs(60)).unwrap().is_some());
+    // Overwrite the head and a middle stretch of sled's data file.
+    let file = dir.join("db/db");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[..64].fill(0xab);
+    bytes[n / 4..n / 2].fill(0xab);
+    std::fs::write(&file, &bytes).unwrap();
+
+    let daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    let log = daemon.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("the database was damaged"))
+        .unwrap_or_else(|| panic!("no damage message:\n{log}"));
+    eprintln!("{line}");
+    assert!(line.contains("tailtrap db check --db") && line.contains("docs/operations.md"));
+    let aside: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("db.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the damaged files are kept aside");
+    // Kept, not necessarily byte for byte: sled's own recovery writes to the file while
+    // it tries to open it.
+    let kept = std::fs::metadata(aside[0].path().join("db")).unwrap().len();
+    assert!(kept > 0, "the damaged data file is kept");
+}

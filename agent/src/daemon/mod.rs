@@ -120,7 +120,14 @@ impl Daemon {
         let store = open_store(&config).await?;
         let report = store.open_report();
         if let Some(aside) = &report.moved_aside {
-            tracing::warn!(moved_to = %aside.display(), "the database was damaged: moved aside, started a fresh one");
+            tracing::error!(
+                db = %config.daemon.db.display(),
+                moved_to = %aside.display(),
+                "the database was damaged: it was moved aside (nothing deleted) and a \
+                 fresh one started. Inspect the old one with `tailtrap db check --db {}`; \
+                 docs/operations.md (damaged database) says how to recover",
+                aside.display()
+            );
         }
         let store = Arc::new(store);
         let probes = load_probes(&config.probes)?;
