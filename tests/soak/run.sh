@@ -10,7 +10,8 @@
 #                                     (default: a new /tmp/tailtrap-soak-* directory)
 # Prints the series, a terminal chart of RSS and fds, and the targets with their verdicts:
 #   RSS and fds flat: the last sample within 5 % of the 10-minute mark (the middle sample
-#   for runs under 20 min); no interval over 100 ms late; the database within its budget
+#   for runs under 20 min); no interval over 100 ms late after the first minute (start-up);
+#   the database within its budget
 #   (storage.max_bytes); no child process left after the daemon stops.
 # Exit status 0 only if every target holds.
 set -uo pipefail
@@ -151,7 +152,8 @@ for minute in $(seq 1 "$minutes"); do
     db=$(du -sb "$out/db" | cut -f1)
     incidents=$("$tt" incidents --json --limit 10000 --config "$out/tailtrap.toml" 2>/dev/null |
         jq '.incidents | length')
-    (( worst > worst_run )) && worst_run=$worst
+    # The first minute includes start-up (loading the probes, the first intervals).
+    (( minute > 1 && worst > worst_run )) && worst_run=$worst
     line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents"
     echo "$line" >>"$out/series.csv"
     echo "$line" >&2
@@ -188,7 +190,7 @@ verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budg
         d = (fd1 - fd0) / fd0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
         printf "fds flat: minute %d %d, end %d (%+.1f %%)  %s\n", r, fd0, fd1, d, ok ? "ok" : "FAILED"
         ok = worst <= 100e6; fail += !ok
-        printf "worst interval lateness: %.1f ms (target <= 100 ms)  %s\n", worst / 1e6, ok ? "ok" : "FAILED"
+        printf "worst interval lateness after minute 1: %.1f ms (target <= 100 ms)  %s\n", worst / 1e6, ok ? "ok" : "FAILED"
         ok = db <= budget; fail += !ok
         printf "database: %d bytes of a %d budget  %s\n", db, budget, ok ? "ok" : "FAILED"
         ok = leftover == 0; fail += !ok
