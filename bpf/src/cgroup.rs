@@ -67,8 +67,8 @@ impl CgroupNames {
         }
     }
 
-    /// Path of cgroup `id` relative to the mount (`/` for the root), or `cgroup:<id>` when
-    /// it no longer exists.
+    /// A readable name of cgroup `id` (see [`readable`]) from its path relative to the
+    /// mount (`/` for the root), or `cgroup:<id>` when it no longer exists.
     pub(crate) fn name(&mut self, id: u64) -> String {
         if let Some(name) = self.known.get(&id) {
             return name.clone();
@@ -76,13 +76,73 @@ impl CgroupNames {
         let name = find_by_ino(&self.mount, id)
             .map(|p| match p.strip_prefix(&self.mount) {
                 Ok(rel) if rel.as_os_str().is_empty() => "/".to_owned(),
-                Ok(rel) => rel.display().to_string(),
+                Ok(rel) => readable(&rel.display().to_string()),
                 Err(_) => p.display().to_string(),
             })
             .unwrap_or_else(|| format!("cgroup:{id}"));
         self.known.insert(id, name.clone());
         name
     }
+}
+
+/// The name an auto-grouped service gets from its cgroup path (relative to the mount):
+/// - a container: `docker:<id>`, `containerd:<id>`, `crio:<id>` or `podman:<id>` (the id's
+///   first 12 hex digits), prefixed with `k8s:<pod uid>/` inside a Kubernetes pod;
+/// - a Kubernetes pod's own cgroup: `k8s:<pod uid>`;
+/// - a system unit: its unit name (`system.slice/nginx.service` -> `nginx.service`);
+/// - anything else: the path itself, which is unique.
+///
+/// Container and pod ids are unique, and system units unique by name, so two live cgroups
+/// never share a name.
+pub(crate) fn readable(rel: &str) -> String {
+    let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+    let pod = parts.iter().find_map(|p| pod_uid(p));
+    let container = parts.last().and_then(|p| container_id(p));
+    match (pod, container) {
+        (Some(pod), Some(c)) => format!("k8s:{pod}/{c}"),
+        (Some(pod), None) if parts.last().is_some_and(|p| pod_uid(p).is_some()) => {
+            format!("k8s:{pod}")
+        }
+        (None, Some(c)) => c,
+        _ => match parts.as_slice() {
+            ["system.slice", unit] if unit.ends_with(".service") || unit.ends_with(".scope") => {
+                (*unit).to_owned()
+            }
+            _ => rel.to_owned(),
+        },
+    }
+}
+
+/// A Kubernetes pod's uid from its cgroup's name: `kubepods-burstable-pod<uid>.slice`
+/// (systemd driver, `_` for `-`) or `pod<uid>` (cgroupfs driver).
+fn pod_uid(part: &str) -> Option<String> {
+    let rest = part.strip_suffix(".slice").unwrap_or(part);
+    let uid = &rest[rest.rfind("pod")? + 3..];
+    let uid = uid.replace('_', "-");
+    let ok = uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    ok.then_some(uid)
+}
+
+/// `<runtime>:<first 12 hex digits>` from a container's cgroup name: `docker-<id>.scope`,
+/// `cri-containerd-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope` (systemd driver) or
+/// the bare 64-digit id (cgroupfs driver, under `docker/` or a pod).
+fn container_id(part: &str) -> Option<String> {
+    let (runtime, id) = match part.strip_suffix(".scope") {
+        Some(scope) => {
+            let (prefix, id) = scope.rsplit_once('-')?;
+            let runtime = match prefix {
+                "docker" => "docker",
+                "cri-containerd" => "containerd",
+                "crio" => "crio",
+                "libpod" => "podman",
+                _ => return None,
+            };
+            (runtime, id)
+        }
+        None => ("container", part),
+    };
+    let ok = id.len() == 64 && id.chars().all(|c| c.is_ascii_hexdigit());
+    ok.then(|| format!("{runtime}:{}", &id[..12]))
 }
 
 fn find_by_ino(dir: &Path, ino: u64) -> Option<PathBuf> {
@@ -116,6 +176,54 @@ mod tests {
             cgroup2_mount_in("31 23 0:28 / /sys rw - sysfs sysfs rw\n"),
             None
         );
+    }
+
+    #[test]
+    fn auto_service_names_are_readable() {
+        let id = "4f2c1a9be0d7c3a6b5e4f1029384756afedcba9876543210fedcba9876543210";
+        let uid = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901";
+        let cases = [
+            ("system.slice/nginx.service", "nginx.service".to_owned()),
+            (
+                &format!("system.slice/docker-{id}.scope"),
+                "docker:4f2c1a9be0d7".into(),
+            ),
+            (&format!("docker/{id}"), "container:4f2c1a9be0d7".into()),
+            (
+                &format!(
+                    "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/\
+                     cri-containerd-{id}.scope",
+                    uid.replace('-', "_")
+                ),
+                format!("k8s:{uid}/containerd:4f2c1a9be0d7"),
+            ),
+            (
+                &format!("kubepods/besteffort/pod{uid}/{id}"),
+                format!("k8s:{uid}/container:4f2c1a9be0d7"),
+            ),
+            (
+                &format!("kubepods.slice/kubepods-pod{}.slice", uid.replace('-', "_")),
+                format!("k8s:{uid}"),
+            ),
+            (
+                &format!("machine.slice/libpod-{id}.scope"),
+                "podman:4f2c1a9be0d7".into(),
+            ),
+            // Not recognised: the path, which is unique.
+            (
+                "user.slice/user-1000.slice/app.slice/foo.service",
+                "user.slice/user-1000.slice/app.slice/foo.service".into(),
+            ),
+            ("tailtrap-test/one", "tailtrap-test/one".into()),
+            // A scope that is no container: its unit name.
+            (
+                &format!("system.slice/docker-{}.scope", &id[..20]),
+                format!("docker-{}.scope", &id[..20]),
+            ),
+        ];
+        for (path, want) in cases {
+            assert_eq!(readable(path), want, "{path}");
+        }
     }
 
     #[test]

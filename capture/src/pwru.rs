@@ -20,6 +20,8 @@ mod prereq;
 mod request;
 mod session;
 mod stderr;
+#[cfg(test)]
+mod stderr_fuzz;
 mod timeline;
 
 pub use config::{PwruConfig, DEFAULTS_TOML};

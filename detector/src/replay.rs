@@ -155,11 +155,22 @@ pub fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
         } else {
             local.checked_add(shift)
         };
-        return utc
+        let utc = utc
             .filter(|t| *t >= UNIX_EPOCH)
-            .ok_or_else(|| "before 1970".to_string());
+            .ok_or_else(|| "before 1970".to_string())?;
+        // A negative offset can carry 9999-12-31 past what RFC 3339 (and format_time) can
+        // write: found by tests/fuzz_replay.rs, where printing such a time panicked.
+        if utc > latest_rfc3339() {
+            return Err("after 9999-12-31T23:59:59Z".to_string());
+        }
+        return Ok(utc);
     }
     humantime::parse_rfc3339(s).map_err(|e| e.to_string())
+}
+
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999999999Z).
+fn latest_rfc3339() -> SystemTime {
+    UNIX_EPOCH + Duration::new(253_402_300_799, 999_999_999)
 }
 
 /// Feeds records, grouped by `ts`, through a [`Detector`] and collects the incidents.

@@ -20,7 +20,7 @@ use crate::config::StoreConfig;
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::lock;
-use crate::model::{Incident, IncidentState, NewIncident, PwruRecord};
+use crate::model::{CaptureState, Incident, IncidentState, NewIncident, PwruRecord, PwruState};
 
 /// Layout version of the database (trees, keys, record types).
 /// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens and
@@ -377,6 +377,19 @@ impl Store {
         for (_, mut inc) in self.scan::<Incident>(T::Incidents, ..)? {
             if inc.state == IncidentState::Open {
                 inc.state = IncidentState::Interrupted;
+                // Nothing of the previous run is still going on: say so rather than leave
+                // "armed" or "running" standing for good.
+                if inc.capture.state == CaptureState::Armed {
+                    inc.capture.state = CaptureState::Disarmed;
+                    inc.capture.message =
+                        "disarmed: tailtrap stopped while capture was armed".into();
+                }
+                if inc.pwru.state == PwruState::Running {
+                    inc.pwru.state = PwruState::Failed;
+                    inc.pwru.message =
+                        "tailtrap stopped while pwru ran; the lines stored until then are kept"
+                            .into();
+                }
                 tracing::warn!(
                     incident = inc.id,
                     service = %inc.service,

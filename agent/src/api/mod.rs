@@ -4,8 +4,12 @@
 //! the endpoints.
 
 pub mod client;
+pub mod limits;
 pub mod query;
 pub mod server;
+
+#[cfg(test)]
+mod fuzz;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,6 +88,10 @@ pub struct DaemonInfo {
     /// How long the last interval's work took, ns.
     #[serde(default)]
     pub last_interval_ns: u64,
+    /// The longest any interval of the last 10 s took from its scheduled tick to the end
+    /// of its work, ns: how late the daemon was lately (API load, storage, pwru).
+    #[serde(default)]
+    pub worst_interval_ns: u64,
     /// Where `GET /metrics` is served (`None`: metrics are off).
     #[serde(default)]
     pub metrics_listen: Option<String>,

@@ -15,6 +15,7 @@ use serde::Serialize;
 use storage::Store;
 use tokio::net::UnixListener;
 
+use super::limits::{LimitedListener, Limits};
 use super::query::{
     self, HistoryParams, IncidentsParams, MarkParams, PwruParams, QueryError, SamplesParams,
 };
@@ -72,12 +73,26 @@ pub async fn bind(path: &Path) -> anyhow::Result<Socket> {
     Ok(socket)
 }
 
-/// Serve the API on `socket` until the task is dropped or aborted.
-pub async fn serve(mut socket: Socket, state: Arc<AppState>) -> anyhow::Result<()> {
+/// Serve the API on `socket` until the task is dropped or aborted, with the default
+/// connection [`Limits`].
+pub async fn serve(socket: Socket, state: Arc<AppState>) -> anyhow::Result<()> {
+    serve_with(socket, state, Limits::default()).await
+}
+
+/// [`serve`] with chosen connection limits.
+pub async fn serve_with(
+    mut socket: Socket,
+    state: Arc<AppState>,
+    limits: Limits,
+) -> anyhow::Result<()> {
     let listener = socket
         .listener
         .take()
         .context("the API socket was already served")?;
+    // Re-registered with the runtime serving it, which may not be the one that bound it.
+    let listener =
+        UnixListener::from_std(listener.into_std().context("taking over the API socket")?)
+            .context("taking over the API socket")?;
     let app = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/incidents", get(incidents))
@@ -95,9 +110,69 @@ pub async fn serve(mut socket: Socket, state: Arc<AppState>) -> anyhow::Result<(
         })
         .with_state(state);
     // The socket file stays owned by `socket` while serving, so it is removed on the way out.
-    let served = axum::serve(listener, app).await;
+    let served = axum::serve(LimitedListener::new(listener, limits), app).await;
     drop(socket);
     served.context("serving the API")
+}
+
+/// The API served on a runtime of its own: one worker and at most [`API_QUERY_THREADS`]
+/// threads for store queries. Busy clients then take at most that much of the machine and
+/// never delay the daemon's runtime, whose workers drive the interval loop's timer (on a
+/// shared runtime, 64 busy clients made intervals 170 ms late).
+pub struct ApiRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Nice value of the API's threads: below the interval loop's, which measures time.
+const API_NICE: i32 = 10;
+
+/// Lower the calling thread's priority (Linux applies nice per thread). Failure only
+/// loses the preference, so it is logged, not fatal.
+fn lower_priority() {
+    // SAFETY: setpriority with who = 0 changes only the calling thread; no memory involved.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, API_NICE) };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "lowering the API threads' priority");
+    }
+}
+
+/// Store query threads of the API's runtime.
+pub const API_QUERY_THREADS: usize = 4;
+
+impl ApiRuntime {
+    /// Start serving `socket` on a new runtime.
+    pub fn start(socket: Socket, state: Arc<AppState>) -> anyhow::Result<ApiRuntime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(API_QUERY_THREADS)
+            .thread_name("tailtrap-api")
+            .on_thread_start(lower_priority)
+            .enable_all()
+            .build()
+            .context("starting the API's runtime")?;
+        let task = runtime.spawn(serve(socket, state));
+        Ok(ApiRuntime {
+            runtime: Some(runtime),
+            task,
+        })
+    }
+
+    /// Stop serving; the socket file is removed once the task has ended.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for ApiRuntime {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Dropping a runtime may block, which is not allowed inside the daemon's runtime.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 fn error(code: StatusCode, error: String) -> Response {

@@ -45,6 +45,8 @@ pub(super) struct LoopStatus {
     /// How long the last interval's work took, ns (set by whoever runs the loop: the loop
     /// itself only sees the times it is given).
     pub(super) last_interval_ns: u64,
+    /// The longest of the last 10 s from a scheduled tick to the end of its work, ns.
+    pub(super) worst_interval_ns: u64,
     /// Incidents opened since start by (service, stage verdict at opening).
     opened: BTreeMap<(String, String), u64>,
     /// pwru sessions ended since start by final state.
@@ -68,6 +70,7 @@ impl Default for LoopStatus {
             },
             bpf_cost: Vec::new(),
             last_interval_ns: 0,
+            worst_interval_ns: 0,
             opened: BTreeMap::new(),
             pwru_sessions: BTreeMap::new(),
         }
@@ -123,6 +126,7 @@ impl Live {
                 interval_errors: 0,
                 last_reload: None,
                 last_interval_ns: 0,
+                worst_interval_ns: 0,
                 metrics_listen: None,
             },
             started,
@@ -169,6 +173,7 @@ impl Live {
         daemon.intervals = status.intervals;
         daemon.interval_errors = status.interval_errors;
         daemon.last_interval_ns = status.last_interval_ns;
+        daemon.worst_interval_ns = status.worst_interval_ns;
         let (prereq, ignored, manager) = &self.pwru;
         let pwru = PwruReport {
             enabled: self.pwru_enabled,

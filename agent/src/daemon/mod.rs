@@ -120,7 +120,14 @@ impl Daemon {
         let store = open_store(&config).await?;
         let report = store.open_report();
         if let Some(aside) = &report.moved_aside {
-            tracing::warn!(moved_to = %aside.display(), "the database was damaged: moved aside, started a fresh one");
+            tracing::error!(
+                db = %config.daemon.db.display(),
+                moved_to = %aside.display(),
+                "the database was damaged: it was moved aside (nothing deleted) and a \
+                 fresh one started. Inspect the old one with `tailtrap db check --db {}`; \
+                 docs/operations.md (damaged database) says how to recover",
+                aside.display()
+            );
         }
         let store = Arc::new(store);
         let probes = load_probes(&config.probes)?;
@@ -190,7 +197,7 @@ impl Daemon {
                 move || lock(&live).report(&lock(&status), &store)
             }),
         });
-        let api = tokio::spawn(server::serve(socket, state));
+        let api = server::ApiRuntime::start(socket, state)?;
         tracing::info!(socket = %config.api.socket.display(), "API listening");
         let metrics = metrics_listener.map(|l| self.start_metrics(l));
         let config = self.core.config();
@@ -199,17 +206,24 @@ impl Daemon {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await; // the first tick is immediate
         let mut last_tick = SystemTime::now();
+        let mut lateness = RecentMax::default();
         notify(&[NotifyState::Ready]);
         tracing::info!(interval = %humantime::format_duration(config.daemon.interval), "ready");
 
         let why = loop {
             tokio::select! {
-                _ = ticker.tick() => {
+                scheduled = ticker.tick() => {
                     let now = Now::read();
                     let began = Instant::now();
                     self.core.interval(last_tick, now);
                     let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    lock(&self.core.status()).last_interval_ns = took;
+                    let late = u64::try_from(scheduled.into_std().elapsed().as_nanos())
+                        .unwrap_or(u64::MAX);
+                    let status = self.core.status();
+                    let mut status = lock(&status);
+                    status.last_interval_ns = took;
+                    status.worst_interval_ns = lateness.push(late);
+                    drop(status);
                     self.publish_metrics();
                     last_tick = now.wall;
                     notify(&[NotifyState::Watchdog]);
@@ -232,12 +246,11 @@ impl Daemon {
             self.core.pwru_finished(done);
         }
         self.core.stop(Now::read());
-        api.abort();
         if let Some(m) = metrics {
             m.abort();
         }
         // The socket file goes with the aborted server task; the probes detach on drop.
-        let _ = api.await;
+        api.stop().await;
         drop(self.core);
         tracing::info!("stopped");
         Ok(())
@@ -334,4 +347,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn unix_ns(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// The largest value pushed within the last [`RecentMax::WINDOW`]: how late intervals
+/// were lately (a bounded queue; one entry per interval).
+#[derive(Default)]
+struct RecentMax(std::collections::VecDeque<(Instant, u64)>);
+
+impl RecentMax {
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    fn push(&mut self, v: u64) -> u64 {
+        let now = Instant::now();
+        while self
+            .0
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > Self::WINDOW)
+        {
+            self.0.pop_front();
+        }
+        self.0.push_back((now, v));
+        self.0.iter().map(|(_, v)| *v).max().unwrap_or(v)
+    }
 }

@@ -211,6 +211,7 @@ mod tests {
                 interval_errors: 1,
                 last_reload: None,
                 last_interval_ns: 2_500_000,
+                worst_interval_ns: 3_000_000,
                 metrics_listen: None,
             },
             probes: vec![ProbeRow {

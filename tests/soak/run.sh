@@ -1,0 +1,203 @@
+#!/bin/bash
+# tests/soak/run.sh — the soak: the real daemon for hours under steady loopback traffic with a
+# slowdown injected every few minutes (an incident opens and closes, capture arms, a pwru
+# stand-in session runs), recording once a minute: RSS, open fds, threads, child processes,
+# database bytes on disk and the worst interval lateness. Not part of CI. Needs root and a
+# build (`cargo build --bins`).
+#   tests/soak/run.sh [--minutes N]   length (default 120)
+#                     [--every M]     minutes between slowdowns (default 5)
+#                     [--out DIR]     where series.csv and the daemon's log go
+#                                     (default: a new /tmp/tailtrap-soak-* directory)
+# Prints the series, a terminal chart of RSS and fds, and the targets with their verdicts:
+#   RSS and fds flat: the last sample within 5 % of the 10-minute mark (the middle sample
+#   for runs under 20 min); no interval over 100 ms late after the first minute (start-up);
+#   the database within its budget
+#   (storage.max_bytes); no child process left after the daemon stops.
+# Exit status 0 only if every target holds.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+minutes=120
+every=5
+out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
+        --every) every=${2:?--every needs a number}; shift 2 ;;
+        --out) out=${2:?--out needs a directory}; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+for v in "$minutes" "$every"; do
+    case "$v" in ''|*[!0-9]*|0) echo "--minutes and --every must be positive numbers" >&2; exit 2 ;; esac
+done
+[ "$(id -u)" = 0 ] || { echo "the soak needs root (it loads BPF programs)" >&2; exit 2; }
+command -v jq >/dev/null || { echo "the soak needs jq (apt-get install jq)" >&2; exit 2; }
+bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+for b in tailtrap tailtrap-traffic; do
+    [ -x "$bin/$b" ] || { echo "$bin/$b missing: run cargo build --bins first" >&2; exit 2; }
+done
+out=${out:-$(mktemp -d /tmp/tailtrap-soak-XXXXXX)}
+mkdir -p "$out"
+# Private copies: a rebuild during the soak must not change what runs.
+cp "$bin/tailtrap" "$bin/tailtrap-traffic" "$out/"
+tt="$out/tailtrap"
+budget=$((256 << 20))
+
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The service: an echo server whose read delay comes from a file.
+echo 0s >"$out/delay"
+"$out/tailtrap-traffic" tcp-server --bind 127.0.0.1:0 --delay-file "$out/delay" \
+    >"$out/server.out" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do [ -s "$out/server.out" ] && break; sleep 0.1; done
+port=$(head -n1 "$out/server.out" | grep -o '[0-9]*$')
+[ -n "$port" ] || { echo "the echo server did not start: $(cat "$out/server.out")" >&2; exit 1; }
+
+# The pwru stand-in, printing a line every 50 ms (sessions end at 200 lines).
+cat >"$out/pwru" <<EOF
+#!/bin/sh
+export FAKE_PWRU_LINE_DELAY=0.05
+exec '$ROOT/capture/tests/fake-pwru/pwru' "\$@"
+EOF
+chmod 755 "$out/pwru"
+
+cat >"$out/tailtrap.toml" <<EOF
+[daemon]
+interval = "1s"
+db = "$out/db"
+pwru_ignore_prerequisites = true
+
+[api]
+socket = "$out/api.sock"
+
+[metrics]
+enabled = false
+
+[[services]]
+name = "web"
+ports = [$port]
+
+[detector]
+min_delta = "5ms"
+quantiles = [0.5, 0.9]
+warmup_time = "30s"
+min_samples = 40
+window = "5s"
+max_window = "20s"
+close_after = 10
+cooldown = "10s"
+
+[capture]
+flight_threshold = "5ms"
+
+[pwru]
+binary = "$out/pwru"
+runtime_dir = "$out/run"
+deadline = "60s"
+output_limit_lines = 200
+cooldown = "10s"
+
+[storage]
+max_bytes = $budget
+EOF
+"$tt" config check "$out/tailtrap.toml" >/dev/null || exit 1
+
+RUST_LOG=info "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
+daemon=$!
+pids+=($daemon)
+for _ in $(seq 300); do
+    "$tt" status --json --config "$out/tailtrap.toml" >/dev/null 2>&1 && break
+    sleep 0.2
+done
+
+# Steady traffic: one client at a time, 2 ms between messages, restarted as each ends.
+(
+    while kill -0 $daemon 2>/dev/null; do
+        "$out/tailtrap-traffic" tcp-client --target "127.0.0.1:$port" --messages 1000000 \
+            --size 100 --pause 2ms --deadline 300s >/dev/null 2>&1 || sleep 1
+    done
+) &
+pids+=($!)
+
+status_field() { # name: a number of the daemon's facts in `tailtrap status --json`
+    "$tt" status --json --config "$out/tailtrap.toml" 2>/dev/null | jq -r ".daemon.$1 // empty"
+}
+
+echo "soak: $minutes min, a 60 s slowdown every $every min; output in $out" >&2
+echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents" >"$out/series.csv"
+start=$(date +%s)
+worst_run=0
+for minute in $(seq 1 "$minutes"); do
+    worst=0
+    # Slowdowns start one minute into each period and last 60 s.
+    if (( (minute - 1) % every == 1 )); then echo 20ms >"$out/delay"; else echo 0s >"$out/delay"; fi
+    while (( $(date +%s) < start + minute * 60 )); do
+        sleep 5
+        w=$(status_field worst_interval_ns)
+        [ -n "$w" ] && (( w > worst )) && worst=$w
+    done
+    kill -0 $daemon 2>/dev/null || { echo "the daemon died; log: $out/daemon.log" >&2; exit 1; }
+    rss=$(awk '/^VmRSS/ {print $2}' /proc/$daemon/status)
+    threads=$(awk '/^Threads/ {print $2}' /proc/$daemon/status)
+    fds=$(ls /proc/$daemon/fd | wc -l)
+    children=$(pgrep -P $daemon | wc -l)
+    db=$(du -sb "$out/db" | cut -f1)
+    incidents=$("$tt" incidents --json --limit 10000 --config "$out/tailtrap.toml" 2>/dev/null |
+        jq '.incidents | length')
+    # The first minute includes start-up (loading the probes, the first intervals).
+    (( minute > 1 && worst > worst_run )) && worst_run=$worst
+    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents"
+    echo "$line" >>"$out/series.csv"
+    echo "$line" >&2
+done
+
+# Stop the daemon; nothing it started may outlive it.
+kill -TERM $daemon
+for _ in $(seq 120); do kill -0 $daemon 2>/dev/null || break; sleep 0.5; done
+leftover=$(pgrep -f "$out/pwru" | wc -l)
+
+echo
+column -s, -t <"$out/series.csv"
+chart() { # column title
+    echo
+    echo "$2"
+    awk -F, -v c="$1" 'NR > 1 { v[NR] = $c; if (min == "" || $c < min) min = $c; if ($c > max) max = $c }
+        END { for (i = 2; i <= NR; i++) {
+                  w = (max > min) ? int(50 * (v[i] - min) / (max - min)) : 25
+                  bar = ""; for (j = 0; j < w; j++) bar = bar "#"
+                  printf "%4d %10d %s\n", i - 1, v[i], bar } }' "$out/series.csv"
+}
+chart 2 "RSS (KiB) per minute, bar from the run's min to its max"
+chart 3 "open fds per minute"
+
+ref_row=$(( minutes >= 20 ? 10 : (minutes + 1) / 2 ))
+verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budget="$budget" \
+    -v leftover="$leftover" '
+    NR == r + 1 { rss0 = $2; fd0 = $3 }
+    NR == n + 1 { rss1 = $2; fd1 = $3; db = $6 }
+    END {
+        fail = 0
+        d = (rss1 - rss0) / rss0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
+        printf "RSS flat: minute %d %d KiB, end %d KiB (%+.1f %%)  %s\n", r, rss0, rss1, d, ok ? "ok" : "FAILED"
+        d = (fd1 - fd0) / fd0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
+        printf "fds flat: minute %d %d, end %d (%+.1f %%)  %s\n", r, fd0, fd1, d, ok ? "ok" : "FAILED"
+        ok = worst <= 100e6; fail += !ok
+        printf "worst interval lateness after minute 1: %.1f ms (target <= 100 ms)  %s\n", worst / 1e6, ok ? "ok" : "FAILED"
+        ok = db <= budget; fail += !ok
+        printf "database: %d bytes of a %d budget  %s\n", db, budget, ok ? "ok" : "FAILED"
+        ok = leftover == 0; fail += !ok
+        printf "processes left after the daemon stopped: %d  %s\n", leftover, ok ? "ok" : "FAILED"
+        printf "%d failed\n", fail
+    }' "$out/series.csv")
+echo
+echo "$verdicts"
+echo "$verdicts" >"$out/verdicts.txt"
+grep -q '^0 failed' <<<"$verdicts"

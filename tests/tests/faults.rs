@@ -1,0 +1,447 @@
+//! Reliability of the real daemon under load and faults (issue 13), with a real TCP service
+//! whose application read slows down so that an incident opens, capture arms and a pwru
+//! stand-in session runs:
+//! - 64 concurrent API clients listing incidents and paging samples while the incident is
+//!   open: every response complete, no interval late by more than 20 ms;
+//! - SIGKILL of the daemon during that incident with pwru running: no pwru survives, the
+//!   dead daemon's BPF programs, maps and links are gone, nothing is pinned, and the restart
+//!   marks the incident interrupted with its capture and pwru states closed with a reason,
+//!   with every record acknowledged before the kill readable.
+//!
+//! `TAILTRAP_LOAD_SECS` sets the load's length (default 10 s; tests/soak/api-load.sh runs
+//! it for 60). Needs root and the `tailtrap` binary of the same build.
+#![allow(clippy::unwrap_used)] // test code: a failed step should panic with its context
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tailtrap_tests::{
+    baselines_warm, cli_json, Daemon, LoopingClient, Proto, ScratchDir, ServerOpts, TcpServer,
+};
+
+fn fake_pwru() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
+}
+
+/// One `GET` on a fresh connection: the status code and the body, checked complete against
+/// its Content-Length.
+fn get(socket: &Path, target: &str) -> Result<(u16, Value), String> {
+    let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("send: {e}"))?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).map_err(|e| format!("read: {e}"))?;
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no end of headers")?;
+    let head = String::from_utf8_lossy(&resp[..split]).to_lowercase();
+    let body = &resp[split + 4..];
+    let code: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("no status")?;
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or("no content-length")?;
+    if body.len() != length {
+        return Err(format!("incomplete: {} of {length} bytes", body.len()));
+    }
+    let v = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
+    Ok((code, v))
+}
+
+/// BPF object ids (programs, maps, links) the process holds, from its fdinfo.
+fn bpf_ids(pid: u32) -> BTreeSet<(&'static str, u32)> {
+    let mut ids = BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return ids;
+    };
+    for e in dir.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            for (key, kind) in [
+                ("prog_id:", "prog"),
+                ("map_id:", "map"),
+                ("link_id:", "link"),
+            ] {
+                if let Some(v) = line.strip_prefix(key) {
+                    if let Ok(id) = v.trim().parse() {
+                        ids.insert((kind, id));
+                    }
+                }
+            }
+        }
+    }
+    ids
+}
+
+/// Whether the kernel still has the BPF object (BPF_*_GET_FD_BY_ID).
+fn bpf_object_exists(kind: &str, id: u32) -> bool {
+    let cmd = match kind {
+        "prog" => 13,
+        "map" => 14,
+        _ => 30,
+    };
+    let attr = [id, 0, 0, 0];
+    // SAFETY: the attr buffer is valid for its size; a returned fd is closed at once.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: fd was just returned to us and is not used elsewhere.
+        unsafe { libc::close(fd as i32) };
+        return true;
+    }
+    std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT)
+}
+
+/// The daemon's worst interval lateness over `secs` (at least 10): its status reports the
+/// worst of the last 10 s, read every 10 s.
+fn worst_lateness(socket: &Path, secs: u64) -> u64 {
+    let mut worst = 0;
+    let start = Instant::now();
+    while start.elapsed() + Duration::from_secs(5) < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(10));
+        let (code, s) = get(socket, "/v1/status").unwrap();
+        assert_eq!(code, 200, "{s}");
+        worst = worst.max(s["daemon"]["worst_interval_ns"].as_u64().unwrap());
+    }
+    worst
+}
+
+fn pinned() -> BTreeSet<PathBuf> {
+    std::fs::read_dir("/sys/fs/bpf")
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+fn config(dir: &Path, port: u16, pwru: &Path) -> PathBuf {
+    let config = dir.join("tailtrap.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[daemon]
+interval = "200ms"
+db = "{dir}/db"
+baseline_save_every = "1s"
+pwru_ignore_prerequisites = true
+
+[api]
+socket = "{dir}/api.sock"
+
+[metrics]
+enabled = false
+
+[[services]]
+name = "slow"
+ports = [{port}]
+
+[detector]
+min_delta = "5ms"
+quantiles = [0.5, 0.9]
+warmup_time = "2s"
+warmup_samples = 300
+min_samples = 40
+window = "1s"
+max_window = "4s"
+close_after = 5
+cooldown = "1s"
+
+[capture]
+flight_threshold = "5ms"
+
+[pwru]
+binary = "{pwru}"
+runtime_dir = "{dir}/run"
+# The session must still run when the daemon is killed: slow lines, a long deadline.
+deadline = "300s"
+output_limit_lines = 1000
+kill_grace = "30s"
+cooldown = "1s"
+"#,
+            dir = dir.display(),
+            pwru = pwru.display(),
+        ),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn api_load_during_an_incident_then_sigkill_with_pwru_running() {
+    let scratch = ScratchDir::new("faults").unwrap();
+    let dir = scratch.path();
+    let slow = TcpServer::spawn(ServerOpts {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        netns: None,
+        cgroup: None,
+        read_delay: Duration::ZERO,
+    })
+    .unwrap();
+    // The stand-in, one line a second, its pid in a file.
+    let pwru = dir.join("pwru");
+    std::fs::write(
+        &pwru,
+        format!(
+            "#!/bin/sh\necho $$ >'{}'\nexport FAKE_PWRU_LINE_DELAY=1\nexec '{}' \"$@\"\n",
+            dir.join("pwru.pid").display(),
+            fake_pwru().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&pwru, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = config(dir, slow.addr().port(), &pwru);
+    let socket = dir.join("api.sock");
+    let pinned_before = pinned();
+
+    let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    let _traffic = LoopingClient::start(slow.addr(), Proto::Tcp);
+    daemon.wait_for(Duration::from_secs(60), "a warm baseline", || {
+        let (s, _) = cli_json(&config, &["status", "--json"]);
+        baselines_warm(&s, "tcp-socket-read", &["slow"]).then_some(())
+    });
+    slow.set_read_delay(Duration::from_millis(20)).unwrap();
+    let id = daemon.wait_for(
+        Duration::from_secs(60),
+        "an open incident with pwru running",
+        || {
+            let (v, _) = cli_json(&config, &["incidents", "--json", "--open"]);
+            let inc = v["incidents"].as_array()?.first()?.clone();
+            (inc["pwru"]["state"] == "running" && dir.join("pwru.pid").exists())
+                .then(|| inc["id"].as_u64().unwrap())
+        },
+    );
+    eprintln!("incident {id} open, pwru running");
+
+    // --- The daemon's own lateness on this machine first, without API clients.
+    let idle_late_ns = worst_lateness(&socket, 10);
+    // --- Then 64 clients for the load's length.
+    let secs: u64 = std::env::var("TAILTRAP_LOAD_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10)
+        .max(10);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, bad) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let slowest = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..64)
+        .map(|n| {
+            let (stop, ok, bad, slowest) = (stop.clone(), ok.clone(), bad.clone(), slowest.clone());
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut errors = Vec::new();
+                let mut cursor: Option<(u64, u64)> = None;
+                while !stop.load(Ordering::Relaxed) {
+                    let target = if n % 2 == 0 {
+                        "/v1/incidents?limit=50".to_string()
+                    } else {
+                        match cursor {
+                            Some((t, s)) => format!(
+                                "/v1/incidents/{id}/samples?limit=100&after_time_ns={t}&after_seq={s}"
+                            ),
+                            None => format!("/v1/incidents/{id}/samples?limit=100"),
+                        }
+                    };
+                    let start = Instant::now();
+                    match get(&socket, &target) {
+                        Ok((200, v)) => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                            if n % 2 == 1 {
+                                let next = &v["next"];
+                                cursor = next["time_ns"]
+                                    .as_u64()
+                                    .zip(next["seq"].as_u64());
+                            }
+                        }
+                        Ok((code, v)) => {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                            errors.push(format!("{target}: {code} {v}"));
+                        }
+                        Err(e) => {
+                            bad.fetch_add(1, Ordering::Relaxed);
+                            errors.push(format!("{target}: {e}"));
+                        }
+                    }
+                    let us = start.elapsed().as_micros() as u64;
+                    slowest.fetch_max(us, Ordering::Relaxed);
+                }
+                errors
+            })
+        })
+        .collect();
+    let worst_late_ns = worst_lateness(&socket, secs);
+    stop.store(true, Ordering::Relaxed);
+    let errors: Vec<String> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let (ok, bad) = (ok.load(Ordering::Relaxed), bad.load(Ordering::Relaxed));
+    eprintln!(
+        "api load: 64 clients for {secs} s: {ok} complete responses ({:.0}/s), {bad} bad, \
+         slowest {:.1} ms; worst interval lateness {:.1} ms (without clients {:.1} ms)",
+        ok as f64 / secs as f64,
+        slowest.load(Ordering::Relaxed) as f64 / 1e3,
+        worst_late_ns as f64 / 1e6,
+        idle_late_ns as f64 / 1e6,
+    );
+    assert!(
+        errors.is_empty(),
+        "{} bad responses: {:#?}",
+        errors.len(),
+        &errors[..errors.len().min(10)]
+    );
+    assert!(ok > 0);
+    // What the clients add. The 20 ms target is checked by tests/soak/api-load.sh
+    // (TAILTRAP_LOAD_STRICT=1) on a quiet machine; a shared CI machine running builds and
+    // VMs makes intervals late by hundreds of ms on its own, so CI bounds it loosely.
+    let allowed = if std::env::var_os("TAILTRAP_LOAD_STRICT").is_some() {
+        20_000_000
+    } else {
+        250_000_000
+    };
+    assert!(
+        worst_late_ns <= idle_late_ns + allowed,
+        "an interval was {:.1} ms late under API load, {:.1} ms without",
+        worst_late_ns as f64 / 1e6,
+        idle_late_ns as f64 / 1e6
+    );
+
+    // --- SIGKILL with the incident open and pwru running.
+    let (before, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+    assert_eq!(before["incident"]["state"], "open");
+    assert_eq!(before["incident"]["pwru"]["state"], "running", "{before}");
+    let samples_before = before["summary"]["count"].as_u64().unwrap();
+    let (pwru_before, _) = cli_json(&config, &["pwru", &id.to_string(), "--json"]);
+    let lines_before = pwru_before["lines"].as_array().unwrap().len();
+    let pwru_pid: u32 = std::fs::read_to_string(dir.join("pwru.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        Path::new(&format!("/proc/{pwru_pid}")).exists(),
+        "pwru is not running"
+    );
+    let held = bpf_ids(daemon.pid());
+    assert!(
+        held.iter().any(|(k, _)| *k == "prog"),
+        "no BPF programs held: {held:?}"
+    );
+    daemon.kill().unwrap();
+    let gone = |what: &str, f: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{what} 10 s after the kill"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    gone("pwru still runs", &|| {
+        !Path::new(&format!("/proc/{pwru_pid}")).exists()
+    });
+    gone("BPF objects of the dead daemon remain", &|| {
+        held.iter().all(|(k, id)| !bpf_object_exists(k, *id))
+    });
+    assert_eq!(pinned(), pinned_before, "objects pinned in /sys/fs/bpf");
+    eprintln!(
+        "after SIGKILL: pwru {pwru_pid} gone, {} BPF objects gone, nothing pinned",
+        held.len()
+    );
+
+    // Restart: the incident is interrupted, its capture and pwru states closed with a reason,
+    // and everything stored before the kill is there.
+    let daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    let (after, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+    let inc = &after["incident"];
+    assert_eq!(inc["state"], "interrupted", "{after}");
+    assert_eq!(inc["pwru"]["state"], "failed", "{after}");
+    assert!(
+        inc["pwru"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tailtrap stopped"),
+        "{after}"
+    );
+    assert_ne!(inc["capture"]["state"], "armed", "{after}");
+    assert!(after["summary"]["count"].as_u64().unwrap() >= samples_before);
+    let (pwru_after, _) = cli_json(&config, &["pwru", &id.to_string(), "--json"]);
+    assert!(pwru_after["lines"].as_array().unwrap().len() >= lines_before);
+    eprintln!(
+        "restart: incident {id} {}, pwru {} ({}), capture {}, {} samples and {} pwru lines kept",
+        inc["state"],
+        inc["pwru"]["state"],
+        inc["pwru"]["message"],
+        inc["capture"]["state"],
+        after["summary"]["count"],
+        pwru_after["lines"].as_array().unwrap().len()
+    );
+}
+
+/// A damaged database at start: the daemon says what happened and how to recover, keeps the
+/// old files, and does not start empty over them silently.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn damaged_database_at_start_is_kept_aside_with_a_recovery_message() {
+    let scratch = ScratchDir::new("faults-corrupt").unwrap();
+    let dir = scratch.path();
+    let config = config(dir, 9, &fake_pwru());
+    let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    daemon.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(daemon.wait_exit(Duration::from_secs(60)).unwrap().is_some());
+    // Overwrite the head and a middle stretch of sled's data file.
+    let file = dir.join("db/db");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = bytes.len();
+    bytes[..64].fill(0xab);
+    bytes[n / 4..n / 2].fill(0xab);
+    std::fs::write(&file, &bytes).unwrap();
+
+    let daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    let log = daemon.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("the database was damaged"))
+        .unwrap_or_else(|| panic!("no damage message:\n{log}"));
+    eprintln!("{line}");
+    assert!(line.contains("tailtrap db check --db") && line.contains("docs/operations.md"));
+    let aside: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("db.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the damaged files are kept aside");
+    // Kept, not necessarily byte for byte: sled's own recovery writes to the file while
+    // it tries to open it.
+    let kept = std::fs::metadata(aside[0].path().join("db")).unwrap().len();
+    assert!(kept > 0, "the damaged data file is kept");
+}
