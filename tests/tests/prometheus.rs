@@ -258,7 +258,10 @@ cooldown = "1s"
         },
     );
     // Five seconds of slow reads in the window, then p99 from Prometheus' histogram against
-    // `tailtrap status`'s: within one power-of-two bucket of each other.
+    // `tailtrap status`'s. They cover different spans (Prometheus 5 s, status the last
+    // interval), so on a busy machine the extra queueing lands in one and not the other: both
+    // must show the slowdown (at or above the 20 ms delay's power-of-two bucket) and agree
+    // within one bucket unless both are in that slow range.
     std::thread::sleep(Duration::from_secs(6));
     let s = status();
     let status_p99 = s["latency"]
@@ -278,8 +281,14 @@ cooldown = "1s"
     eprintln!("p99: status {status_p99:.6} s, Prometheus {prom_p99:.6} s");
     // The power-of-two bucket (2^(k-1), 2^k] ns each falls in.
     let bucket = |s: f64| (s * 1e9).log2().ceil();
+    let slow_bucket = bucket(0.020) - 1.0;
     assert!(
-        (bucket(status_p99) - bucket(prom_p99)).abs() <= 1.0,
+        bucket(status_p99) >= slow_bucket && bucket(prom_p99) >= slow_bucket,
+        "the 20 ms slowdown missing: status p99 {status_p99} s, Prometheus {prom_p99} s"
+    );
+    assert!(
+        (bucket(status_p99) - bucket(prom_p99)).abs() <= 1.0
+            || (status_p99 >= 0.016 && prom_p99 >= 0.016),
         "status p99 {status_p99} s vs Prometheus {prom_p99} s"
     );
 
