@@ -319,10 +319,14 @@ async fn not_ready_by_the_attach_timeout_is_not_ready() {
     req = req.with_limits(limits);
     let (st, lines) = run(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::NotReady, "{st:#?}");
-    assert_eq!(
-        st.reason,
-        "pwru was not ready (probes not attached) within the 100ms attach timeout, so it \
-         traced nothing; stopped with SIGTERM, exit status 0"
+    // How the stand-in ends depends on whether its SIGTERM handler was installed yet when
+    // the signal came (a busy machine starts bash slowly): both are a clean stop.
+    let prefix = "pwru was not ready (probes not attached) within the 100ms attach timeout, so \
+                  it traced nothing; stopped with SIGTERM, ";
+    assert!(
+        st.reason == format!("{prefix}exit status 0") || st.reason == format!("{prefix}signal 15"),
+        "{}",
+        st.reason
     );
     // The stand-in creates its ready file on the way out; too late to count.
     assert_eq!(st.ready, None);
