@@ -68,6 +68,17 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// One (service, probe) histogram of an interval, for [`Store::record_history_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryPoint<'a> {
+    /// The service.
+    pub service: &'a str,
+    /// The probe.
+    pub probe: Probe,
+    /// The interval's histogram.
+    pub hist: &'a Histogram,
+}
+
 impl Store {
     /// Record one interval's histogram for (service, probe), starting at `start_ns`, into
     /// every history level. Durable within `flush_every`.
@@ -78,57 +89,146 @@ impl Store {
         start_ns: u64,
         hist: &Histogram,
     ) -> Result<()> {
-        keys::check_service(service)?;
-        self.room_for_bulk()?;
-        // Refuse before touching anything if even the unmerged histogram is over the cap.
-        self.encode("history", hist, MAX_HISTORY_BYTES)?;
-        for (level, l) in self.cfg.history.iter().enumerate() {
-            let res = nanos(l.resolution).max(1);
-            let point = start_ns - start_ns % res;
-            // The level index fits a byte: config validation caps the number of levels.
-            let key = keys::history(level as u8, service, probe, point);
-            self.merge_history_point(&key, hist)?;
+        let point = HistoryPoint {
+            service,
+            probe,
+            hist,
+        };
+        match self.record_history_batch(start_ns, &[point])?.pop() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    fn merge_history_point(&self, key: &[u8], hist: &Histogram) -> Result<()> {
+    /// Record one interval's histograms, all starting at `start_ns`, into every history
+    /// level in one atomic write. Durable within `flush_every`.
+    ///
+    /// `Err` when nothing was stored (low disk space, engine failure); otherwise the points
+    /// refused one by one (a bad service name, over the size cap), by index into `points`,
+    /// the others being stored. Several points of one (service, probe) add up.
+    pub fn record_history_batch(
+        &self,
+        start_ns: u64,
+        points: &[HistoryPoint<'_>],
+    ) -> Result<Vec<(usize, StoreError)>> {
+        let mut refused = Vec::new();
+        if points.is_empty() {
+            return Ok(refused);
+        }
         self.writable()?;
-        let mut encode_error = None;
-        let mut undecodable = false;
-        let mut old_len = None;
-        let tree = self.engine().tree(T::History).clone();
-        // Atomic read-merge-write; the closure may run again if another writer raced us.
-        let r = tree.update_and_fetch(key, |old| {
-            old_len = old.map(|o| o.len());
-            let mut merged = hist.clone();
-            if let Some(o) = old {
-                match codec::decode::<Histogram>(o) {
-                    Ok(prev) => merged.merge(&prev),
-                    // A damaged point is replaced by the new interval rather than kept.
-                    Err(_) => undecodable = true,
-                }
+        // Once per batch: statvfs per record was a measurable share of the daemon's CPU.
+        self.room_for_bulk()?;
+        // Points in key order (sled inserts with locality); one (service, probe) given
+        // twice is merged first, since the batch would keep only the last value of a key.
+        let mut order: Vec<usize> = Vec::with_capacity(points.len());
+        for (i, p) in points.iter().enumerate() {
+            if let Err(e) = keys::check_service(p.service) {
+                refused.push((i, e));
+                continue;
             }
-            match codec::encode("history", &merged, MAX_HISTORY_BYTES) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    encode_error = Some(e);
-                    old.map(<[u8]>::to_vec)
-                }
+            // Refuse before touching anything if even the unmerged histogram is over the cap.
+            if let Err(e) = self.encode("history", p.hist, MAX_HISTORY_BYTES) {
+                refused.push((i, e));
+                continue;
             }
+            order.push(i);
+        }
+        order.sort_by(|&a, &b| {
+            let (a, b) = (&points[a], &points[b]);
+            (a.service, a.probe).cmp(&(b.service, b.probe))
         });
-        let new = self.counted(r.map_err(StoreError::from))?;
-        if undecodable {
+        let mut merged_dups: Vec<(usize, Histogram)> = Vec::new();
+        order.dedup_by(|later, first| {
+            let (l, f) = (&points[*later], &points[*first]);
+            if (l.service, l.probe) != (f.service, f.probe) {
+                return false;
+            }
+            match merged_dups.last_mut().filter(|(i, _)| i == first) {
+                Some((_, h)) => h.merge(l.hist),
+                None => {
+                    let mut h = f.hist.clone();
+                    h.merge(l.hist);
+                    merged_dups.push((*first, h));
+                }
+            }
+            true
+        });
+        let hist_of = |i: usize| {
+            merged_dups
+                .iter()
+                .find(|(j, _)| *j == i)
+                .map_or(points[i].hist, |(_, h)| h)
+        };
+
+        // The read-merge-write of every key must not interleave with another history
+        // write, or that write's merge could be lost.
+        let _writer = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        let eng = self.engine();
+        let tree = eng.tree(T::History);
+        let mut batch = sled::Batch::default();
+        let (mut added, mut removed) = (0u64, 0u64);
+        let mut undecodable = 0u64;
+        for &i in &order {
+            let p = &points[i];
+            let hist = hist_of(i);
+            // Encoded at most once, and shared by every level that has no point yet.
+            let mut fresh: Option<sled::IVec> = None;
+            for (level, l) in self.cfg.history.iter().enumerate() {
+                let res = nanos(l.resolution).max(1);
+                let start = start_ns - start_ns % res;
+                // The level index fits a byte: config validation caps the number of levels.
+                let key = keys::history(level as u8, p.service, p.probe, start);
+                let old = self.counted(tree.get(&key).map_err(StoreError::from))?;
+                let prev = old
+                    .as_ref()
+                    .and_then(|o| match codec::decode::<Histogram>(o) {
+                        Ok(prev) => Some(prev),
+                        // A damaged point is replaced by the new interval rather than kept.
+                        Err(_) => {
+                            undecodable += 1;
+                            None
+                        }
+                    });
+                let value = match prev {
+                    Some(mut prev) => {
+                        prev.merge(hist);
+                        match self.encode("history", &prev, MAX_HISTORY_BYTES) {
+                            Ok(v) => sled::IVec::from(v),
+                            Err(e) => {
+                                // The stored point stays as it was.
+                                refused.push((i, e));
+                                break;
+                            }
+                        }
+                    }
+                    None => match &fresh {
+                        Some(v) => v.clone(),
+                        None => {
+                            let v = sled::IVec::from(self.encode(
+                                "history",
+                                hist,
+                                MAX_HISTORY_BYTES,
+                            )?);
+                            fresh = Some(v.clone());
+                            v
+                        }
+                    },
+                };
+                added += (key.len() + value.len()) as u64;
+                removed += old.map_or(0, |o| (key.len() + o.len()) as u64);
+                batch.insert(key, value);
+            }
+        }
+        let r = tree.apply_batch(batch);
+        self.counted(r.map_err(StoreError::from))?;
+        if undecodable > 0 {
             self.counters
                 .undecodable
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(undecodable, std::sync::atomic::Ordering::Relaxed);
         }
-        if let Some(e) = encode_error {
-            return self.counted(Err(e));
-        }
-        let new_len = new.map_or(0, |v| (key.len() + v.len()) as u64);
-        self.live_add(T::History, new_len, old_len.map(|l| (key.len() + l) as u64));
-        Ok(())
+        self.live_add(T::History, added, Some(removed));
+        refused.sort_by_key(|(i, _)| *i);
+        Ok(refused)
     }
 
     /// History of (service, probe) from `since_ns` to `until_ns` (inclusive, ns since the

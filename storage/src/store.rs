@@ -152,6 +152,8 @@ pub struct Store {
     id_lock: Mutex<()>,
     /// Serialises flushes, so generations reach the witness file in order.
     flush_lock: Mutex<()>,
+    /// Serialises history writes (each is a read-merge-write of its keys).
+    pub(crate) history_write: Mutex<()>,
     generation: AtomicU64,
     /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
     /// flush reopens the engine.
@@ -222,6 +224,7 @@ impl Store {
             live,
             id_lock: Mutex::new(()),
             flush_lock: Mutex::new(()),
+            history_write: Mutex::new(()),
             generation,
             engine_failed: AtomicBool::new(false),
             retiring: Mutex::new(None),
