@@ -6,7 +6,9 @@
 //!
 //! `cargo bench -p tailtrap --bench daemon` (TAILTRAP_BENCH_SECS sets the run length, 20 s
 //! by default). With TAILTRAP_BENCH_PERF=PREFIX the measured window of each run is profiled
-//! with `perf record -e cpu-clock -g` into PREFIX-<services>.data (`perf report -i ...`).
+//! with `perf record -e cpu-clock -g` into PREFIX-<services>.data (`perf report -i ...`);
+//! TAILTRAP_BENCH_PERF_CALL_GRAPH=dwarf attributes allocator and libc time to its callers
+//! (the default, frame pointers, loses them).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -196,8 +198,12 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
     let load = Load::start(listeners);
     let t0 = Instant::now();
     let perf = std::env::var("TAILTRAP_BENCH_PERF").ok().map(|prefix| {
+        let call_graph =
+            std::env::var("TAILTRAP_BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into());
         Command::new("perf")
-            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-p"])
+            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "--call-graph"])
+            .arg(call_graph)
+            .arg("-p")
             .arg(daemon.id().to_string())
             .arg("-o")
             .arg(format!("{prefix}-{services}.data"))
