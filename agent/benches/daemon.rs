@@ -201,7 +201,15 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
         let call_graph =
             std::env::var("TAILTRAP_BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into());
         Command::new("perf")
-            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "--call-graph"])
+            .args([
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "997",
+                "--call-graph",
+            ])
             .arg(call_graph)
             .arg("-p")
             .arg(daemon.id().to_string())

@@ -18,7 +18,7 @@ fn every_level(s: &Store, service: &str, probe: Probe) -> Vec<Vec<(u64, Histogra
     (0..StoreConfig::default().history.len())
         .map(|level| {
             s.history_at_level(level, service, probe, 0, u64::MAX)
-                .unwrap()
+                .expect("history reads back")
                 .points
         })
         .collect()
