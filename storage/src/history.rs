@@ -5,6 +5,7 @@
 //! as the data arrives and no background job is needed. A read picks the finest level
 //! whose retention still covers the start of the range asked for.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -66,6 +67,75 @@ impl HistorySeries {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The last merged point of each (service, probe, level) this store wrote, so the next
+/// interval of a coarse point merges into it without reading and decoding it back (two
+/// of the three reads per (service, probe) and interval at the default levels). Only
+/// points that already held more than one interval are kept, so a fresh point costs no
+/// copy. Valid while `epoch` equals the store's history epoch, which every removal of a
+/// history record and every engine swap bumps.
+#[derive(Default)]
+pub(crate) struct HistoryCache {
+    epoch: u64,
+    points: HashMap<String, Vec<CachedPoint>>,
+}
+
+struct CachedPoint {
+    probe: Probe,
+    level: u8,
+    start: u64,
+    /// Length of the stored value, for the live-bytes estimate.
+    stored_len: usize,
+    hist: Histogram,
+}
+
+impl HistoryCache {
+    /// The stored length and histogram of the point, if it is the one cached; the entry
+    /// is taken (put back by [`HistoryCache::put`] once merged).
+    fn take(
+        &mut self,
+        service: &str,
+        probe: Probe,
+        level: u8,
+        start: u64,
+    ) -> Option<(usize, Histogram)> {
+        let list = self.points.get_mut(service)?;
+        let i = list
+            .iter()
+            .position(|c| c.probe == probe && c.level == level && c.start == start)?;
+        let c = list.swap_remove(i);
+        Some((c.stored_len, c.hist))
+    }
+
+    fn put(
+        &mut self,
+        service: &str,
+        probe: Probe,
+        level: u8,
+        start: u64,
+        stored_len: usize,
+        hist: Histogram,
+    ) {
+        let entry = CachedPoint {
+            probe,
+            level,
+            start,
+            stored_len,
+            hist,
+        };
+        let Some(list) = self.points.get_mut(service) else {
+            self.points.insert(service.to_owned(), vec![entry]);
+            return;
+        };
+        match list
+            .iter_mut()
+            .find(|c| c.probe == probe && c.level == level)
+        {
+            Some(c) => *c = entry,
+            None => list.push(entry),
+        }
+    }
 }
 
 /// One (service, probe) histogram of an interval, for [`Store::record_history_batch`].
@@ -162,8 +232,14 @@ impl Store {
 
         // The read-merge-write of every key must not interleave with another history
         // write, or that write's merge could be lost.
-        let _writer = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
         let eng = self.engine();
+        // Read under the engine guard: a rotation or reopen bumps it before it can start.
+        let epoch = self.history_epoch.load(std::sync::atomic::Ordering::SeqCst);
+        if cache.epoch != epoch {
+            cache.points.clear();
+            cache.epoch = epoch;
+        }
         let tree = eng.tree(T::History);
         let mut batch = sled::Batch::default();
         let (mut added, mut removed) = (0u64, 0u64);
@@ -178,22 +254,40 @@ impl Store {
                 let start = start_ns - start_ns % res;
                 // The level index fits a byte: config validation caps the number of levels.
                 let key = keys::history(level as u8, p.service, p.probe, start);
-                let old = self.counted(tree.get(&key).map_err(StoreError::from))?;
-                let prev = old
-                    .as_ref()
-                    .and_then(|o| match codec::decode::<Histogram>(o) {
-                        Ok(prev) => Some(prev),
-                        // A damaged point is replaced by the new interval rather than kept.
-                        Err(_) => {
-                            undecodable += 1;
-                            None
-                        }
-                    });
+                let (old_len, prev) = match cache.take(p.service, p.probe, level as u8, start) {
+                    Some((len, h)) => (Some(len), Some(h)),
+                    None => {
+                        let old = match tree.get(&key) {
+                            Ok(old) => old,
+                            Err(e) => {
+                                // Merges put in the cache above will not be stored.
+                                cache.points.clear();
+                                return self.counted(Err(e.into()));
+                            }
+                        };
+                        let prev = old
+                            .as_ref()
+                            .and_then(|o| match codec::decode::<Histogram>(o) {
+                                Ok(prev) => Some(prev),
+                                // A damaged point is replaced by the new interval
+                                // rather than kept.
+                                Err(_) => {
+                                    undecodable += 1;
+                                    None
+                                }
+                            });
+                        (old.map(|o| o.len()), prev)
+                    }
+                };
                 let value = match prev {
                     Some(mut prev) => {
                         prev.merge(hist);
                         match self.encode("history", &prev, MAX_HISTORY_BYTES) {
-                            Ok(v) => sled::IVec::from(v),
+                            Ok(v) => {
+                                let v = sled::IVec::from(v);
+                                cache.put(p.service, p.probe, level as u8, start, v.len(), prev);
+                                v
+                            }
                             Err(e) => {
                                 // The stored point stays as it was.
                                 refused.push((i, e));
@@ -204,22 +298,29 @@ impl Store {
                     None => match &fresh {
                         Some(v) => v.clone(),
                         None => {
-                            let v = sled::IVec::from(self.encode(
-                                "history",
-                                hist,
-                                MAX_HISTORY_BYTES,
-                            )?);
+                            // Checked against the cap above, so this cannot fail.
+                            let v = match self.encode("history", hist, MAX_HISTORY_BYTES) {
+                                Ok(v) => sled::IVec::from(v),
+                                Err(e) => {
+                                    cache.points.clear();
+                                    return Err(e);
+                                }
+                            };
                             fresh = Some(v.clone());
                             v
                         }
                     },
                 };
                 added += (key.len() + value.len()) as u64;
-                removed += old.map_or(0, |o| (key.len() + o.len()) as u64);
+                removed += old_len.map_or(0, |l| (key.len() + l) as u64);
                 batch.insert(key, value);
             }
         }
         let r = tree.apply_batch(batch);
+        if r.is_err() {
+            // The cache now holds merges that were not stored.
+            cache.points.clear();
+        }
         self.counted(r.map_err(StoreError::from))?;
         if undecodable > 0 {
             self.counters

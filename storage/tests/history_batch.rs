@@ -61,6 +61,26 @@ fn batch_matches_one_write_per_point() {
         assert_eq!(got[2].len(), 3, "minutes 0, 1 and 2");
     }
     assert_eq!(a.stats().live_bytes, b.stats().live_bytes);
+
+    // What was merged in memory is what is on disk: a reopened store reads the same, and a
+    // coarse point is the sum of its intervals.
+    let written: Vec<_> = streams
+        .iter()
+        .map(|&(s, p)| every_level(&a, s, p))
+        .collect();
+    drop(a);
+    let a = Store::open(a_dir.path(), StoreConfig::default()).unwrap();
+    for (&(service, probe), before) in streams.iter().zip(&written) {
+        assert_eq!(&every_level(&a, service, probe), before);
+    }
+    let minute: Histogram = written[0][0]
+        .iter()
+        .filter(|(t, _)| *t < start + 60 * SEC)
+        .fold(Histogram::new(), |mut m, (_, h)| {
+            m.merge(h);
+            m
+        });
+    assert_eq!(written[0][2][0], (start, minute));
 }
 
 #[test]
