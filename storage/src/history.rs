@@ -138,6 +138,28 @@ impl HistoryCache {
     }
 }
 
+/// [`Histogram`]'s wire form (`model`'s sparse histogram: `[index, count]` pairs, count,
+/// sum), borrowed; a test checks it encodes to the same bytes.
+#[derive(Serialize)]
+struct SparseWire<'a> {
+    buckets: Nonzero<'a>,
+    count: u64,
+    sum_ns: u64,
+}
+
+struct Nonzero<'a>(&'a Histogram);
+
+impl Serialize for Nonzero<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.0.nonzero().count()))?;
+        for (i, c) in self.0.nonzero() {
+            seq.serialize_element(&(i as u64, c))?;
+        }
+        seq.end()
+    }
+}
+
 /// One (service, probe) histogram of an interval, for [`Store::record_history_batch`].
 #[derive(Debug, Clone, Copy)]
 pub struct HistoryPoint<'a> {
@@ -191,15 +213,21 @@ impl Store {
         // Points in key order (sled inserts with locality); one (service, probe) given
         // twice is merged first, since the batch would keep only the last value of a key.
         let mut order: Vec<usize> = Vec::with_capacity(points.len());
+        // Each point's own encoding, reused for every level where the point is new.
+        let mut encoded: Vec<Option<sled::IVec>> = Vec::with_capacity(points.len());
         for (i, p) in points.iter().enumerate() {
+            encoded.push(None);
             if let Err(e) = keys::check_service(p.service) {
                 refused.push((i, e));
                 continue;
             }
             // Refuse before touching anything if even the unmerged histogram is over the cap.
-            if let Err(e) = self.encode("history", p.hist, MAX_HISTORY_BYTES) {
-                refused.push((i, e));
-                continue;
+            match self.encode_histogram(p.hist) {
+                Ok(v) => encoded[i] = Some(v.into()),
+                Err(e) => {
+                    refused.push((i, e));
+                    continue;
+                }
             }
             order.push(i);
         }
@@ -213,6 +241,8 @@ impl Store {
             if (l.service, l.probe) != (f.service, f.probe) {
                 return false;
             }
+            // The merged histogram is encoded when used.
+            encoded[*first] = None;
             match merged_dups.last_mut().filter(|(i, _)| i == first) {
                 Some((_, h)) => h.merge(l.hist),
                 None => {
@@ -248,7 +278,7 @@ impl Store {
             let p = &points[i];
             let hist = hist_of(i);
             // Encoded at most once, and shared by every level that has no point yet.
-            let mut fresh: Option<sled::IVec> = None;
+            let mut fresh: Option<sled::IVec> = encoded[i].take();
             for (level, l) in self.cfg.history.iter().enumerate() {
                 let res = nanos(l.resolution).max(1);
                 let start = start_ns - start_ns % res;
@@ -282,7 +312,7 @@ impl Store {
                 let value = match prev {
                     Some(mut prev) => {
                         prev.merge(hist);
-                        match self.encode("history", &prev, MAX_HISTORY_BYTES) {
+                        match self.encode_histogram(&prev) {
                             Ok(v) => {
                                 let v = sled::IVec::from(v);
                                 cache.put(p.service, p.probe, level as u8, start, v.len(), prev);
@@ -299,7 +329,7 @@ impl Store {
                         Some(v) => v.clone(),
                         None => {
                             // Checked against the cap above, so this cannot fail.
-                            let v = match self.encode("history", hist, MAX_HISTORY_BYTES) {
+                            let v = match self.encode_histogram(hist) {
                                 Ok(v) => sled::IVec::from(v),
                                 Err(e) => {
                                     cache.points.clear();
@@ -330,6 +360,30 @@ impl Store {
         self.live_add(T::History, added, Some(removed));
         refused.sort_by_key(|(i, _)| *i);
         Ok(refused)
+    }
+
+    /// A history value: the bytes `codec::encode` gives for `hist`, written from the
+    /// histogram in place (its own `Serialize` goes through an owned sparse copy).
+    fn encode_histogram(&self, hist: &Histogram) -> Result<Vec<u8>> {
+        let wire = SparseWire {
+            buckets: Nonzero(hist),
+            count: hist.count(),
+            sum_ns: hist.sum_ns(),
+        };
+        // Room for a histogram of ~40 buckets, one allocation in the common case.
+        let r = codec::encode_as(
+            codec::RECORD_VERSION,
+            "history",
+            &wire,
+            MAX_HISTORY_BYTES,
+            512,
+        );
+        if matches!(r, Err(StoreError::TooLarge { .. })) {
+            self.counters
+                .oversized
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.counted(r)
     }
 
     /// History of (service, probe) from `since_ns` to `until_ns` (inclusive, ns since the
@@ -484,5 +538,38 @@ impl Store {
             .into_iter()
             .filter_map(|(k, v)| keys::parse_service_probe(&k).map(|(s, p, _)| (s, p, v)))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(h: &Histogram) -> SparseWire<'_> {
+        SparseWire {
+            buckets: Nonzero(h),
+            count: h.count(),
+            sum_ns: h.sum_ns(),
+        }
+    }
+
+    #[test]
+    fn borrowed_wire_form_encodes_like_the_histogram() {
+        let mut h = Histogram::new();
+        assert_eq!(
+            postcard::to_allocvec(&wire(&h)).unwrap(),
+            postcard::to_allocvec(&h).unwrap()
+        );
+        for v in [0, 1, 17, 999, 50_000, 1 << 40, u64::MAX] {
+            h.record_n(v, v % 1000 + 1);
+        }
+        assert_eq!(
+            postcard::to_allocvec(&wire(&h)).unwrap(),
+            postcard::to_allocvec(&h).unwrap()
+        );
+        assert_eq!(
+            serde_json::to_string(&wire(&h)).unwrap(),
+            serde_json::to_string(&h).unwrap()
+        );
     }
 }
