@@ -69,71 +69,96 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The last merged point of each (service, probe, level) this store wrote, so the next
-/// interval of a coarse point merges into it without reading and decoding it back (two
-/// of the three reads per (service, probe) and interval at the default levels). Only
-/// points that already held more than one interval are kept, so a fresh point costs no
-/// copy. Valid while `epoch` equals the store's history epoch, which every removal of a
-/// history record and every engine swap bumps.
+/// What this store knows of each (service, probe, level) it wrote: the start of the
+/// newest point that exists (as written, or as found once by a read), and that point's
+/// stored length and histogram once it holds more than one interval. A later point is
+/// then known to be absent and a cached one is merged without being read and decoded
+/// back: at the default levels, of three reads per (service, probe) and interval about
+/// one in ten is left. The store is the only writer of its history (the database lock);
+/// the cache is dropped whenever a history record is removed, the engine is swapped or a
+/// batch is not stored (`epoch` follows the store's history epoch).
 #[derive(Default)]
 pub(crate) struct HistoryCache {
     epoch: u64,
-    points: HashMap<String, Vec<CachedPoint>>,
+    points: HashMap<String, Vec<Newest>>,
 }
 
-struct CachedPoint {
+struct Newest {
     probe: Probe,
     level: u8,
+    /// No point of the stream starts later.
     start: u64,
-    /// Length of the stored value, for the live-bytes estimate.
-    stored_len: usize,
-    hist: Histogram,
+    /// Stored length and histogram of the point at `start`, when kept.
+    value: Option<(usize, Histogram)>,
+}
+
+/// What the cache says of one point.
+enum Known {
+    /// Nothing is known: read it.
+    Unknown,
+    /// Later than every existing point of its stream.
+    Absent,
+    /// The stored length and histogram (taken out; [`HistoryCache::wrote`] puts the merge
+    /// back).
+    Stored(usize, Histogram),
 }
 
 impl HistoryCache {
-    /// The stored length and histogram of the point, if it is the one cached; the entry
-    /// is taken (put back by [`HistoryCache::put`] once merged).
-    fn take(
-        &mut self,
-        service: &str,
-        probe: Probe,
-        level: u8,
-        start: u64,
-    ) -> Option<(usize, Histogram)> {
-        let list = self.points.get_mut(service)?;
-        let i = list
-            .iter()
-            .position(|c| c.probe == probe && c.level == level && c.start == start)?;
-        let c = list.swap_remove(i);
-        Some((c.stored_len, c.hist))
-    }
-
-    fn put(
-        &mut self,
-        service: &str,
-        probe: Probe,
-        level: u8,
-        start: u64,
-        stored_len: usize,
-        hist: Histogram,
-    ) {
-        let entry = CachedPoint {
-            probe,
-            level,
-            start,
-            stored_len,
-            hist,
-        };
-        let Some(list) = self.points.get_mut(service) else {
-            self.points.insert(service.to_owned(), vec![entry]);
-            return;
-        };
-        match list
+    fn entry(&mut self, service: &str, probe: Probe, level: u8) -> Option<&mut Newest> {
+        self.points
+            .get_mut(service)?
             .iter_mut()
             .find(|c| c.probe == probe && c.level == level)
-        {
-            Some(c) => *c = entry,
-            None => list.push(entry),
+    }
+
+    fn lookup(&mut self, service: &str, probe: Probe, level: u8, start: u64) -> Known {
+        match self.entry(service, probe, level) {
+            Some(c) if start > c.start => Known::Absent,
+            Some(c) if start == c.start => match c.value.take() {
+                Some((len, h)) => Known::Stored(len, h),
+                None => Known::Unknown,
+            },
+            _ => Known::Unknown,
+        }
+    }
+
+    /// Whether the stream's newest point is known.
+    fn knows(&mut self, service: &str, probe: Probe, level: u8) -> bool {
+        self.entry(service, probe, level).is_some()
+    }
+
+    /// The point at `start` was written (its merged histogram and stored length if worth
+    /// keeping); `newest` is the stream's newest existing start when just read.
+    fn wrote(
+        &mut self,
+        service: &str,
+        probe: Probe,
+        level: u8,
+        start: u64,
+        newest: Option<u64>,
+        value: Option<(usize, Histogram)>,
+    ) {
+        let newest = newest.unwrap_or(start).max(start);
+        if let Some(c) = self.entry(service, probe, level) {
+            if start >= c.start {
+                c.start = start;
+                c.value = value;
+            }
+            return;
+        }
+        // Unknown until now: only `newest` (read from the tree) may start the entry.
+        let value = if start == newest { value } else { None };
+        let entry = Newest {
+            probe,
+            level,
+            start: newest,
+            value,
+        };
+        match self.points.get_mut(service) {
+            Some(list) => list.push(entry),
+            None => {
+                self.points.insert(service.to_owned(), vec![entry]);
+            }
         }
     }
 }
@@ -284,11 +309,27 @@ impl Store {
                 let start = start_ns - start_ns % res;
                 // The level index fits a byte: config validation caps the number of levels.
                 let key = keys::history(level as u8, p.service, p.probe, start);
-                let (old_len, prev) = match cache.take(p.service, p.probe, level as u8, start) {
-                    Some((len, h)) => (Some(len), Some(h)),
-                    None => {
-                        let old = match tree.get(&key) {
-                            Ok(old) => old,
+                let lvl = level as u8;
+                let mut newest = None;
+                let (old_len, prev) = match cache.lookup(p.service, p.probe, lvl, start) {
+                    Known::Absent => (None, None),
+                    Known::Stored(len, h) => (Some(len), Some(h)),
+                    Known::Unknown => {
+                        let read = tree.get(&key).and_then(|old| {
+                            if cache.knows(p.service, p.probe, lvl) {
+                                return Ok((old, None));
+                            }
+                            // First write of the stream here: find its newest point once.
+                            let stream = &key[..key.len() - 8];
+                            let last = tree.scan_prefix(stream).next_back().transpose()?;
+                            let last = last.and_then(|(k, _)| keys::parse_history(&k));
+                            Ok((old, Some(last.map_or(0, |(_, _, _, t)| t))))
+                        });
+                        let old = match read {
+                            Ok((old, n)) => {
+                                newest = n;
+                                old
+                            }
                             Err(e) => {
                                 // Merges put in the cache above will not be stored.
                                 cache.points.clear();
@@ -315,7 +356,8 @@ impl Store {
                         match self.encode_histogram(&prev) {
                             Ok(v) => {
                                 let v = sled::IVec::from(v);
-                                cache.put(p.service, p.probe, level as u8, start, v.len(), prev);
+                                let kept = Some((v.len(), prev));
+                                cache.wrote(p.service, p.probe, lvl, start, newest, kept);
                                 v
                             }
                             Err(e) => {
@@ -341,6 +383,10 @@ impl Store {
                         }
                     },
                 };
+                if old_len.is_none() {
+                    // A new point: known to exist from now on, its histogram not kept.
+                    cache.wrote(p.service, p.probe, lvl, start, newest, None);
+                }
                 added += (key.len() + value.len()) as u64;
                 removed += old_len.map_or(0, |l| (key.len() + l) as u64);
                 batch.insert(key, value);

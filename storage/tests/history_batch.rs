@@ -121,3 +121,37 @@ fn batch_adds_up_repeated_streams_and_refuses_bad_points_alone() {
         assert_eq!(level[0].1, both);
     }
 }
+
+#[test]
+fn points_written_before_a_reopen_or_out_of_order_are_merged_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = hist(&[5000]);
+    let at = |i: u64| T0 - T0 % (60 * SEC) + i * SEC;
+    {
+        let s = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        for i in 0..5 {
+            s.record_history("web", Probe::IpStart, at(i), &h).unwrap();
+        }
+    }
+    let s = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    // The newest point again, an older one (a clock stepped back), then new ones.
+    for i in [4, 2, 5, 6, 2] {
+        s.record_history("web", Probe::IpStart, at(i), &h).unwrap();
+    }
+    let fine = &every_level(&s, "web", Probe::IpStart)[0];
+    let counts: Vec<(u64, u64)> = fine.iter().map(|(t, h)| (*t, h.count())).collect();
+    let expected: Vec<(u64, u64)> = [(0, 1), (1, 1), (2, 3), (3, 1), (4, 2), (5, 1), (6, 1)]
+        .iter()
+        .map(|&(i, n)| (at(i), n))
+        .collect();
+    assert_eq!(counts, expected);
+    for level in &every_level(&s, "web", Probe::IpStart)[1..] {
+        assert_eq!(level.len(), 1);
+        assert_eq!(level[0].1.count(), 10);
+    }
+    // A reopened store merges into the coarse points already there.
+    drop(s);
+    let s = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    s.record_history("web", Probe::IpStart, at(7), &h).unwrap();
+    assert_eq!(every_level(&s, "web", Probe::IpStart)[2][0].1.count(), 11);
+}
