@@ -6,7 +6,10 @@
 //!
 //! `cargo bench -p tailtrap --bench daemon` (TAILTRAP_BENCH_SECS sets the run length, 20 s
 //! by default). With TAILTRAP_BENCH_PERF=PREFIX the measured window of each run is profiled
-//! with `perf record -e cpu-clock -g` into PREFIX-<services>.data (`perf report -i ...`).
+//! with `perf record -e cpu-clock -g` into PREFIX-<services>.data (`perf report -i ...`);
+//! TAILTRAP_BENCH_BIN=PATH measures another build's `tailtrap` (e.g. main's, for a
+//! before/after pair run back to back). TAILTRAP_BENCH_PERF_CALL_GRAPH=dwarf attributes allocator and libc time to its callers
+//! (the default, frame pointers, loses them).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -16,7 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const TAILTRAP: &str = env!("CARGO_BIN_EXE_tailtrap");
+/// The daemon to measure: this build's, or TAILTRAP_BENCH_BIN (another build's binary,
+/// to compare two versions back to back under the same conditions).
+fn tailtrap() -> PathBuf {
+    std::env::var_os("TAILTRAP_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tailtrap")))
+}
 
 struct Run {
     services: usize,
@@ -156,7 +165,7 @@ impl Load {
 }
 
 fn status(config: &Path) -> Option<serde_json::Value> {
-    let out = Command::new(TAILTRAP)
+    let out = Command::new(tailtrap())
         .args(["status", "--json", "--config"])
         .arg(config)
         .output()
@@ -177,7 +186,7 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
     }
     let path = dir.join(format!("bench-{services}.toml"));
     std::fs::write(&path, config).expect("write config");
-    let mut daemon: Child = Command::new(TAILTRAP)
+    let mut daemon: Child = Command::new(tailtrap())
         .args(["run", "--config"])
         .arg(&path)
         .stderr(Stdio::null())
@@ -196,8 +205,20 @@ fn run(services: usize, secs: u64, dir: &Path) -> Run {
     let load = Load::start(listeners);
     let t0 = Instant::now();
     let perf = std::env::var("TAILTRAP_BENCH_PERF").ok().map(|prefix| {
+        let call_graph =
+            std::env::var("TAILTRAP_BENCH_PERF_CALL_GRAPH").unwrap_or_else(|_| "fp".into());
         Command::new("perf")
-            .args(["record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-p"])
+            .args([
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "997",
+                "--call-graph",
+            ])
+            .arg(call_graph)
+            .arg("-p")
             .arg(daemon.id().to_string())
             .arg("-o")
             .arg(format!("{prefix}-{services}.data"))

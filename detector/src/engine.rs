@@ -110,13 +110,12 @@ impl Detector {
         // 1. Windows and tests.
         let mut tests: Vec<Test> = Vec::new();
         let mut slo_hits: Vec<Test> = Vec::new();
-        let mut snap = Snapshot::empty();
         for (si, (name, svc)) in self.services.iter_mut().enumerate() {
             let t = &svc.thresholds;
             for (&probe, key) in svc.keys.iter_mut() {
-                key.evaluated = key.window.evaluate(ts, reach(t), &mut snap);
-                if key.evaluated {
-                    let snap = &snap;
+                let evaluated = key.window.evaluate(ts, reach(t));
+                key.evaluated = evaluated.is_some();
+                if let Some(snap) = evaluated {
                     let window_cum = Cumulative::from_counts(&snap.buckets);
                     for slo in self.config.slo.iter().filter(|s| applies(s, name, probe)) {
                         if let Some(e) = slo_evidence(slo, snap, &window_cum, &key.baseline) {
@@ -268,11 +267,14 @@ impl Detector {
     }
 
     fn key_mut(&mut self, service: &str, probe: Probe, now: SystemTime) -> &mut KeyState {
-        let config = &self.config;
-        let svc = self
-            .services
-            .entry(service.to_string())
-            .or_insert_with(|| ServiceState::new(config.thresholds(service)));
+        // Looked up before `entry`, which would allocate the name on every call.
+        if !self.services.contains_key(service) {
+            let state = ServiceState::new(self.config.thresholds(service));
+            self.services.insert(service.to_owned(), state);
+        }
+        let Some(svc) = self.services.get_mut(service) else {
+            unreachable!("inserted above")
+        };
         svc.keys.entry(probe).or_insert_with(|| KeyState {
             baseline: Baseline::new(now),
             window: Window::default(),

@@ -39,6 +39,21 @@ impl Snapshot {
             start: UNIX_EPOCH,
         }
     }
+
+    fn add(&mut self, iv: &Interval) {
+        for &(i, c) in &iv.buckets {
+            self.buckets[usize::from(i)] += u64::from(c);
+        }
+        self.count += iv.count;
+    }
+
+    /// Take out an interval added before (exact: the sums hold its counts).
+    fn remove(&mut self, iv: &Interval) {
+        for &(i, c) in &iv.buckets {
+            self.buckets[usize::from(i)] -= u64::from(c);
+        }
+        self.count -= iv.count;
+    }
 }
 
 /// How far a window reaches: `window`, grown towards `max_window` to hold `min_samples`.
@@ -50,11 +65,25 @@ pub(crate) struct Reach {
 }
 
 /// Recent intervals, newest last.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Window {
     intervals: VecDeque<Interval>,
     /// The bucket buffer of the last dropped interval, reused by the next push.
     spare: Vec<(u16, u32)>,
+    /// Running sum of every interval held (`start` is set when evaluated): a complete
+    /// window is all of them once the older ones are dropped, so evaluating needs no
+    /// re-summing or copying per interval.
+    held: Box<Snapshot>,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window {
+            intervals: VecDeque::new(),
+            spare: Vec::new(),
+            held: Box::new(Snapshot::empty()),
+        }
+    }
 }
 
 impl Window {
@@ -80,7 +109,9 @@ impl Window {
                 merged.record_n(model::hist::bucket_lower(i), c);
             }
             let start = last.start;
-            self.intervals.pop_back();
+            if let Some(iv) = self.intervals.pop_back() {
+                self.held.remove(&iv);
+            }
             self.push(start, end, &merged);
             return;
         }
@@ -94,17 +125,19 @@ impl Window {
                 left -= part;
             }
         }
-        self.intervals.push_back(Interval {
+        let iv = Interval {
             start,
             end,
             count,
             buckets,
-        });
+        };
+        self.held.add(&iv);
+        self.intervals.push_back(iv);
     }
 
-    /// Drop intervals no window ending at `now` or later can need, then sum the window
-    /// ending at `now` into `out`. False when it holds fewer than `min_samples`.
-    pub(crate) fn evaluate(&mut self, now: SystemTime, reach: Reach, out: &mut Snapshot) -> bool {
+    /// Drop intervals no window ending at `now` or later can need, then return the sum of
+    /// the window ending at `now`; `None` when it holds fewer than `min_samples`.
+    pub(crate) fn evaluate(&mut self, now: SystemTime, reach: Reach) -> Option<&Snapshot> {
         let (first, complete) = self.reach_back(now, reach);
         // A later window never reaches further back than a complete one (it only gains
         // samples and time), so everything before it can go; past max_window always can.
@@ -117,9 +150,15 @@ impl Window {
                 .count()
         };
         for iv in self.intervals.drain(..drop) {
+            self.held.remove(&iv);
             self.spare = iv.buckets;
         }
-        self.sum(now, reach, out)
+        if !complete {
+            return None;
+        }
+        // Complete: `first` intervals were dropped, so the window is everything held.
+        self.held.start = self.intervals.front().map_or(now, |iv| iv.start);
+        Some(&self.held)
     }
 
     /// Sum the window ending at `now` into `out` without changing anything.
@@ -176,6 +215,7 @@ impl Window {
                 .map(|iv| iv.buckets.capacity() * entry)
                 .sum::<usize>()
             + self.spare.capacity() * entry
+            + std::mem::size_of::<Snapshot>()
     }
 }
 
@@ -196,8 +236,17 @@ mod tests {
     }
 
     fn eval(w: &mut Window, now: SystemTime, r: Reach) -> Option<Snapshot> {
-        let mut s = Snapshot::empty();
-        w.evaluate(now, r, &mut s).then_some(s)
+        let got = w.evaluate(now, r).cloned();
+        // The running sums give what summing the window afresh gives.
+        let mut fresh = Snapshot::empty();
+        assert_eq!(w.sum(now, r, &mut fresh), got.is_some());
+        if let Some(g) = &got {
+            assert_eq!(
+                (g.buckets, g.count, g.start),
+                (fresh.buckets, fresh.count, fresh.start)
+            );
+        }
+        got
     }
 
     fn t(s: u64) -> SystemTime {

@@ -152,6 +152,12 @@ pub struct Store {
     id_lock: Mutex<()>,
     /// Serialises flushes, so generations reach the witness file in order.
     flush_lock: Mutex<()>,
+    /// Serialises history writes (each is a read-merge-write of its keys), with the
+    /// points they keep for the next interval.
+    pub(crate) history_write: Mutex<crate::history::HistoryCache>,
+    /// Bumped whenever history records are removed or the engine is replaced: the
+    /// history cache is then out of date.
+    pub(crate) history_epoch: AtomicU64,
     generation: AtomicU64,
     /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
     /// flush reopens the engine.
@@ -222,6 +228,8 @@ impl Store {
             live,
             id_lock: Mutex::new(()),
             flush_lock: Mutex::new(()),
+            history_write: Mutex::default(),
+            history_epoch: AtomicU64::new(0),
             generation,
             engine_failed: AtomicBool::new(false),
             retiring: Mutex::new(None),
@@ -481,7 +489,10 @@ impl Store {
     }
 
     pub(crate) fn engine_mut(&self) -> RwLockWriteGuard<'_, Engine> {
-        self.engine.write().unwrap_or_else(|e| e.into_inner())
+        let guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
+        // Whatever the holder does to the engine, cached history is no longer trusted.
+        self.history_epoch.fetch_add(1, Ordering::SeqCst);
+        guard
     }
 
     /// Count a failed write (and whether the disk was full) and pass the result on.
@@ -681,6 +692,9 @@ impl Store {
     pub(crate) fn remove(&self, t: T, key: &[u8]) -> Result<u64> {
         self.writable()?;
         let r = self.engine().tree(t).remove(key);
+        if t == T::History {
+            self.history_epoch.fetch_add(1, Ordering::SeqCst);
+        }
         let old = self.counted(r.map_err(StoreError::from))?;
         let freed = old.map_or(0, |o| (key.len() + o.len()) as u64);
         self.live_add(t, 0, Some(freed));

@@ -10,7 +10,7 @@ use capture::pwru::{IncidentScope, SessionRequest};
 use detector::{Detector, Event};
 use model::Sample;
 use model::{Histogram, Probe};
-use storage::{CaptureState, CaptureStatus, PwruState, Store};
+use storage::{CaptureState, CaptureStatus, HistoryPoint, PwruState, Store};
 
 use super::capture::CaptureController;
 use super::incidents::Incidents;
@@ -141,13 +141,14 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let mut cumulative = Cumulative::with_capacity(snapshot.hists.len());
         for sh in snapshot.hists {
             let key = (sh.service, sh.probe);
-            if let Some(delta) = self.deltas.next(&self.store, &key, &sh.hist, start_ns) {
+            if let Some(delta) = self.deltas.next(&key, &sh.hist) {
                 self.detector.observe(now.wall, &key.0, key.1, &delta);
                 rows.push((key.0.clone(), key.1, delta));
             }
             cumulative.insert(key, sh.hist);
         }
         self.deltas.replace(cumulative);
+        self.deltas.store_history(&self.store, start_ns, &rows);
         let events = self.detector.end_interval(now.wall);
         let latency = rows
             .iter()
@@ -459,30 +460,44 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
 }
 
 impl Deltas {
-    /// The interval's histogram of a key from its cumulative one, stored as history; None
-    /// when the interval saw nothing. The cumulative one goes to [`Deltas::replace`].
-    fn next(
-        &mut self,
-        store: &Store,
-        key: &(String, Probe),
-        cumulative: &Histogram,
-        start_ns: u64,
-    ) -> Option<Histogram> {
-        let (service, probe) = (key.0.as_str(), key.1);
+    /// The interval's histogram of a key from its cumulative one; None when the interval
+    /// saw nothing. The cumulative one goes to [`Deltas::replace`].
+    fn next(&mut self, key: &(String, Probe), cumulative: &Histogram) -> Option<Histogram> {
         let delta = match self.prev.get(key) {
             Some(p) => cumulative.delta_since(p).hist,
             None => cumulative.clone(),
         };
-        if delta.is_empty() {
-            return None;
+        (!delta.is_empty()).then_some(delta)
+    }
+
+    /// Store the interval's histograms as history, in one write: one insert per point
+    /// and a free-space check per point were most of the storage cost of an interval.
+    fn store_history(&mut self, store: &Store, start_ns: u64, rows: &[(String, Probe, Histogram)]) {
+        if rows.is_empty() {
+            return;
         }
-        if let Err(e) = store.record_history(service, probe, start_ns, &delta) {
-            if !self.history_warned.iter().any(|s| s == service) {
-                tracing::warn!(%service, error = %e, "history not stored for this service");
-                self.history_warned.push(service.to_owned());
+        let points: Vec<HistoryPoint<'_>> = rows
+            .iter()
+            .map(|(service, probe, hist)| HistoryPoint {
+                service,
+                probe: *probe,
+                hist,
+            })
+            .collect();
+        match store.record_history_batch(start_ns, &points) {
+            Ok(refused) => {
+                for (i, e) in refused {
+                    if let Some((service, _, _)) = rows.get(i) {
+                        warn_history(&mut self.history_warned, service, &e);
+                    }
+                }
+            }
+            Err(e) => {
+                for (service, _, _) in rows {
+                    warn_history(&mut self.history_warned, service, &e);
+                }
             }
         }
-        Some(delta)
     }
 
     /// This interval's cumulative histograms become the previous ones. Keys the snapshot
@@ -494,6 +509,14 @@ impl Deltas {
             }
         }
         self.prev = Arc::new(next);
+    }
+}
+
+/// Warn that `service`'s history was not stored, once per service.
+fn warn_history(warned: &mut Vec<String>, service: &str, e: &storage::StoreError) {
+    if !warned.iter().any(|s| s == service) {
+        tracing::warn!(%service, error = %e, "history not stored for this service");
+        warned.push(service.to_owned());
     }
 }
 
