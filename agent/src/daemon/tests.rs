@@ -93,6 +93,7 @@ impl Kernel for FakeKernel {
                 })
                 .collect(),
             counters: Counters::default(),
+            retired: Vec::new(),
         })
     }
 
