@@ -524,7 +524,9 @@ impl ProbeSet {
         let probes = types::tt_probe::TT_NUM_PROBES.0;
         let cpus = libbpf_rs::num_possible_cpus().map_err(map_err("hists"))?;
         let zero = vec![vec![0u8; std::mem::size_of::<types::tt_hist>()]; cpus];
-        for slot in std::mem::take(&mut self.quarantine) {
+        // A slot leaves the quarantine only once it is in the queue: after a failed map
+        // write it is tried again at the next snapshot (zeroing twice does no harm).
+        while let Some(&slot) = self.quarantine.first() {
             for probe in 0..probes {
                 let index = slot * probes + probe;
                 if index < maps.hists.max_entries() {
@@ -533,11 +535,12 @@ impl ProbeSet {
                         .map_err(map_err("hists"))?;
                 }
             }
-            let rel = slot - first;
+            let rel = slot.saturating_sub(first);
             // A queue has no key: update pushes.
             maps.auto_free_slots
                 .update(&[], &rel.to_ne_bytes(), MapFlags::ANY)
                 .map_err(map_err("auto_free_slots"))?;
+            self.quarantine.remove(0);
             self.auto_freed += 1;
         }
         let SlotNames::Auto(names) = &mut self.slot_names else {
@@ -545,7 +548,7 @@ impl ProbeSet {
         };
         let mut gone: Vec<(u32, u64)> = auto_slots
             .iter()
-            .filter(|(_, id)| names.gone(**id))
+            .filter(|(slot, id)| **slot >= first && names.gone(**id))
             .map(|(slot, id)| (*slot, *id))
             .collect();
         gone.sort_unstable();
@@ -556,7 +559,7 @@ impl ProbeSet {
             .collect();
         let mut retired = Vec::new();
         for (slot, id) in gone {
-            let rel = (slot - first).to_ne_bytes();
+            let rel = (slot - first).to_ne_bytes(); // slot >= first: filtered above
             let gen = maps
                 .auto_slot_gen
                 .lookup(&rel, MapFlags::ANY)

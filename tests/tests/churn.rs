@@ -137,6 +137,7 @@ auto_service_limit = {LIMIT}
     let exchanges = Arc::new(AtomicU64::new(0));
     let mut first_wave = String::new();
     let mut rss_after_warmup = 0;
+    let mut rss_mid = 0;
     let mut max_entries = 0;
     for wave in 0..WAVES {
         let cgroups: Vec<Cgroup> = (0..PER_WAVE)
@@ -182,6 +183,9 @@ auto_service_limit = {LIMIT}
         if wave == 4 {
             rss_after_warmup = rss_kib(daemon.pid());
         }
+        if wave == WAVES / 2 {
+            rss_mid = rss_kib(daemon.pid());
+        }
         // Servers first, so the traffic thread's connections fail fast; then the cgroups.
         drop(servers);
         drop(traffic);
@@ -211,13 +215,14 @@ auto_service_limit = {LIMIT}
         assert!(n < PER_WAVE, "auto_cgroups still holds {n} entries");
     }
     eprintln!(
-        "churn: {} cgroups in {:.1} s, {} exchanges, {} slots freed, RSS {} -> {} KiB, \
+        "churn: {} cgroups in {:.1} s, {} exchanges, {} slots freed, RSS {} -> {} -> {} KiB (waves 5, 13, end), \
          auto_cgroups at most {max_entries} entries",
         WAVES * PER_WAVE,
         started.elapsed().as_secs_f64(),
         exchanges.load(Ordering::Relaxed),
         counter(&status, "auto_freed"),
         rss_after_warmup,
+        rss_mid,
         rss_end,
     );
 

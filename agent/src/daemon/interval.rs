@@ -151,6 +151,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             cumulative.insert(key, sh.hist);
         }
         self.deltas.replace(cumulative, &retired);
+        self.capture.forget_services(&mut self.kernel, &retired);
         let events = self.detector.end_interval(now.wall);
         self.forget_retired(retired, &rows);
         let latency = rows
