@@ -56,7 +56,8 @@ pub(crate) fn cgroup_id(mount: &Path, rel: &Path) -> io::Result<u64> {
 #[derive(Debug)]
 pub(crate) struct CgroupNames {
     mount: PathBuf,
-    known: HashMap<u64, String>,
+    /// id -> (name, directory when it was found).
+    known: HashMap<u64, (String, Option<PathBuf>)>,
 }
 
 impl CgroupNames {
@@ -70,18 +71,35 @@ impl CgroupNames {
     /// A readable name of cgroup `id` (see [`readable`]) from its path relative to the
     /// mount (`/` for the root), or `cgroup:<id>` when it no longer exists.
     pub(crate) fn name(&mut self, id: u64) -> String {
-        if let Some(name) = self.known.get(&id) {
+        if let Some((name, _)) = self.known.get(&id) {
             return name.clone();
         }
-        let name = find_by_ino(&self.mount, id)
+        let path = find_by_ino(&self.mount, id);
+        let name = path
+            .as_ref()
             .map(|p| match p.strip_prefix(&self.mount) {
                 Ok(rel) if rel.as_os_str().is_empty() => "/".to_owned(),
                 Ok(rel) => readable(&rel.display().to_string()),
                 Err(_) => p.display().to_string(),
             })
             .unwrap_or_else(|| format!("cgroup:{id}"));
-        self.known.insert(id, name.clone());
+        self.known.insert(id, (name.clone(), path));
         name
+    }
+
+    /// Whether cgroup `id` no longer exists: its directory, as found when it was named, is
+    /// gone or is another cgroup now (one `stat`, no walk of the tree). A cgroup never
+    /// named, or not found when named, counts as gone.
+    pub(crate) fn gone(&self, id: u64) -> bool {
+        match self.known.get(&id) {
+            Some((_, Some(path))) => fs::metadata(path).map_or(true, |m| m.ino() != id),
+            _ => true,
+        }
+    }
+
+    /// Drop what is remembered of cgroup `id` (it is gone).
+    pub(crate) fn forget(&mut self, id: u64) {
+        self.known.remove(&id);
     }
 }
 
@@ -230,7 +248,26 @@ mod tests {
     fn root_cgroup_round_trips() {
         let mount = cgroup2_mount_or_default();
         let id = cgroup_id(&mount, Path::new("")).unwrap();
-        assert_eq!(CgroupNames::new(mount).name(id), "/");
+        let mut names = CgroupNames::new(mount);
+        assert_eq!(names.name(id), "/");
+        assert!(!names.gone(id));
+    }
+
+    #[test]
+    fn a_removed_cgroup_is_gone() {
+        let mount = cgroup2_mount_or_default();
+        let dir = mount.join(format!("tailtrap-gone-{}", std::process::id()));
+        if fs::create_dir(&dir).is_err() {
+            return; // not root, or no cgroup2: nothing to test here
+        }
+        let id = cgroup_id(&mount, dir.strip_prefix(&mount).unwrap()).unwrap();
+        let mut names = CgroupNames::new(mount);
+        names.name(id);
+        assert!(!names.gone(id));
+        fs::remove_dir(&dir).unwrap();
+        assert!(names.gone(id));
+        names.forget(id);
+        assert!(names.known.is_empty());
     }
 
     #[test]

@@ -276,6 +276,10 @@ pub struct ProbeSet {
     skel: ProbesSkel<'static>,
     attachments: Vec<Attachment>,
     slot_names: SlotNames,
+    /// Auto slots freed at the last snapshot, pushed to the free queue at the next one.
+    quarantine: Vec<u32>,
+    /// Auto slots freed since load.
+    auto_freed: u64,
     _rx_timestamping: OwnedFd,
 }
 
@@ -393,6 +397,8 @@ impl ProbeSet {
             skel,
             attachments,
             slot_names,
+            quarantine: Vec::new(),
+            auto_freed: 0,
             _rx_timestamping: rx_timestamping,
         })
     }
@@ -440,9 +446,11 @@ impl ProbeSet {
         Ok(())
     }
 
-    /// Cumulative histograms per (service, probe) and the event counters.
+    /// Cumulative histograms per (service, probe) and the event counters. With
+    /// auto-grouping, it also frees the slots of cgroups that are gone (see
+    /// [`Snapshot::retired`]).
     pub fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
-        let counters = self.counters()?;
+        let mut counters = self.counters()?;
         let maps = &self.skel.maps;
         let auto_slots = match &self.slot_names {
             SlotNames::Auto(_) => read_auto_slots(&maps.auto_cgroups)?,
@@ -472,6 +480,13 @@ impl ProbeSet {
             if sum_ns == 0 && buckets.iter().all(|&n| n == 0) {
                 continue; // never touched: most entries of a large map
             }
+            let auto = matches!(self.slot_names, SlotNames::Auto(_));
+            if auto
+                && key.service >= types::tt_service_slot::TT_SERVICE_FIRST.0
+                && !auto_slots.contains_key(&key.service)
+            {
+                continue; // a freed slot in quarantine: stragglers of a cgroup that is gone
+            }
             let hist = Histogram::from_dense(&buckets, sum_ns)?;
             let service = slot_name(&mut self.slot_names, key.service, &auto_slots);
             hists.push(ServiceHist {
@@ -481,7 +496,92 @@ impl ProbeSet {
             });
         }
         hists.sort_by(|a, b| (&a.service, a.probe).cmp(&(&b.service, b.probe)));
-        Ok(Snapshot { hists, counters })
+        let retired = match self.slot_names {
+            SlotNames::Auto(_) => self.free_gone_slots(&auto_slots)?,
+            SlotNames::Configured(_) => Vec::new(),
+        };
+        counters.auto_freed = self.auto_freed;
+        Ok(Snapshot {
+            hists,
+            counters,
+            retired,
+        })
+    }
+
+    /// Free the auto slots of cgroups that are gone, in two steps one snapshot apart.
+    /// First (the snapshot that read their last histograms): bump the slot's generation, so
+    /// sockets that cached it resolve again, and delete its cgroup entry, so nothing new
+    /// counts to it. Then, one interval later (packets that had resolved the slot before
+    /// have landed by then): zero its histograms and push it to the free queue. Returns
+    /// the names of the services retired now.
+    fn free_gone_slots(
+        &mut self,
+        auto_slots: &HashMap<u32, u64>,
+    ) -> Result<Vec<String>, ReadError> {
+        let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
+        let maps = &self.skel.maps;
+        let map_err = |map: &'static str| move |source| ReadError::Map { map, source };
+        let probes = types::tt_probe::TT_NUM_PROBES.0;
+        let cpus = libbpf_rs::num_possible_cpus().map_err(map_err("hists"))?;
+        let zero = vec![vec![0u8; std::mem::size_of::<types::tt_hist>()]; cpus];
+        // A slot leaves the quarantine only once it is in the queue: after a failed map
+        // write it is tried again at the next snapshot (zeroing twice does no harm).
+        while let Some(&slot) = self.quarantine.first() {
+            for probe in 0..probes {
+                let index = slot * probes + probe;
+                if index < maps.hists.max_entries() {
+                    maps.hists
+                        .update_percpu(&index.to_ne_bytes(), &zero, MapFlags::ANY)
+                        .map_err(map_err("hists"))?;
+                }
+            }
+            let rel = slot.saturating_sub(first);
+            // A queue has no key: update pushes.
+            maps.auto_free_slots
+                .update(&[], &rel.to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_err("auto_free_slots"))?;
+            self.quarantine.remove(0);
+            self.auto_freed += 1;
+        }
+        let SlotNames::Auto(names) = &mut self.slot_names else {
+            return Ok(Vec::new());
+        };
+        let mut gone: Vec<(u32, u64)> = auto_slots
+            .iter()
+            .filter(|(slot, id)| **slot >= first && names.gone(**id))
+            .map(|(slot, id)| (*slot, *id))
+            .collect();
+        gone.sort_unstable();
+        let live: std::collections::HashSet<String> = auto_slots
+            .iter()
+            .filter(|(slot, _)| !gone.iter().any(|(s, _)| s == *slot))
+            .map(|(_, id)| names.name(*id))
+            .collect();
+        let mut retired = Vec::new();
+        for (slot, id) in gone {
+            let rel = (slot - first).to_ne_bytes(); // slot >= first: filtered above
+            let gen = maps
+                .auto_slot_gen
+                .lookup(&rel, MapFlags::ANY)
+                .map_err(map_err("auto_slot_gen"))?
+                .map(|v| decode::<u32>("auto_slot_gen", &v))
+                .transpose()?
+                .unwrap_or(0);
+            maps.auto_slot_gen
+                .update(&rel, &gen.wrapping_add(1).to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_err("auto_slot_gen"))?;
+            maps.auto_cgroups
+                .delete(&id.to_ne_bytes())
+                .map_err(map_err("auto_cgroups"))?;
+            let name = names.name(id);
+            names.forget(id);
+            // A cgroup that came back under the same name (a restarted unit) keeps it.
+            if !live.contains(&name) {
+                retired.push(name);
+            }
+            self.quarantine.push(slot);
+        }
+        Ok(retired)
     }
 
     /// BPF run-time statistics of the attached programs (run_time_ns stays 0 unless
@@ -551,6 +651,7 @@ impl ProbeSet {
             future_tstamp: read(types::tt_counter::TT_COUNTER_FUTURE_TSTAMP)?,
             hol_excluded: read(types::tt_counter::TT_COUNTER_HOL_EXCLUDED)?,
             auto_overflow: read(types::tt_counter::TT_COUNTER_AUTO_OVERFLOW)?,
+            auto_freed: 0,
         })
     }
 }
@@ -887,7 +988,7 @@ fn configure(
     let port_rules: usize = config.services.iter().map(|s| s.ports.len()).sum();
     let cgroup_rules = service_cgroups.iter().flatten().count();
     let f = &config.filters;
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 8] = [
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 10] = [
         (&mut open.maps.hists, entries as usize),
         (&mut open.maps.service_cgroups, cgroup_rules),
         // Indexed by port: every port has an entry once any rule exists.
@@ -896,6 +997,8 @@ fn configure(
             if port_rules > 0 { 1 << 16 } else { 0 },
         ),
         (&mut open.maps.auto_cgroups, if auto { slots } else { 0 }),
+        (&mut open.maps.auto_free_slots, if auto { slots } else { 0 }),
+        (&mut open.maps.auto_slot_gen, if auto { slots } else { 0 }),
         (&mut open.maps.allowed_pids, f.pids.len()),
         (&mut open.maps.allowed_cgroups, filter_cgroups.len()),
         (&mut open.maps.allowed_ifindexes, f.ifindexes.len()),

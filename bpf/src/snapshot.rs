@@ -11,6 +11,9 @@ pub struct Snapshot {
     pub hists: Vec<ServiceHist>,
     /// Event counters, cumulative since load.
     pub counters: Counters,
+    /// Auto-grouped services whose cgroup is gone: this snapshot holds their last
+    /// histograms and their slots are being freed, so forget them after this interval.
+    pub retired: Vec<String>,
 }
 
 /// A service's histogram at one probe.
@@ -37,4 +40,6 @@ pub struct Counters {
     pub hol_excluded: u64,
     /// Samples counted toward `other` because the auto-service limit was reached.
     pub auto_overflow: u64,
+    /// Auto-service slots freed (their cgroup was gone) and reusable since load.
+    pub auto_freed: u64,
 }

@@ -243,6 +243,20 @@ impl Detector {
         Ok(())
     }
 
+    /// Forget a service that is gone (its windows and baselines; stored history is not the
+    /// detector's). A service with an open incident is kept until the incident closes, so
+    /// the incident is not lost; returns whether it was forgotten.
+    pub fn forget(&mut self, service: &str) -> bool {
+        match self.services.get(service) {
+            Some(svc) if svc.incident.is_some() => false,
+            Some(_) => {
+                self.services.remove(service);
+                true
+            }
+            None => true,
+        }
+    }
+
     /// The incidents open now.
     pub fn open_incidents(&self) -> Vec<Incident> {
         self.services
@@ -629,6 +643,28 @@ mod tests {
         // ... after it, it does.
         let ev = tick(&mut d, 29, "web", &slow);
         assert!(matches!(ev.as_slice(), [Event::Opened(_)]), "{ev:?}");
+    }
+
+    #[test]
+    fn forget_drops_a_gone_service_unless_an_incident_is_open() {
+        let mut d = Detector::new(config());
+        let (normal, slow) = (uniform(100_000), uniform(300_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+            tick(&mut d, s, "db", &normal);
+        }
+        assert!(d.forget("db"));
+        assert!(d
+            .baseline_quantile("db", Probe::TcpSocketRead, 0.5)
+            .is_none());
+        assert!(d.save_baselines().iter().all(|(s, _, _)| s == "web"));
+        for s in 21..=22 {
+            tick(&mut d, s, "web", &slow);
+        }
+        assert_eq!(d.open_incidents().len(), 1);
+        assert!(!d.forget("web"), "kept while its incident is open");
+        assert_eq!(d.open_incidents().len(), 1);
+        assert!(d.forget("never-seen"));
     }
 
     #[test]

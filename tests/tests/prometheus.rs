@@ -474,6 +474,7 @@ fn compare_status_and_scrape(config: &Path, target: SocketAddr) -> bool {
                 "tailtrap_kernel_auto_service_overflow_total",
                 "auto_overflow",
             ),
+            ("tailtrap_kernel_auto_service_freed_total", "auto_freed"),
         ] {
             assert_eq!(get(metric, &[]), k[field].as_f64(), "{metric}");
         }

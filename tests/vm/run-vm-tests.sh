@@ -65,7 +65,7 @@ mapfile -t executables < <(printf '%s\n' "$json" |
 # lateness under 64 API clients (meaningless under software emulation), and the
 # interval-by-interval replay comparison of tune_daemon (blurred by emulation's late
 # intervals). They run in scripts/test's host step.
-HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon)
+HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn)
 tests=()
 for exe in "${executables[@]}"; do
     name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash

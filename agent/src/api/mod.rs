@@ -205,6 +205,9 @@ pub struct KernelCounters {
     pub hol_excluded: u64,
     /// Samples counted to `other` over the auto-service limit.
     pub auto_overflow: u64,
+    /// Auto-service slots freed because their cgroup was gone.
+    #[serde(default)]
+    pub auto_freed: u64,
 }
 
 impl From<bpf::Counters> for KernelCounters {
@@ -215,6 +218,7 @@ impl From<bpf::Counters> for KernelCounters {
             future_tstamp: c.future_tstamp,
             hol_excluded: c.hol_excluded,
             auto_overflow: c.auto_overflow,
+            auto_freed: c.auto_freed,
         }
     }
 }

@@ -294,6 +294,7 @@ mod tests {
                 hist: h.clone(),
             }],
             counters: bpf::Counters::default(),
+            retired: Vec::new(),
         };
         let mut prev = HashMap::new();
         assert_eq!(interval_rows(&snap(&h), &mut prev)[0].hist.count(), 1);

@@ -189,8 +189,8 @@ fn print_report(r: &StatusReport) {
     t.add_row([
         "probe counters".to_owned(),
         format!(
-            "map-full drops {}, zero stamps {}, future stamps {}, head-of-line excluded {}, auto-service overflow {}",
-            c.map_full_drops, c.zero_tstamp, c.future_tstamp, c.hol_excluded, c.auto_overflow
+            "map-full drops {}, zero stamps {}, future stamps {}, head-of-line excluded {}, auto-service overflow {}, auto slots freed {}",
+            c.map_full_drops, c.zero_tstamp, c.future_tstamp, c.hol_excluded, c.auto_overflow, c.auto_freed
         ),
     ]);
     println!("{t}");

@@ -92,7 +92,8 @@ pub(super) struct Drained {
 pub(super) struct CaptureController {
     state: State,
     cfg: CaptureConfig,
-    /// Service slots by name (slots never change while a probe set lives).
+    /// Service slots by name (a slot changes owner only after its service is retired, see
+    /// [`CaptureController::forget_services`]).
     slots: HashMap<String, u32>,
     /// Keys whose flight-recorder threshold is set.
     flight_set: HashSet<(String, Probe)>,
@@ -309,6 +310,29 @@ impl CaptureController {
                 }
                 Err(e) => {
                     tracing::warn!(%service, %probe, error = %e, "flight recorder threshold not set")
+                }
+            }
+        }
+    }
+
+    /// Services whose cgroup is gone (auto-grouping): their slot goes to another cgroup
+    /// soon, so drop the name's remembered slot and switch its flight thresholds off; the
+    /// next owner gets thresholds from its own baseline.
+    pub(super) fn forget_services(&mut self, kernel: &mut impl Kernel, services: &[String]) {
+        for service in services {
+            let Some(slot) = self.slots.remove(service) else {
+                continue;
+            };
+            let off: Vec<(Probe, u64)> = self
+                .flight_set
+                .iter()
+                .filter(|(s, _)| s == service)
+                .map(|(_, p)| (*p, 0))
+                .collect();
+            self.flight_set.retain(|(s, _)| s != service);
+            if matches!(self.state, State::Active(_)) && !off.is_empty() {
+                if let Err(e) = kernel.set_flight(slot, &off) {
+                    tracing::warn!(%service, error = %e, "flight recorder threshold not cleared");
                 }
             }
         }

@@ -71,6 +71,8 @@ struct Deltas {
     prev: Arc<Cumulative>,
     /// Services whose history could not be stored, warned about once.
     history_warned: Vec<String>,
+    /// Retired services (cgroup gone) the detector keeps until their incident closes.
+    retiring: Vec<String>,
 }
 
 impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
@@ -138,6 +140,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let start_ns = unix_ns(start);
         let mut rows = Vec::new();
         let counters = snapshot.counters;
+        let retired = snapshot.retired;
         let mut cumulative = Cumulative::with_capacity(snapshot.hists.len());
         for sh in snapshot.hists {
             let key = (sh.service, sh.probe);
@@ -147,9 +150,11 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
             cumulative.insert(key, sh.hist);
         }
-        self.deltas.replace(cumulative);
+        self.deltas.replace(cumulative, &retired);
         self.deltas.store_history(&self.store, start_ns, &rows);
+        self.capture.forget_services(&mut self.kernel, &retired);
         let events = self.detector.end_interval(now.wall);
+        self.forget_retired(retired, &rows);
         let latency = rows
             .iter()
             .map(|(service, probe, h)| self.latency_row(service, *probe, h))
@@ -199,6 +204,22 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             self.last_retention = now.mono;
             self.enforce_retention(now.wall);
         }
+    }
+
+    /// Services whose cgroup is gone (their last interval is recorded above): the detector
+    /// forgets them, or once their open incident has closed. Their history stays stored.
+    fn forget_retired(&mut self, retired: Vec<String>, rows: &[(String, Probe, Histogram)]) {
+        let Deltas {
+            retiring,
+            history_warned,
+            ..
+        } = &mut self.deltas;
+        // One still waiting that has data again is a new cgroup under the same name: live.
+        retiring.retain(|s| !rows.iter().any(|(r, _, _)| r == s));
+        history_warned.retain(|s| !retired.contains(s));
+        retiring.extend(retired);
+        let detector = &mut self.detector;
+        retiring.retain(|s| !detector.forget(s));
     }
 
     fn latency_row(&self, service: &str, probe: Probe, h: &Histogram) -> LatencyRow {
@@ -501,12 +522,16 @@ impl Deltas {
     }
 
     /// This interval's cumulative histograms become the previous ones. Keys the snapshot
-    /// lacks keep their last histogram, so a key that comes back counts from there.
-    fn replace(&mut self, mut next: Cumulative) {
+    /// lacks keep their last histogram, so a key that comes back counts from there; the
+    /// `retired` services' keys go (their slots restart from zero for the next owner).
+    fn replace(&mut self, mut next: Cumulative, retired: &[String]) {
         for (key, h) in self.prev.iter() {
             if !next.contains_key(key) {
                 next.insert(key.clone(), h.clone());
             }
+        }
+        if !retired.is_empty() {
+            next.retain(|(service, _), _| !retired.contains(service));
         }
         self.prev = Arc::new(next);
     }

@@ -35,6 +35,8 @@ const PER_INTERVAL: u64 = 1000;
 #[derive(Default)]
 struct KernelState {
     cumulative: BTreeMap<(String, Probe), Histogram>,
+    /// Services the next snapshot reports as retired (their cgroup is gone).
+    retire_next: Vec<String>,
     fail_next_snapshot: bool,
     capture_fails: bool,
     armed: HashMap<u32, Vec<(Probe, u64)>>,
@@ -93,6 +95,7 @@ impl Kernel for FakeKernel {
                 })
                 .collect(),
             counters: Counters::default(),
+            retired: std::mem::take(&mut st.retire_next),
         })
     }
 
@@ -435,6 +438,32 @@ fn a_failed_read_counts_an_interval_error_and_the_loop_goes_on() {
         .find(|r| r.probe == HOT)
         .expect("a latency row");
     assert_eq!(row.count, 2 * PER_INTERVAL);
+}
+
+#[test]
+fn a_retired_service_keeps_its_last_interval_and_is_forgotten() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.tick(QUIET_NS);
+    kernel.state().retire_next = vec![SERVICE.to_owned()];
+    h.tick(QUIET_NS);
+    // The last interval is reported (and stored) like any other ...
+    let status = h.core.status();
+    let row_count = |status: &Arc<Mutex<super::live::LoopStatus>>| {
+        lock(status)
+            .latency
+            .iter()
+            .find(|r| r.probe == HOT)
+            .map(|r| r.count)
+    };
+    assert_eq!(row_count(&status), Some(PER_INTERVAL));
+    // ... then its cumulative state is gone.
+    assert!(h.core.cumulative().keys().all(|(s, _)| s != SERVICE));
+    // The slot restarts from zero for its next owner, here under the same name: its first
+    // interval counts from zero, not from the old owner's totals.
+    kernel.state().cumulative.clear();
+    h.tick(QUIET_NS);
+    assert_eq!(row_count(&status), Some(PER_INTERVAL));
 }
 
 #[test]

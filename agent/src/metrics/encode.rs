@@ -372,6 +372,11 @@ impl Collector for View {
                 "Samples counted to service other over the automatic service limit, since the probes were loaded",
                 k.auto_overflow,
             ),
+            (
+                "tailtrap_kernel_auto_service_freed",
+                "Automatic service slots freed because their cgroup was gone, since the probes were loaded",
+                k.auto_freed,
+            ),
         ] {
             single(&mut enc, family(name, help, Counter), v as f64)?;
         }

@@ -4,7 +4,10 @@
  * and by local port; probes before socket lookup only have the packet's local port.
  * Unmatched traffic goes to TT_SERVICE_HOST. With no services configured, sockets are
  * grouped by their own cgroup (sk->sk_cgrp_data, not the running task's) into slots handed
- * out here, up to auto_service_limit; the rest go to TT_SERVICE_OTHER.
+ * out here, up to auto_service_limit; the rest go to TT_SERVICE_OTHER. User space frees
+ * the slots of cgroups that are gone (see docs/probes.md): it deletes the auto_cgroups
+ * entry, bumps the slot's generation and, one interval later, pushes the slot to
+ * auto_free_slots, which is drawn from before auto_next_slot.
  */
 #ifndef TT_SERVICE_BPF_H
 #define TT_SERVICE_BPF_H
@@ -45,14 +48,20 @@ struct {
 	__type(value, __u32);
 } service_ports SEC(".maps");
 
-/* Per socket: its service slot + 1 once resolved (0: not yet). A socket's cgroup and local
- * port do not change while it receives, so the cgroup walk and port lookup run once per
- * socket instead of once per sample. */
+/* Per socket: its service slot + 1 once resolved (0: not yet) and, for auto slots, the
+ * slot's generation then. A socket's cgroup and local port do not change while it
+ * receives, so the cgroup walk and port lookup run once per socket instead of once per
+ * sample. */
+struct sock_service {
+	__u32 slot_plus_1;
+	__u32 gen;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u32);
+	__type(value, struct sock_service);
 } sock_services SEC(".maps");
 
 /* Auto-grouping: socket cgroup id -> slot, filled here; the loader reads it for names. */
@@ -62,6 +71,24 @@ struct {
 	__type(key, __u64);
 	__type(value, __u32);
 } auto_cgroups SEC(".maps");
+
+/* Auto slots (relative to TT_SERVICE_FIRST) freed by user space, reused first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 1);
+	__type(value, __u32);
+} auto_free_slots SEC(".maps");
+
+/* Per auto slot (relative to TT_SERVICE_FIRST): its generation, bumped by user space when
+ * it frees the slot. A socket's cached slot carries the generation it was resolved at, so
+ * a socket that outlives its cgroup stops counting to a slot once it is freed, before the
+ * slot can go to another cgroup. An array lookup is inlined: a load on the hot path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} auto_slot_gen SEC(".maps");
 
 static __always_inline struct cgroup *sock_cgroup(const struct sock *sk)
 {
@@ -112,6 +139,8 @@ static __always_inline __u32 auto_service(const struct sock *sk)
 	known = bpf_map_lookup_elem(&auto_cgroups, &id);
 	if (known)
 		return *known;
+	if (!bpf_map_pop_elem(&auto_free_slots, &slot))
+		goto claim;
 	if (auto_next_slot >= auto_service_limit) {
 		count_event(TT_COUNTER_AUTO_OVERFLOW);
 		return TT_SERVICE_OTHER;
@@ -121,13 +150,27 @@ static __always_inline __u32 auto_service(const struct sock *sk)
 		count_event(TT_COUNTER_AUTO_OVERFLOW);
 		return TT_SERVICE_OTHER;
 	}
+claim:
 	slot += TT_SERVICE_FIRST;
 	if (bpf_map_update_elem(&auto_cgroups, &id, &slot, BPF_NOEXIST)) {
-		/* Another CPU registered this cgroup first: use its slot (ours stays unused). */
+		/* Another CPU registered this cgroup first: use its slot and hand ours back. */
+		slot -= TT_SERVICE_FIRST;
+		bpf_map_push_elem(&auto_free_slots, &slot, 0);
 		known = bpf_map_lookup_elem(&auto_cgroups, &id);
 		return known ? *known : TT_SERVICE_OTHER;
 	}
 	return slot;
+}
+
+/* The generation of an auto slot now (0 for host, other and slots out of range). */
+static __always_inline __u32 auto_generation(__u32 slot)
+{
+	__u32 index = slot - TT_SERVICE_FIRST, *gen;
+
+	if (!auto_services || slot < TT_SERVICE_FIRST)
+		return 0;
+	gen = bpf_map_lookup_elem(&auto_slot_gen, &index);
+	return gen ? *gen : 0;
 }
 
 static __always_inline __u32 resolve_service_of_sock(const struct sock *sk)
@@ -146,7 +189,8 @@ static __always_inline __u32 resolve_service_of_sock(const struct sock *sk)
 
 static __always_inline __u32 service_of_sock(const struct sock *sk)
 {
-	__u32 *cached, slot;
+	struct sock_service *cached;
+	__u32 slot;
 
 	/* Without services or auto-grouping every socket is "host": nothing to cache. */
 	if (!auto_services && !have_cgroup_rules && !have_port_rules)
@@ -154,11 +198,18 @@ static __always_inline __u32 service_of_sock(const struct sock *sk)
 	/* NULL for sockets without storage (not full sockets) or out of memory: resolve. */
 	cached = bpf_sk_storage_get(&sock_services, (struct sock *)sk, 0,
 				    BPF_SK_STORAGE_GET_F_CREATE);
-	if (cached && *cached)
-		return *cached - 1;
+	if (cached && cached->slot_plus_1) {
+		slot = cached->slot_plus_1 - 1;
+		/* A freed auto slot has a new generation: resolve again (the cgroup, if it
+		 * still lives, gets a slot again; a dead one's is freed at the next interval). */
+		if (!auto_services || cached->gen == auto_generation(slot))
+			return slot;
+	}
 	slot = resolve_service_of_sock(sk);
-	if (cached)
-		*cached = slot + 1;
+	if (cached) {
+		cached->slot_plus_1 = slot + 1;
+		cached->gen = auto_generation(slot);
+	}
 	return slot;
 }
 
