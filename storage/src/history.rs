@@ -122,6 +122,15 @@ impl HistoryCache {
         }
     }
 
+    /// Forget the services none of whose streams has a point younger than `horizon` before
+    /// `now`: services that stopped (a retired container's cgroup) would otherwise keep
+    /// their entries for the store's life. Forgetting is always safe: an unknown point is
+    /// read back from the tree.
+    fn evict_idle(&mut self, now: u64, horizon: u64) {
+        self.points
+            .retain(|_, list| list.iter().any(|c| c.start.saturating_add(horizon) >= now));
+    }
+
     /// Whether the stream's newest point is known.
     fn knows(&mut self, service: &str, probe: Probe, level: u8) -> bool {
         self.entry(service, probe, level).is_some()
@@ -215,6 +224,13 @@ impl Store {
             Some((_, e)) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Drop what the history writer keeps in memory for `service`, which is gone (a removed
+    /// cgroup): its stored history stays. A later write of the same name reads back first.
+    pub fn forget_history_writer(&self, service: &str) {
+        let mut cache = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        cache.points.remove(service);
     }
 
     /// Record one interval's histograms, all starting at `start_ns`, into every history
@@ -396,6 +412,10 @@ impl Store {
         if r.is_err() {
             // The cache now holds merges that were not stored.
             cache.points.clear();
+        } else {
+            // Two of the coarsest level's points: a live stream is never forgotten.
+            let coarsest = self.cfg.history.iter().map(|l| nanos(l.resolution)).max();
+            cache.evict_idle(start_ns, coarsest.unwrap_or(0).saturating_mul(2));
         }
         self.counted(r.map_err(StoreError::from))?;
         if undecodable > 0 {

@@ -217,6 +217,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         // One still waiting that has data again is a new cgroup under the same name: live.
         retiring.retain(|s| !rows.iter().any(|(r, _, _)| r == s));
         history_warned.retain(|s| !retired.contains(s));
+        for service in &retired {
+            self.store.forget_history_writer(service);
+        }
         retiring.extend(retired);
         let detector = &mut self.detector;
         retiring.retain(|s| !detector.forget(s));
