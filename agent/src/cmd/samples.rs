@@ -246,6 +246,7 @@ fn join(samples: &[model::Sample], lines: &[PwruRecord]) -> Vec<Option<Timeline>
                 flow: s.flow,
                 time_ns: s.time_ns,
                 latency_ns: s.latency_ns,
+                skb: s.skb,
             };
             offset.and_then(|o| passes.timeline(&key, o))
         })
