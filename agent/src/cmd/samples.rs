@@ -305,7 +305,8 @@ fn timeline_note(with: usize, of: usize, lines: &[PwruRecord]) -> String {
     };
     format!(
         "pwru timelines: {with} of {of} samples; a sample gets one when pwru traced its \
-         packet: same flow, first event between the packet's arrival and the probe{span}. \
+         packet (its skb address, else its flow) with a first event between the packet's arrival \
+         and the probe{span}. \
          Samples taken before the session attached or after it ended have none."
     )
 }
