@@ -22,7 +22,7 @@ use crate::skel::types;
 
 // The record is read as the BTF-generated type; its size is the kernel's.
 const RECORD_BYTES: usize = std::mem::size_of::<types::tt_capture_record>();
-const _: () = assert!(RECORD_BYTES == 136, "tt_capture_record layout changed");
+const _: () = assert!(RECORD_BYTES == 144, "tt_capture_record layout changed");
 const _: () = assert!(std::mem::size_of::<types::tt_capture_threshold>() == 16);
 
 /// Service slots that can be armed: the kernel's `TT_CAPTURE_MAX_SLOTS`, from the skeleton.
@@ -462,6 +462,7 @@ fn decode_record(bytes: &[u8]) -> Option<CaptureRecord> {
             }),
             tcp_seq: has(F::TT_CAPTURE_F_TCP_SEQ).then_some(r.tcp_seq),
             flags,
+            skb: (r.skb_addr != 0).then_some(r.skb_addr),
         },
     })
 }

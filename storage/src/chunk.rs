@@ -4,14 +4,17 @@
 //!
 //! A chunk's key is `incident | time of its first sample | sequence number of its first
 //! sample`; its value is a [`SAMPLE_CHUNK_VERSION`] envelope around the samples in time
-//! order. Records of schema 1 (one sample each, envelope version 1) are still read. A
+//! order, each sample with its skb address (envelope version 3). Chunks of version 2
+//! (samples without the address) and records of schema 1 (one such sample each, envelope
+//! version 1) are still read; their samples have no address. A
 //! sample's sequence number is `batch id << 20 | chunk number in the batch << 8 |
 //! index in the chunk`, so the chunk holding a sample is found from the sequence number
 //! alone.
 
-use model::Sample;
+use model::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue};
+use serde::Deserialize;
 
-use crate::codec::{self, DecodeError, SAMPLE_CHUNK_VERSION};
+use crate::codec::{self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_VERSION};
 use crate::error::{Result, StoreError};
 use crate::keys;
 
@@ -79,19 +82,74 @@ pub(crate) fn encode_batch(batch_id: u64, samples: &[Sample]) -> Result<Vec<Enco
     Ok(chunks)
 }
 
-/// Decode a stored samples record: a chunk, or a one-sample record written by a schema-1
-/// build (kept readable so an upgrade loses nothing).
+/// A sample as version 1 records and version 2 chunks hold it: before the skb address.
+/// Frozen: postcard has no field names, so this layout must never change.
+#[derive(Deserialize)]
+struct SampleV2 {
+    time_ns: u64,
+    incident: u64,
+    probe: Probe,
+    latency_ns: u64,
+    flow: Flow,
+    cgroup_id: u64,
+    pid: Option<u32>,
+    comm: Comm,
+    cpu: u32,
+    ifindex: u32,
+    netns_ino: u32,
+    skb_len: u32,
+    socket_queue: Option<SocketQueue>,
+    tcp_seq: Option<u32>,
+    flags: SampleFlags,
+}
+
+impl From<SampleV2> for Sample {
+    fn from(s: SampleV2) -> Sample {
+        Sample {
+            time_ns: s.time_ns,
+            incident: s.incident,
+            probe: s.probe,
+            latency_ns: s.latency_ns,
+            flow: s.flow,
+            cgroup_id: s.cgroup_id,
+            pid: s.pid,
+            comm: s.comm,
+            cpu: s.cpu,
+            ifindex: s.ifindex,
+            netns_ino: s.netns_ino,
+            skb_len: s.skb_len,
+            socket_queue: s.socket_queue,
+            tcp_seq: s.tcp_seq,
+            flags: s.flags,
+            skb: None,
+        }
+    }
+}
+
+/// Decode a stored samples record: a chunk, or a record of an earlier layout (kept
+/// readable so an upgrade loses nothing).
 pub(crate) fn decode(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
     match value.first() {
-        Some(&codec::RECORD_VERSION) => codec::decode::<Sample>(value).map(|s| vec![s]),
+        Some(&codec::RECORD_VERSION) => codec::decode::<SampleV2>(value).map(|s| vec![s.into()]),
+        Some(&SAMPLE_CHUNK_V2) => codec::decode_as::<Vec<SampleV2>>(SAMPLE_CHUNK_V2, value)
+            .map(|v| v.into_iter().map(Sample::from).collect()),
         _ => codec::decode_as(SAMPLE_CHUNK_VERSION, value),
     }
+}
+
+/// Whether a stored samples record is a chunk (of any layout), not a one-sample record.
+pub(crate) fn is_chunk(value: &[u8]) -> bool {
+    matches!(value.first(), Some(&v) if v == SAMPLE_CHUNK_VERSION || v == SAMPLE_CHUNK_V2)
 }
 
 /// How many samples a stored record holds, without decoding them: a chunk's length prefix,
 /// 1 for an intact one-sample record of the earlier layout, 0 for a damaged record.
 pub(crate) fn sample_count(value: &[u8]) -> u64 {
-    if let Ok(payload) = codec::verify_as(SAMPLE_CHUNK_VERSION, value) {
+    let chunk = match value.first() {
+        Some(&SAMPLE_CHUNK_V2) => codec::verify_as(SAMPLE_CHUNK_V2, value),
+        _ => codec::verify_as(SAMPLE_CHUNK_VERSION, value),
+    };
+    if let Ok(payload) = chunk {
         // postcard writes a sequence's length first, as a varint usize.
         return postcard::take_from_bytes::<usize>(payload).map_or(0, |(n, _)| n as u64);
     }
@@ -133,9 +191,20 @@ mod tests {
 
     #[test]
     fn counts_of_old_and_damaged_records() {
-        let old = codec::encode("sample", &sample(1, 1), 1024).unwrap();
+        // The layout before the skb address: today's without its last field (`None`, one
+        // trailing 0 byte).
+        let before = Sample {
+            skb: None,
+            ..sample(1, 1)
+        };
+        let mut payload = postcard::to_allocvec(&before).unwrap();
+        assert_eq!(payload.pop(), Some(0));
+        let mut old = vec![codec::RECORD_VERSION];
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&old), &payload);
+        old.extend_from_slice(&crc.to_be_bytes());
+        old.extend_from_slice(&payload);
         assert_eq!(sample_count(&old), 1);
-        assert_eq!(decode(&old).unwrap(), vec![sample(1, 1)]);
+        assert_eq!(decode(&old).unwrap(), vec![before]);
         let mut unknown = old.clone();
         unknown[0] = 9;
         assert_eq!(decode(&unknown), Err(DecodeError::Version(9)));

@@ -9,9 +9,12 @@ use crate::error::{Result, StoreError};
 
 /// Version of the envelope and of the record layouts inside it, for every tree but samples.
 pub(crate) const RECORD_VERSION: u8 = 1;
-/// Version of the samples tree's records: a chunk of samples per record. Version 1 of that
-/// tree held one sample per record; those are still read.
-pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 2;
+/// Version of the samples tree's records: a chunk of samples per record, each with its skb
+/// address. Version 2 chunks (samples without the address) and version 1 records (one such
+/// sample each) are still read.
+pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 3;
+/// Sample chunks written before samples carried the skb address.
+pub(crate) const SAMPLE_CHUNK_V2: u8 = 2;
 pub(crate) const HEADER: usize = 5;
 
 /// Why a stored value could not be decoded.
@@ -73,7 +76,7 @@ pub(crate) fn encode_as<T: Serialize>(
 /// the payload.
 pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     match bytes.first() {
-        Some(&v) if v == SAMPLE_CHUNK_VERSION => verify_as(SAMPLE_CHUNK_VERSION, bytes),
+        Some(&v) if v == SAMPLE_CHUNK_VERSION || v == SAMPLE_CHUNK_V2 => verify_as(v, bytes),
         _ => verify_as(RECORD_VERSION, bytes),
     }
 }

@@ -10,7 +10,6 @@ use model::{Flow, Probe, Sample, SampleFlags, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::chunk;
-use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::model::{Incident, IncidentState, PwruRecord};
@@ -433,9 +432,7 @@ impl Store {
                     let chunk_seq = chunk::chunk_start(c.seq);
                     for item in tree.range(first.clone()..=at_cursor.clone()).rev() {
                         let (k, v) = item?;
-                        if keys::u64_at(&k, 16) == Some(chunk_seq)
-                            && v.first() == Some(&codec::SAMPLE_CHUNK_VERSION)
-                        {
+                        if keys::u64_at(&k, 16) == Some(chunk_seq) && chunk::is_chunk(&v) {
                             found = Some((k.to_vec(), chunk_seq));
                             break;
                         }

@@ -25,7 +25,8 @@ use crate::model::{CaptureState, Incident, IncidentState, NewIncident, PwruRecor
 /// Layout version of the database (trees, keys, record types).
 /// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens and
 /// its one-sample records stay readable beside the chunks.
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: samples carry their skb address (chunk version 3); older chunks stay readable.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
@@ -746,8 +747,8 @@ impl Store {
                 tracing::info!(
                     from = v,
                     to = SCHEMA_VERSION,
-                    "database schema upgraded: new samples are stored in chunks, older ones \
-                     stay as they are and readable"
+                    "database schema upgraded: new samples are stored in chunks with their \
+                     skb address, older ones stay as they are and readable"
                 );
                 self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
             }

@@ -109,41 +109,52 @@ fn undecodable_records_are_skipped_counted_and_reported() {
             samples.insert(k, v).unwrap();
         }
         samples.insert(&keys[10], &b"\x02\x00"[..]).unwrap();
-        // An intact one-sample record of schema 1 (version byte 1): still read.
-        let payload = postcard::to_allocvec(&sample(id, 0, T0 + 5)).unwrap();
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&[1]), &payload);
-        let mut old = vec![1];
-        old.extend_from_slice(&crc.to_be_bytes());
-        old.extend_from_slice(&payload);
+        // An intact one-sample record of schema 1 (version byte 1) and an intact chunk of
+        // version 2, both of samples without the skb address: still read, address `None`.
         let mut key = id.to_be_bytes().to_vec();
         key.extend_from_slice(&(T0 + 5).to_be_bytes());
         key.extend_from_slice(&1u64.to_be_bytes());
-        samples.insert(key, old).unwrap();
+        samples
+            .insert(key, envelope(1, &old_layout(&sample(id, 0, T0 + 5))))
+            .unwrap();
+        let mut chunk = vec![3u8]; // postcard's varint length of the sequence
+        for i in 0..3 {
+            chunk.extend(old_layout(&sample(id, 0, T0 + 3000 + i)));
+        }
+        let mut key = id.to_be_bytes().to_vec();
+        key.extend_from_slice(&(T0 + 3000).to_be_bytes());
+        key.extend_from_slice(&(7u64 << 20).to_be_bytes());
+        samples.insert(key, envelope(2, &chunk)).unwrap();
         db.flush().unwrap();
     }
     let s = Store::open(&path, StoreConfig::default()).unwrap();
     let sum = s.sample_summary(id, &SampleFilter::default()).unwrap();
-    assert_eq!(sum.count, 3000 - 3 * 256 + 1);
+    assert_eq!(sum.count, 3000 - 3 * 256 + 4);
     assert_eq!(s.stats().undecodable_records, 3);
-    // Paging one by one crosses chunks and the schema-1 record, each sample once.
+    // Paging one by one crosses chunks, the schema-1 record and the version-2 chunk, each
+    // sample once; only the samples of today's chunks have an skb address.
     let mut seen = Vec::new();
     let mut after = None;
     loop {
         let page = s.samples(id, &SampleFilter::default(), after, 1).unwrap();
+        for x in &page.samples {
+            let old = x.time_ns == T0 + 5 || x.time_ns >= T0 + 3000;
+            assert_eq!(x.skb.is_none(), old, "{x:?}");
+        }
         seen.extend(page.samples.iter().map(|x| (x.time_ns, x.tcp_seq)));
         match page.next {
             Some(c) => after = Some(c),
             None => break,
         }
     }
-    assert_eq!(seen.len(), 3000 - 3 * 256 + 1);
+    assert_eq!(seen.len(), 3000 - 3 * 256 + 4);
     seen.sort_unstable();
     seen.dedup();
-    assert_eq!(seen.len(), 3000 - 3 * 256 + 1);
+    assert_eq!(seen.len(), 3000 - 3 * 256 + 4);
     let report = s.check(|_| {}).unwrap();
     let samples = report.trees.iter().find(|t| t.tree == "samples").unwrap();
-    assert_eq!((samples.records, samples.undecodable), (13, 3));
-    assert_eq!(report.samples, 3000 - 3 * 256 + 1);
+    assert_eq!((samples.records, samples.undecodable), (14, 3));
+    assert_eq!(report.samples, 3000 - 3 * 256 + 4);
     assert_eq!(report.undecodable, 3);
     assert_eq!(report.incidents_interrupted, 1);
     // Retention counts samples, not records: the intact old record is one sample, the
@@ -160,10 +171,31 @@ fn undecodable_records_are_skipped_counted_and_reported() {
     let mut inc = s.incident(id).unwrap().unwrap();
     s.close_incident(&mut inc, T0 + SEC).unwrap();
     let rep = s.enforce_retention(T0 + 10 * SEC).unwrap();
-    assert_eq!((rep.incidents, rep.samples), (1, 3000 - 3 * 256 + 1));
+    assert_eq!((rep.incidents, rep.samples), (1, 3000 - 3 * 256 + 4));
     let report = s.check(|_| {}).unwrap();
     let samples = report.trees.iter().find(|t| t.tree == "samples").unwrap();
     assert_eq!(samples.records, 0);
+}
+
+/// A sample in the layout before the skb address: today's postcard encoding without its
+/// last field (`skb: None` encodes as one trailing 0 byte).
+fn old_layout(s: &model::Sample) -> Vec<u8> {
+    let mut bytes = postcard::to_allocvec(&model::Sample {
+        skb: None,
+        ..s.clone()
+    })
+    .unwrap();
+    assert_eq!(bytes.pop(), Some(0));
+    bytes
+}
+
+/// A stored value's envelope: version byte, CRC32C of version and payload, payload.
+fn envelope(version: u8, payload: &[u8]) -> Vec<u8> {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&[version]), payload);
+    let mut v = vec![version];
+    v.extend_from_slice(&crc.to_be_bytes());
+    v.extend_from_slice(payload);
+    v
 }
 
 /// sled below the store; its I/O threads let go of a dropped database's lock a moment late.

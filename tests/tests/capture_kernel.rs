@@ -104,8 +104,13 @@ fn armed_service_records_slow_reads_with_flow_cgroup_and_reader_process() {
         // fentry/tcp_recv_timestamp sees the socket only; tp_btf sees the skb read.
         if skb_at_read {
             assert!(s.tcp_seq.is_some() && s.skb_len > 0, "{s:?}");
+            // The address pwru prints: a kernel pointer.
+            assert!(s.skb.is_some_and(|a| a >= 0xffff_8000_0000_0000), "{s:?}");
         } else {
-            assert!(s.tcp_seq.is_none() && s.skb_len == 0, "{s:?}");
+            assert!(
+                s.tcp_seq.is_none() && s.skb_len == 0 && s.skb.is_none(),
+                "{s:?}"
+            );
         }
         assert!(s.netns_ino != 0, "{s:?}");
     }

@@ -10,8 +10,9 @@ use storage::{
     CaptureState, Incident, IncidentState, IncidentVerdict, PwruState, SampleSummary, Verdict,
 };
 
-use crate::api::query::{IncidentsParams, MarkParams};
+use crate::api::query::{IncidentsParams, MarkParams, SamplesParams};
 use crate::api::IncidentView;
+use crate::cmd::samples;
 use crate::output::{fmt_ns, fmt_span, fmt_time, headline, print_json, quantile_name, table};
 use crate::source::{block_on, Source, Target};
 
@@ -89,10 +90,50 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             }
             Some(Show::Show { id }) => {
                 let view = source.incident(id).await?;
+                // The slowest samples' pwru timelines, as `tailtrap samples ID` joins them
+                // (over the first page of samples, the largest the API serves).
+                let samples = source
+                    .samples(
+                        id,
+                        &SamplesParams {
+                            limit: 0,
+                            ..SamplesParams::default()
+                        },
+                    )
+                    .await?
+                    .samples;
+                let (joined, note) = samples::timelines(&source, id, &samples).await?;
                 if args.json {
-                    print_json(&view)?;
+                    let mut v = serde_json::to_value(&view)?;
+                    let slowest: Vec<serde_json::Value> =
+                        samples::slowest_joined(&samples, &joined)
+                            .into_iter()
+                            .map(|(i, t)| {
+                                let s = &samples[i];
+                                serde_json::json!({
+                                    "time_ns": s.time_ns,
+                                    "probe": s.probe,
+                                    "latency_ns": s.latency_ns,
+                                    "flow": s.flow,
+                                    "pwru_timeline": t,
+                                })
+                            })
+                            .collect();
+                    v["pwru_timelines"] = serde_json::json!({
+                        "samples": samples.len(),
+                        "with_timeline": joined.iter().filter(|t| t.is_some()).count(),
+                        "note": note,
+                        "slowest": slowest,
+                    });
+                    print_json(&v)?;
                 } else {
                     print_show(&view);
+                    if !samples.is_empty() {
+                        println!("\n{note}");
+                        samples::print_slowest_timelines(&samples, &joined, |i| {
+                            format!("sample at {}", fmt_time(samples[i].time_ns))
+                        });
+                    }
                 }
             }
             None => {

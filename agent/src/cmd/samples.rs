@@ -69,11 +69,9 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             limit: if args.with_timeline { 0 } else { args.limit },
         };
         let mut page = source.samples(args.id, &params).await?;
-        let lines = session_lines(&source, args.id, &page.samples).await?;
-        let mut joined = join(&page.samples, &lines);
+        let (mut joined, note) = timelines(&source, args.id, &page.samples).await?;
         let with_timeline = joined.iter().filter(|t| t.is_some()).count();
         let of = page.samples.len();
-        let note = timeline_note(with_timeline, of, &lines);
         if args.with_timeline {
             let kept: Vec<(model::Sample, Option<Timeline>)> = page
                 .samples
@@ -136,39 +134,75 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             println!("(more samples: raise --limit)");
         }
         println!("\n{note}");
-        // The timelines themselves, for the slowest joined samples.
-        let mut shown: Vec<(usize, &Timeline, u64)> = joined
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| t.as_ref().map(|t| (i, t, page.samples[i].latency_ns)))
-            .collect();
-        shown.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
-        for (i, timeline, _) in shown.into_iter().take(TIMELINES_SHOWN) {
-            let s = &page.samples[i];
-            println!(
-                "\nsample #{} ({}, {} at {}), skb {:#x}:",
-                i + 1,
-                s.flow,
-                fmt_ns(s.latency_ns as f64),
-                s.probe,
-                timeline.skb
-            );
-            let mut t = table(["since arrival", "function", "time"]);
-            for step in &timeline.steps {
-                t.add_row([
-                    format!("{:+.3} ms", step.since_arrival_ns as f64 / 1e6),
-                    step.func.clone(),
-                    fmt_time(step.time_ns),
-                ]);
-            }
-            println!("{t}");
-        }
+        print_slowest_timelines(&page.samples, &joined, |i| format!("sample #{}", i + 1));
         Ok(ExitCode::SUCCESS)
     })
 }
 
 /// Timelines printed under the samples table (the slowest samples first).
-const TIMELINES_SHOWN: usize = 3;
+pub(crate) const TIMELINES_SHOWN: usize = 3;
+
+/// The timelines of the slowest joined samples, each under a line naming its sample
+/// (`name` gets the sample's index).
+pub(crate) fn print_slowest_timelines(
+    samples: &[model::Sample],
+    joined: &[Option<Timeline>],
+    name: impl Fn(usize) -> String,
+) {
+    for (i, timeline) in slowest_joined(samples, joined) {
+        let s = &samples[i];
+        println!(
+            "\n{} ({}, {} at {}), skb {:#x}:",
+            name(i),
+            s.flow,
+            fmt_ns(s.latency_ns as f64),
+            s.probe,
+            timeline.skb
+        );
+        let mut t = table(["since arrival", "function", "time"]);
+        for step in &timeline.steps {
+            t.add_row([
+                format!("{:+.3} ms", step.since_arrival_ns as f64 / 1e6),
+                step.func.clone(),
+                fmt_time(step.time_ns),
+            ]);
+        }
+        println!("{t}");
+    }
+}
+
+/// Indices and timelines of the slowest joined samples, slowest first (at most
+/// [`TIMELINES_SHOWN`]).
+pub(crate) fn slowest_joined<'a>(
+    samples: &[model::Sample],
+    joined: &'a [Option<Timeline>],
+) -> Vec<(usize, &'a Timeline)> {
+    let mut shown: Vec<(usize, &Timeline, u64)> = joined
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.as_ref().map(|t| (i, t, samples[i].latency_ns)))
+        .collect();
+    shown.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+    shown
+        .into_iter()
+        .take(TIMELINES_SHOWN)
+        .map(|(i, t, _)| (i, t))
+        .collect()
+}
+
+/// Each sample's pwru timeline and the note on how many got one: the join with the pwru
+/// lines of the incident's session and of overlapping sessions of its service.
+pub(crate) async fn timelines(
+    source: &Source,
+    id: u64,
+    samples: &[model::Sample],
+) -> anyhow::Result<(Vec<Option<Timeline>>, String)> {
+    let lines = session_lines(source, id, samples).await?;
+    let joined = join(samples, &lines);
+    let with = joined.iter().filter(|t| t.is_some()).count();
+    let note = timeline_note(with, samples.len(), &lines);
+    Ok((joined, note))
+}
 
 /// Every stored pwru line of the incident, page by page.
 pub(crate) async fn all_pwru_lines(source: &Source, id: u64) -> anyhow::Result<Vec<PwruRecord>> {
@@ -246,6 +280,7 @@ fn join(samples: &[model::Sample], lines: &[PwruRecord]) -> Vec<Option<Timeline>
                 flow: s.flow,
                 time_ns: s.time_ns,
                 latency_ns: s.latency_ns,
+                skb: s.skb,
             };
             offset.and_then(|o| passes.timeline(&key, o))
         })
@@ -270,7 +305,8 @@ fn timeline_note(with: usize, of: usize, lines: &[PwruRecord]) -> String {
     };
     format!(
         "pwru timelines: {with} of {of} samples; a sample gets one when pwru traced its \
-         packet: same flow, first event between the packet's arrival and the probe{span}. \
+         packet (its skb address, else its flow) with a first event between the packet's arrival \
+         and the probe{span}. \
          Samples taken before the session attached or after it ended have none."
     )
 }

@@ -44,6 +44,8 @@ struct KernelState {
     flight: BTreeMap<(u32, Probe), u64>,
     records: Vec<CaptureRecord>,
     counters: CaptureCounters,
+    /// The service the traffic counts toward (`SERVICE` when `None`).
+    traffic_service: Option<&'static str>,
 }
 
 #[derive(Clone, Default)]
@@ -57,9 +59,10 @@ impl FakeKernel {
     /// `n` packets of `ns` at `probe` of the service, this interval.
     fn traffic(&self, probe: Probe, ns: u64, n: u64) {
         let mut st = self.state();
+        let service = st.traffic_service.unwrap_or(SERVICE);
         let h = st
             .cumulative
-            .entry((SERVICE.to_owned(), probe))
+            .entry((service.to_owned(), probe))
             .or_default();
         h.record_n(ns, n);
     }
@@ -396,6 +399,32 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
         saved.iter().any(|(s, p, _)| s == SERVICE && *p == HOT),
         "baselines not saved"
     );
+}
+
+/// The catch-alls are services like any other for capture: an incident on `host` (traffic
+/// no declared service claims) or `other` (auto services beyond the limit) arms their fixed
+/// slots, though the kernel has no named slot for them.
+#[test]
+fn incidents_on_host_and_other_arm_capture() {
+    for (service, slot) in [("host", bpf::HOST_SLOT), ("other", bpf::OTHER_SLOT)] {
+        let kernel = FakeKernel::default();
+        kernel.state().traffic_service = Some(service);
+        let mut h = Harness::new(kernel.clone());
+        h.warm_up();
+        let id = h.slow_until_open();
+        let rec = h.incident(id);
+        assert_eq!(rec.service, service);
+        assert_eq!(rec.capture.state, CaptureState::Armed, "{service}: {rec:?}");
+        let armed = kernel.state().armed.get(&slot).cloned();
+        assert_eq!(armed, Some(vec![(HOT, quiet_p99_upper())]), "{service}");
+        assert!(
+            rec.capture
+                .message
+                .starts_with("armed at tcp-socket-read ≥ "),
+            "{service}: {}",
+            rec.capture.message
+        );
+    }
 }
 
 #[test]

@@ -45,5 +45,6 @@ pub fn sample(incident: u64, i: u64, time_ns: u64) -> Sample {
         } else {
             SampleFlags::empty()
         },
+        skb: Some(0xffff_8880_0400_0000 + (i << 8)),
     }
 }

@@ -45,6 +45,39 @@ pub struct Sample {
     pub tcp_seq: Option<u32>,
     /// Marks such as pre-trigger and head-of-line suspect.
     pub flags: SampleFlags,
+    /// The skb's address, the key pwru prints (`None` where the probe has no skb). Hex
+    /// in JSON: 64-bit integers lose digits in many JSON readers.
+    #[serde(with = "skb_addr")]
+    pub skb: Option<u64>,
+}
+
+/// `Option<u64>` as `"0x…"` in human-readable formats (JSON), as itself in binary ones
+/// (postcard, the stored form).
+mod skb_addr {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(a) if s.is_human_readable() => s.serialize_some(&format!("{a:#x}")),
+            Some(a) => s.serialize_some(a),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        if !d.is_human_readable() {
+            return Option::<u64>::deserialize(d);
+        }
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(text) => {
+                let hex = text.strip_prefix("0x").unwrap_or(&text);
+                u64::from_str_radix(hex, 16)
+                    .map(Some)
+                    .map_err(|e| D::Error::custom(format!("skb address {text:?}: {e}")))
+            }
+        }
+    }
 }
 
 /// Transport protocol of a flow.

@@ -132,6 +132,8 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 	r->service = service;
 	r->cpu = bpf_get_smp_processor_id();
 	r->skb_len = skb ? skb->len : 0;
+	/* The address itself, as pwru prints it: the exact key for joining its events. */
+	r->skb_addr = (__u64)(unsigned long)skb;
 	r->ifindex = skb ? skb->skb_iif : 0;
 	if (s->process_context) {
 		r->pid = bpf_get_current_pid_tgid() >> 32;

@@ -122,6 +122,8 @@ struct tt_capture_record {
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u8 comm[16];
+	/* The skb's address (pwru's `skb`, for joining its trace); 0 when the probe has none. */
+	__u64 skb_addr;
 };
 
 #endif /* TAILTRAP_H */

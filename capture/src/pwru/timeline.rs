@@ -4,11 +4,13 @@
 //! `--timestamp current` times (CLOCK_MONOTONIC ns). A sample knows its flow, when its
 //! packet arrived (`time - latency`, the skb's receive timestamp) and when the probe fired.
 //! The join: group pwru events by skb address into passes (an address is reused once the
-//! skb is freed, so a release, a receive entry point or a long gap starts a new pass); keep the passes of the sample's flow
-//! (its local end, and its remote end where the sample knows it) whose first event lies between the packet's arrival and the probe; take the one that
-//! started closest to the arrival. That works where a probe has no skb (tcp-socket-read
-//! hooks `tcp_recv_timestamp`): the read is matched to the segment that arrived when the
-//! sample says its packet did.
+//! skb is freed, so a release, a receive entry point or a long gap starts a new pass).
+//! A sample that knows its skb's address takes the pass of that address whose first event
+//! lies between the packet's arrival and the probe: an exact match. A sample without one
+//! (tcp-socket-read on fentry hooks `tcp_recv_timestamp`, which has no skb; samples stored
+//! before the address was captured), or whose address pwru did not trace, falls back to
+//! the flow: the passes of its flow (its local end, and its remote end where the sample
+//! knows it) starting in that window, the one that started closest to the arrival.
 
 use std::collections::HashMap;
 
@@ -81,6 +83,8 @@ pub struct SampleKey {
     pub time_ns: u64,
     /// Probe time minus the packet's receive timestamp, ns.
     pub latency_ns: u64,
+    /// The skb's address, when the probe had one.
+    pub skb: Option<u64>,
 }
 
 /// The events of one session, grouped for joining.
@@ -165,10 +169,20 @@ impl Passes {
             (want.src.is_unspecified() || f.src == want.src)
                 && (want.sport == 0 || f.sport == want.sport)
         };
-        let (_, _, skb, events) = passes
-            .iter()
-            .filter(|(f, start, _, _)| remote_ok(f) && (lo..=hi).contains(start))
-            .min_by_key(|(_, start, _, _)| start.abs_diff(arrival))?;
+        let in_window = |start: &u64| (lo..=hi).contains(start);
+        let exact = sample.skb.and_then(|addr| {
+            passes
+                .iter()
+                .filter(|(_, start, skb, _)| *skb == addr && in_window(start))
+                .min_by_key(|(_, start, _, _)| start.abs_diff(arrival))
+        });
+        let (_, _, skb, events) = match exact {
+            Some(pass) => pass,
+            None => passes
+                .iter()
+                .filter(|(f, start, _, _)| remote_ok(f) && in_window(start))
+                .min_by_key(|(_, start, _, _)| start.abs_diff(arrival))?,
+        };
         let steps = events
             .iter()
             .map(|e| {
@@ -258,6 +272,7 @@ mod tests {
             flow: f,
             time_ns: 1_000_130 * ms,
             latency_ns: 30 * ms,
+            skb: None,
         };
         let t = passes.timeline(&s, offset).unwrap();
         assert_eq!(t.skb, 0xa);
@@ -292,5 +307,30 @@ mod tests {
             ..s
         };
         assert!(passes.timeline(&later, offset).is_none());
+
+        // With the skb address the match is exact: packet B, though A started nearer the
+        // arrival; and the unconnected read gets its own packet, not the other flow's.
+        let b = SampleKey {
+            skb: Some(0xb),
+            ..s
+        };
+        assert_eq!(passes.timeline(&b, offset).unwrap().skb, 0xb);
+        let unconnected_a = SampleKey {
+            skb: Some(0xa),
+            ..unconnected
+        };
+        let t = passes.timeline(&unconnected_a, offset).unwrap();
+        assert_eq!((t.skb, t.steps.len()), (0xa, 3));
+        // An address pwru did not trace (or traced outside the window) falls back to the flow.
+        let untraced = SampleKey {
+            skb: Some(0xdead),
+            ..s
+        };
+        assert_eq!(passes.timeline(&untraced, offset).unwrap().skb, 0xa);
+        let reused_later = SampleKey {
+            skb: Some(0xa),
+            ..later
+        };
+        assert!(passes.timeline(&reused_later, offset).is_none());
     }
 }
