@@ -347,14 +347,16 @@ async fn slow_attach_then_ignored_sigterm_is_not_ready() {
     let mut req = request_with_grace("web", 9000, DEADLINE_MS, 5000, Duration::from_millis(500));
     let limits = req
         .limits()
-        .with_attach_timeout(Duration::from_millis(300))
+        // Long enough for the stand-in to install its SIGTERM-ignoring handler on a busy
+        // machine; pwru itself stays unready for 30 s.
+        .with_attach_timeout(Duration::from_secs(3))
         .unwrap();
     req = req.with_limits(limits);
     let (st, lines) = run(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::NotReady, "{st:#?}");
     assert_eq!(
         st.reason,
-        "pwru was not ready (probes not attached) within the 300ms attach timeout, so it \
+        "pwru was not ready (probes not attached) within the 3s attach timeout, so it \
          traced nothing; it ignored SIGTERM for 500ms and was killed"
     );
     assert!(st.sigkill.is_some() && lines.is_empty());
