@@ -348,6 +348,9 @@ fn api_load_during_an_incident_then_sigkill_with_pwru_running() {
         Path::new(&format!("/proc/{pwru_pid}")).exists(),
         "pwru is not running"
     );
+    // What the store promises to keep is what it had flushed (within `flush_every`, 500 ms
+    // by default): wait past that before the kill, so everything counted above is promised.
+    std::thread::sleep(Duration::from_secs(2));
     let held = bpf_ids(daemon.pid());
     assert!(
         held.iter().any(|(k, _)| *k == "prog"),
