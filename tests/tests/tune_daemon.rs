@@ -157,11 +157,13 @@ cooldown = "1s"
         recorded.len(),
         replayed.len()
     );
+    // Same opening interval ± 1 (the bound) on 1 s history whose points sit on whole
+    // seconds while the daemon's intervals do not: up to 1 s of alignment on top, so < 2 s.
     for r in &recorded {
         let opened = ns_secs(&r["opened_ns"]);
         let hit = replayed
             .iter()
-            .find(|p| (secs(p["opened_at"].as_str().unwrap()) - opened).abs() <= 1.5);
+            .find(|p| (secs(p["opened_at"].as_str().unwrap()) - opened).abs() < 2.0);
         assert!(
             hit.is_some(),
             "recorded incident {} (opened {opened}) not replayed: {replayed:#?}",
@@ -234,7 +236,7 @@ cooldown = "1s"
             .unwrap()
     };
     assert_eq!(fate(&rows[0])["kept"], true);
-    assert!(fate(&rows[0])["delay_s"].as_f64().unwrap().abs() <= 1.5);
+    assert!(fate(&rows[0])["delay_s"].as_f64().unwrap().abs() < 2.0);
     assert_eq!(rows[0]["missed"], 0, "{rows:#?}");
     assert_eq!(tune["not_reproduced"], serde_json::json!([]));
     assert_eq!(fate(&rows[2])["kept"], false);
@@ -246,7 +248,7 @@ cooldown = "1s"
     let opened = ns_secs(&incident["opened_ns"]);
     let twin = shown
         .iter()
-        .find(|s| (secs(s["opened_at"].as_str().unwrap()) - opened).abs() <= 1.5)
+        .find(|s| (secs(s["opened_at"].as_str().unwrap()) - opened).abs() < 2.0)
         .unwrap();
     assert_eq!(twin["headline_probe"], evidence["headline"]["probe"]);
     // The table, as an operator reads it (shown with --nocapture), and the block to paste.
