@@ -122,15 +122,6 @@ impl HistoryCache {
         }
     }
 
-    /// Forget the services none of whose streams has a point younger than `horizon` before
-    /// `now`: services that stopped (a retired container's cgroup) would otherwise keep
-    /// their entries for the store's life. Forgetting is always safe: an unknown point is
-    /// read back from the tree.
-    fn evict_idle(&mut self, now: u64, horizon: u64) {
-        self.points
-            .retain(|_, list| list.iter().any(|c| c.start.saturating_add(horizon) >= now));
-    }
-
     /// Whether the stream's newest point is known.
     fn knows(&mut self, service: &str, probe: Probe, level: u8) -> bool {
         self.entry(service, probe, level).is_some()
@@ -412,10 +403,6 @@ impl Store {
         if r.is_err() {
             // The cache now holds merges that were not stored.
             cache.points.clear();
-        } else {
-            // Two of the coarsest level's points: a live stream is never forgotten.
-            let coarsest = self.cfg.history.iter().map(|l| nanos(l.resolution)).max();
-            cache.evict_idle(start_ns, coarsest.unwrap_or(0).saturating_mul(2));
         }
         self.counted(r.map_err(StoreError::from))?;
         if undecodable > 0 {
@@ -463,29 +450,12 @@ impl Store {
         until_ns: u64,
         now_ns: u64,
     ) -> Result<HistorySeries> {
-        keys::check_service(service)?;
         let levels = &self.cfg.history;
         let level = levels
             .iter()
             .position(|l| now_ns.saturating_sub(nanos(l.keep)) <= since_ns)
             .unwrap_or(levels.len().saturating_sub(1));
-        let resolution = levels.get(level).map_or(Duration::ZERO, |l| l.resolution);
-        let res = nanos(resolution).max(1);
-        // The point containing `since_ns` starts before it.
-        let first = since_ns - since_ns % res;
-        let start = keys::history(level as u8, service, probe, first);
-        let end = keys::history(level as u8, service, probe, until_ns);
-        let points = self
-            .scan::<Histogram>(T::History, start..=end)?
-            .into_iter()
-            .filter_map(|(k, h)| keys::parse_history(&k).map(|(_, _, _, t)| (t, h)))
-            .collect();
-        Ok(HistorySeries {
-            service: service.to_string(),
-            probe,
-            resolution,
-            points,
-        })
+        self.history_at_level(level, service, probe, since_ns, until_ns)
     }
 
     /// History of (service, probe) from `since_ns` to `until_ns` (inclusive) at history
@@ -510,6 +480,7 @@ impl Store {
             });
         };
         let res = nanos(l.resolution).max(1);
+        // The point containing `since_ns` starts before it.
         let first = since_ns - since_ns % res;
         // The level index fits a byte: config validation caps the number of levels.
         let start = keys::history(level as u8, service, probe, first);

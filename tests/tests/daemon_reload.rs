@@ -18,11 +18,8 @@ use serde_json::{json, Value};
 use tailtrap_tests::{cli, cli_json, Daemon, ScratchDir};
 
 /// The deadline of every wait: loading the probes again takes a moment, much longer under
-/// qemu's software emulation (the VM runner).
-fn wait() -> Duration {
-    // A busy host (builds, VMs) can take as long as an emulated guest to start the daemon.
-    Duration::from_secs(90)
-}
+/// qemu's software emulation (the VM runner) or on a busy host (builds, VMs).
+const WAIT: Duration = Duration::from_secs(90);
 
 /// Ports of the services (nothing needs to listen on them).
 const ALPHA_PORT: u16 = 47_101;
@@ -90,15 +87,11 @@ fn status(client: &Path) -> Value {
 fn hup_until(daemon: &Daemon, marker: &str) -> String {
     let before = daemon.log().len();
     daemon.signal(Signal::SIGHUP).unwrap();
-    daemon.wait_for(
-        wait(),
-        &format!("{marker:?} in the log after SIGHUP"),
-        || {
-            let log = daemon.log();
-            let new = log.get(before..).unwrap_or_default();
-            new.contains(marker).then(|| new.to_owned())
-        },
-    )
+    daemon.wait_for(WAIT, &format!("{marker:?} in the log after SIGHUP"), || {
+        let log = daemon.log();
+        let new = log.get(before..).unwrap_or_default();
+        new.contains(marker).then(|| new.to_owned())
+    })
 }
 
 /// A refused reload: the daemon still runs, answers through its API with the services it
@@ -150,7 +143,7 @@ fn sighup_refuses_bad_files_keeping_the_running_config_and_applies_a_good_one() 
     let both = [("alpha", ALPHA_PORT), ("beta", BETA_PORT)];
     std::fs::write(&config, config_text(dir, &alpha, "500ms", "")).unwrap();
     let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
-    daemon.wait_for_api(&client, wait());
+    daemon.wait_for_api(&client, WAIT);
     let first = status(&client);
     let services = json!(["alpha"]);
     assert_eq!(first["services"], services);
@@ -208,10 +201,10 @@ fn sighup_refuses_bad_files_keeping_the_running_config_and_applies_a_good_one() 
     std::fs::write(&config, text).unwrap();
     let before = daemon.log().len();
     daemon.signal(Signal::SIGHUP).unwrap();
-    daemon.wait_for(wait(), "status to list the new service", || {
+    daemon.wait_for(WAIT, "status to list the new service", || {
         (status(&client)["services"] == json!(["alpha", "beta"])).then_some(())
     });
-    let new = daemon.wait_for(wait(), "the reload's log lines", || {
+    let new = daemon.wait_for(WAIT, "the reload's log lines", || {
         let log = daemon.log();
         let new = log.get(before..).unwrap_or_default();
         new.contains("reloaded services and detector settings")
@@ -263,13 +256,10 @@ fn sighup_refuses_bad_files_keeping_the_running_config_and_applies_a_good_one() 
 
     // A clean stop.
     daemon.signal(Signal::SIGTERM).unwrap();
-    let exit = daemon.wait_exit(wait()).unwrap().unwrap_or_else(|| {
-        panic!(
-            "still running {:?} after SIGTERM:\n{}",
-            wait(),
-            daemon.log()
-        )
-    });
+    let exit = daemon
+        .wait_exit(WAIT)
+        .unwrap()
+        .unwrap_or_else(|| panic!("still running {:?} after SIGTERM:\n{}", WAIT, daemon.log()));
     let log = daemon.log();
     assert!(exit.success(), "{exit:?}:\n{log}");
     assert!(
