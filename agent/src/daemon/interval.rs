@@ -26,6 +26,60 @@ use crate::metrics::Cumulative;
 /// walks every BPF program on the host).
 const PROG_STATS_EVERY: u64 = 10;
 
+/// An interval taking longer than this is logged with the time of each of its phases, so
+/// an operator (or the soak) sees whether the kernel read, storage or the detector held it.
+const SLOW_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Where one interval spent its time: a handful of named marks, checked at the end.
+struct Phases {
+    began: Instant,
+    last: Instant,
+    marks: [(&'static str, Duration); 10],
+    len: usize,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        let now = Instant::now();
+        Phases {
+            began: now,
+            last: now,
+            marks: [("", Duration::ZERO); 10],
+            len: 0,
+        }
+    }
+
+    /// The phase called `name` ended now.
+    fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        if let Some(slot) = self.marks.get_mut(self.len) {
+            *slot = (name, now - self.last);
+            self.len += 1;
+        }
+        self.last = now;
+    }
+
+    /// Warn with the breakdown when the interval was slow.
+    fn warn_if_slow(&self, interval: u64) {
+        let total = self.last - self.began;
+        if total < SLOW_INTERVAL {
+            return;
+        }
+        let phases = self.marks[..self.len]
+            .iter()
+            .filter(|(_, d)| *d >= Duration::from_millis(1))
+            .map(|(name, d)| format!("{name} {} ms", d.as_millis()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::warn!(
+            interval,
+            took_ms = total.as_millis() as u64,
+            phases = %phases,
+            "slow interval"
+        );
+    }
+}
+
 /// The moment an interval ends, on both clocks: the wall clock for records, the monotonic
 /// one for spans.
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +183,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
     pub(super) fn interval(&mut self, start: SystemTime, now: Now) {
         self.intervals += 1;
         let intervals = self.intervals;
+        let mut phases = Phases::start();
         let snapshot = match self.kernel.snapshot() {
             Ok(s) => s,
             Err(e) => {
@@ -137,6 +192,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 return;
             }
         };
+        phases.mark("kernel snapshot");
         let start_ns = unix_ns(start);
         let mut rows = Vec::new();
         let counters = snapshot.counters;
@@ -151,15 +207,19 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             cumulative.insert(key, sh.hist);
         }
         self.deltas.replace(cumulative, &retired);
+        phases.mark("deltas");
         self.deltas.store_history(&self.store, start_ns, &rows);
+        phases.mark("history write");
         self.capture.forget_services(&mut self.kernel, &retired);
         let events = self.detector.end_interval(now.wall);
         self.forget_retired(retired, &rows);
+        phases.mark("detector");
         let latency = rows
             .iter()
             .map(|(service, probe, h)| self.latency_row(service, *probe, h))
             .collect();
         let drained = self.capture.drain(&mut self.kernel, now.mono, now.wall);
+        phases.mark("capture drain");
         for event in events {
             match event {
                 Event::Opened(inc) => self.opened(inc, now),
@@ -172,10 +232,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 }
             }
         }
+        phases.mark("incident writes");
         self.store_samples(&drained.samples, false);
         for (incident, why) in drained.over {
             self.finish_capture(incident, &why);
         }
+        phases.mark("sample writes");
         self.capture.update_flight(
             &mut self.kernel,
             &self.detector,
@@ -197,13 +259,17 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 status.set_prog_stats(stats);
             }
         }
+        phases.mark("flight and status");
         if elapsed(self.last_baseline_save, now.mono) >= self.config.daemon.baseline_save_every {
             self.save_baselines(now.mono);
+            phases.mark("baseline save");
         }
         if elapsed(self.last_retention, now.mono) >= self.config.daemon.retention_every {
             self.last_retention = now.mono;
             self.enforce_retention(now.wall);
+            phases.mark("retention");
         }
+        phases.warn_if_slow(intervals);
     }
 
     /// Services whose cgroup is gone (their last interval is recorded above): the detector
