@@ -3,7 +3,7 @@
 # slowdown injected every few minutes (an incident opens and closes, capture arms, a pwru
 # stand-in session runs), recording once a minute: RSS, open fds, threads, child processes,
 # database bytes on disk and the worst interval lateness. Not part of CI. Needs root and a
-# build (`cargo build --bins`).
+# release build, what users run (`cargo build --release --bins`).
 #   tests/soak/run.sh [--minutes N]   length (default 120)
 #                     [--every M]     minutes between slowdowns (default 5)
 #                     [--out DIR]     where series.csv and the daemon's log go
@@ -33,9 +33,9 @@ for v in "$minutes" "$every"; do
 done
 [ "$(id -u)" = 0 ] || { echo "the soak needs root (it loads BPF programs)" >&2; exit 2; }
 command -v jq >/dev/null || { echo "the soak needs jq (apt-get install jq)" >&2; exit 2; }
-bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+bin=${CARGO_TARGET_DIR:-$ROOT/target}/release
 for b in tailtrap tailtrap-traffic; do
-    [ -x "$bin/$b" ] || { echo "$bin/$b missing: run cargo build --bins first" >&2; exit 2; }
+    [ -x "$bin/$b" ] || { echo "$bin/$b missing: run cargo build --release --bins first" >&2; exit 2; }
 done
 out=${out:-$(mktemp -d /tmp/tailtrap-soak-XXXXXX)}
 mkdir -p "$out"
@@ -61,11 +61,13 @@ for _ in $(seq 50); do [ -s "$out/server.out" ] && break; sleep 0.1; done
 port=$(head -n1 "$out/server.out" | grep -o '[0-9]*$')
 [ -n "$port" ] || { echo "the echo server did not start: $(cat "$out/server.out")" >&2; exit 1; }
 
-# The pwru stand-in, printing a line every 50 ms (sessions end at 200 lines).
+# The pwru stand-in (a private copy too), printing a line every 50 ms (sessions end at 200
+# lines).
+cp -r "$ROOT/capture/tests/fake-pwru" "$out/fake-pwru"
 cat >"$out/pwru" <<EOF
 #!/bin/sh
 export FAKE_PWRU_LINE_DELAY=0.05
-exec '$ROOT/capture/tests/fake-pwru/pwru' "\$@"
+exec '$out/fake-pwru/pwru' "\$@"
 EOF
 chmod 755 "$out/pwru"
 
@@ -110,7 +112,8 @@ max_bytes = $budget
 EOF
 "$tt" config check "$out/tailtrap.toml" >/dev/null || exit 1
 
-RUST_LOG=info "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
+# At the priority packaging/tailtrap.service gives the daemon (Nice=-5).
+RUST_LOG=info nice -n -5 "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
 daemon=$!
 pids+=($daemon)
 for _ in $(seq 300); do
