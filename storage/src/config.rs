@@ -84,7 +84,7 @@ impl Default for StoreConfig {
             max_bytes: 1 << 30,
             max_amplification: 4.0,
             rotate_min_bytes: 256 << 20,
-            cache_bytes: 64 << 20,
+            cache_bytes: 16 << 20,
             min_free_bytes: 128 << 20,
         }
     }
