@@ -16,6 +16,26 @@ use serde_json::Value;
 use crate::bins::tailtrap_bin;
 use crate::error::{Error, Result};
 
+/// The `[detector]` table of the daemon tests that inject a 20 ms slow reader: fast
+/// warm-up and windows so an incident opens within seconds.
+///
+/// A shared test machine moves fast loopback reads by a millisecond now and then, so
+/// `min_delta` is 5 ms. The 20 ms reader moves the body of the distribution; under qemu's
+/// software emulation a quiet service's p99.9 (a handful of samples per window) jumps by tens
+/// of ms on its own, so these tests watch the body quantiles (tail sensitivity is the
+/// detector's own scenario tests).
+pub const SLOW_READER_DETECTOR: &str = r#"[detector]
+min_delta = "5ms"
+quantiles = [0.5, 0.9]
+warmup_time = "2s"
+warmup_samples = 300
+min_samples = 40
+window = "1s"
+max_window = "4s"
+close_after = 5
+cooldown = "1s"
+"#;
+
 /// How often [`Daemon::wait_for`] and [`Daemon::wait_exit`] look again.
 const POLL: Duration = Duration::from_millis(200);
 

@@ -29,13 +29,14 @@ mod veth;
 
 pub use bins::{expected_attach, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
 pub use cgroup::Cgroup;
-pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir};
+pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
 pub use error::{Error, Result};
 pub use netns::Netns;
 pub use prometheus::{
     find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
 };
 pub use traffic::{
-    run_client, ClientOpts, ClientStats, LoopingClient, Proto, ServerOpts, TcpServer, UdpServer,
+    run_client, ClientOpts, ClientStats, EchoServer, LoopingClient, Proto, ServerOpts, TcpServer,
+    UdpServer,
 };
 pub use veth::VethPair;

@@ -91,6 +91,46 @@ impl UdpServer {
     }
 }
 
+/// An echo server of either protocol on loopback, for tests that run the same scenario
+/// over TCP and UDP. Killed on drop.
+#[derive(Debug)]
+pub enum EchoServer {
+    /// A [`TcpServer`].
+    Tcp(TcpServer),
+    /// A [`UdpServer`].
+    Udp(UdpServer),
+}
+
+impl EchoServer {
+    /// Starts a server of `proto` on 127.0.0.1 (a free port), reading without delay.
+    pub fn spawn(proto: Proto) -> Result<EchoServer> {
+        let opts = ServerOpts {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            netns: None,
+            cgroup: None,
+            read_delay: Duration::ZERO,
+        };
+        Ok(match proto {
+            Proto::Tcp => EchoServer::Tcp(TcpServer::spawn(opts)?),
+            Proto::Udp => EchoServer::Udp(UdpServer::spawn(opts)?),
+        })
+    }
+    /// The address it is bound to.
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            EchoServer::Tcp(s) => s.addr(),
+            EchoServer::Udp(s) => s.addr(),
+        }
+    }
+    /// Changes the sleep before each read; takes effect from the next read on.
+    pub fn set_read_delay(&self, delay: Duration) -> Result<()> {
+        match self {
+            EchoServer::Tcp(s) => s.set_read_delay(delay),
+            EchoServer::Udp(s) => s.set_read_delay(delay),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Server {
     child: Child,

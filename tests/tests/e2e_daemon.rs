@@ -6,7 +6,6 @@
 // Test code: a failed step should panic with its context.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,8 +13,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, require_vm, tailtrap_bin, vm_kernel, Daemon, LoopingClient,
-    Proto, ScratchDir, ServerOpts, TcpServer, UdpServer,
+    baselines_warm, cli, cli_json, require_vm, tailtrap_bin, vm_kernel, Daemon, EchoServer,
+    LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// The pwru session's deadline, a bound only: sessions end at their output limit, well
@@ -52,41 +51,6 @@ fn samples_of(config: &Path, id: u64) -> Vec<Value> {
     v["samples"].as_array().cloned().unwrap_or_default()
 }
 
-/// An echo server of either protocol.
-enum Server {
-    Tcp(TcpServer),
-    Udp(UdpServer),
-}
-
-impl Server {
-    fn spawn(proto: Proto) -> Server {
-        let opts = ServerOpts {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            netns: None,
-            cgroup: None,
-            read_delay: Duration::ZERO,
-        };
-        match proto {
-            Proto::Tcp => Server::Tcp(TcpServer::spawn(opts).unwrap()),
-            Proto::Udp => Server::Udp(UdpServer::spawn(opts).unwrap()),
-        }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        match self {
-            Server::Tcp(s) => s.addr(),
-            Server::Udp(s) => s.addr(),
-        }
-    }
-
-    fn set_read_delay(&self, d: Duration) {
-        match self {
-            Server::Tcp(s) => s.set_read_delay(d).unwrap(),
-            Server::Udp(s) => s.set_read_delay(d).unwrap(),
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn tcp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daemon_kill() {
@@ -111,8 +75,8 @@ fn slow_reader_scenario(proto: Proto) {
     };
     let scratch = ScratchDir::new(name).unwrap();
     let dir = scratch.path();
-    let slow = Server::spawn(proto);
-    let quiet = Server::spawn(proto);
+    let slow = EchoServer::spawn(proto).unwrap();
+    let quiet = EchoServer::spawn(proto).unwrap();
     let (slow_port, quiet_port) = (slow.addr().port(), quiet.addr().port());
     let argv_log = dir.join("pwru-argv");
     let config = dir.join("tailtrap.toml");
@@ -140,22 +104,7 @@ ports = [{slow_port}]
 name = "quiet"
 ports = [{quiet_port}]
 
-[detector]
-# A shared test machine moves fast loopback reads by a millisecond now and then; the slow
-# reader's shift is 20 ms.
-min_delta = "5ms"
-# The 20 ms reader moves the body of the distribution. Under qemu's software emulation the
-# quiet service's p99.9 (a handful of samples per window) jumps by tens of ms on its own, so
-# these tests watch the body quantiles; tail sensitivity is the detector's own scenario tests.
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+{detector}
 [capture]
 # Loopback's fast-read baseline has a long p99.9 (delayed ACKs, connection starts); a fixed
 # flight threshold keeps the pre-trigger check about the 20 ms reads.
@@ -173,6 +122,7 @@ output_limit_lines = 20
 kill_grace = "30s"
 cooldown = "1s"
 "#,
+            detector = SLOW_READER_DETECTOR,
             dir = dir.display(),
             pwru_deadline = pwru_deadline().as_secs(),
             pwru = fake_pwru().display(),
@@ -243,7 +193,7 @@ cooldown = "1s"
     }
 
     // The application now sleeps 20 ms before each read.
-    slow.set_read_delay(Duration::from_millis(20));
+    slow.set_read_delay(Duration::from_millis(20)).unwrap();
     let opened = Instant::now();
     let incident = daemon.wait_for(Duration::from_secs(30), "an incident on `slow`", || {
         incidents_of(&config, "slow")
@@ -336,7 +286,7 @@ cooldown = "1s"
     );
 
     // Fast reads again: the incident closes.
-    slow.set_read_delay(Duration::ZERO);
+    slow.set_read_delay(Duration::ZERO).unwrap();
     daemon.wait_for(Duration::from_secs(60), "the incident to close", || {
         let (v, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
         (v["incident"]["state"] == "closed").then_some(())

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tailtrap_tests::{
     baselines_warm, cli_json, Daemon, LoopingClient, Proto, ScratchDir, ServerOpts, TcpServer,
+    SLOW_READER_DETECTOR,
 };
 
 fn fake_pwru() -> PathBuf {
@@ -159,17 +160,7 @@ enabled = false
 name = "slow"
 ports = [{port}]
 
-[detector]
-min_delta = "5ms"
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+{detector}
 [capture]
 flight_threshold = "5ms"
 
@@ -182,6 +173,7 @@ output_limit_lines = 1000
 kill_grace = "30s"
 cooldown = "1s"
 "#,
+            detector = SLOW_READER_DETECTOR,
             dir = dir.display(),
             pwru = pwru.display(),
         ),

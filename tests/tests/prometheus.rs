@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tailtrap_tests::{
     baselines_warm, cli_json, find_on_path, http_get, Daemon, LoopingClient, Prometheus, Proto,
-    ScratchDir, ServerOpts, TcpServer,
+    ScratchDir, ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
@@ -153,19 +153,8 @@ ports = [{slow}]
 name = "quiet"
 ports = [{quiet}]
 
-[detector]
-# As in e2e_daemon.rs: the slow reader moves the body by 20 ms; loopback's own noise stays
-# below these thresholds.
-min_delta = "5ms"
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-"#,
+{detector}"#,
+            detector = SLOW_READER_DETECTOR,
             dir = dir.display(),
             slow = slow.addr().port(),
             quiet = quiet.addr().port(),

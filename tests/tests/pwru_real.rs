@@ -14,14 +14,13 @@
 // Test code: a failed step should panic with its context.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, require_vm, vm_kernel, Daemon, LoopingClient, Proto, ScratchDir,
-    ServerOpts, TcpServer, UdpServer,
+    baselines_warm, cli, cli_json, require_vm, vm_kernel, Daemon, EchoServer, LoopingClient, Proto,
+    ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// Under qemu's software emulation pwru takes 20–85 s to attach next to a daemon and
@@ -41,40 +40,6 @@ fn real_pwru() -> Option<PathBuf> {
 
 fn fake_pwru() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
-}
-
-enum Server {
-    Tcp(TcpServer),
-    Udp(UdpServer),
-}
-
-impl Server {
-    fn spawn(proto: Proto) -> Server {
-        let opts = ServerOpts {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            netns: None,
-            cgroup: None,
-            read_delay: Duration::ZERO,
-        };
-        match proto {
-            Proto::Tcp => Server::Tcp(TcpServer::spawn(opts).unwrap()),
-            Proto::Udp => Server::Udp(UdpServer::spawn(opts).unwrap()),
-        }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        match self {
-            Server::Tcp(s) => s.addr(),
-            Server::Udp(s) => s.addr(),
-        }
-    }
-
-    fn set_read_delay(&self, d: Duration) {
-        match self {
-            Server::Tcp(s) => s.set_read_delay(d).unwrap(),
-            Server::Udp(s) => s.set_read_delay(d).unwrap(),
-        }
-    }
 }
 
 /// How the session of one run is configured.
@@ -99,7 +64,7 @@ struct Run {
 struct Service {
     name: &'static str,
     proto: Proto,
-    server: Server,
+    server: EchoServer,
     _traffic: LoopingClient,
 }
 
@@ -119,7 +84,7 @@ fn start_run(label: &str, services: &[(&'static str, Proto)], setup: PwruSetup<'
     let services: Vec<Service> = services
         .iter()
         .map(|&(name, proto)| {
-            let server = Server::spawn(proto);
+            let server = EchoServer::spawn(proto).unwrap();
             let traffic = LoopingClient::start(server.addr(), proto);
             Service {
                 name,
@@ -157,17 +122,7 @@ socket = "{dir}/api.sock"
 listen = "127.0.0.1:0"
 
 {declared}
-[detector]
-min_delta = "5ms"
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+{detector}
 # The clients' side of the traffic (replies to ephemeral ports) is `host`: its reads slow
 # down with the servers' and its incident would take the one pwru session first.
 [detector.services.host]
@@ -186,6 +141,7 @@ runtime_dir = "{dir}/run"
 cooldown = "10m"
 {extra}
 "#,
+            detector = SLOW_READER_DETECTOR,
             dir = dir.display(),
             binary = setup.binary.display(),
             extra = setup.extra,
@@ -229,7 +185,9 @@ impl Run {
     fn slow_until_session_ends(&self, service: &str, budget: Duration, then_fast: bool) -> Session {
         let svc = self.services.iter().find(|s| s.name == service).unwrap();
         let config = &self.config;
-        svc.server.set_read_delay(Duration::from_millis(20));
+        svc.server
+            .set_read_delay(Duration::from_millis(20))
+            .unwrap();
         let slowed = Instant::now();
         // The first incident of the service whose session ran (an earlier one may have
         // been skipped while another service's session held pwru).
@@ -262,7 +220,7 @@ impl Run {
             pwru["message"]
         );
         if then_fast {
-            svc.server.set_read_delay(Duration::ZERO);
+            svc.server.set_read_delay(Duration::ZERO).unwrap();
         }
         Session {
             id,

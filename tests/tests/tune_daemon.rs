@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
     baselines_warm, cli, cli_json, tailtrap_bin, Daemon, LoopingClient, Proto, ScratchDir,
-    ServerOpts, TcpServer,
+    ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
@@ -75,17 +75,8 @@ enabled = false
 name = "slow"
 ports = [{port}]
 
-[detector]
-min_delta = "5ms"
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-"#,
+{detector}"#,
+            detector = SLOW_READER_DETECTOR,
             dir = dir.display(),
             port = slow.addr().port(),
         ),
