@@ -701,3 +701,30 @@ fn alive(pid: i32) -> bool {
             .is_some_and(|(_, rest)| !rest.starts_with('Z'))
     })
 }
+
+/// The daemon runs at the unit's Nice=-5 to sample on time; pwru must not inherit that.
+#[tokio::test]
+#[ignore = "needs root (CAP_SYS_NICE to raise priority): run as root with --include-ignored"]
+async fn pwru_runs_at_an_ordinary_priority_whatever_the_daemons() {
+    let parent = tempfile::tempdir().unwrap();
+    let nice_file = parent.path().join("nice");
+    let rig = Rig::new_in(
+        "ok",
+        "tcpmeta612.jsonl",
+        parent.path(),
+        &format!("nice >'{}'\n", nice_file.display()),
+    );
+    // Linux keeps nice per thread, and this current-thread runtime spawns from this thread.
+    // SAFETY: setpriority/getpriority on the calling thread; no memory involved.
+    let before = unsafe {
+        let before = nix::libc::getpriority(nix::libc::PRIO_PROCESS, 0);
+        assert_eq!(nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, -5), 0);
+        before
+    };
+    let (st, _) = run(&rig.manager(), request("web", 9000, 20_000, 5)).await;
+    // SAFETY: as above.
+    unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, before) };
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    let nice = std::fs::read_to_string(&nice_file).unwrap();
+    assert_eq!(nice.trim(), "0", "pwru's nice value");
+}

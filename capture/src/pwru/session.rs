@@ -26,6 +26,8 @@ const MAX_LINE_BYTES: usize = 64 * 1024;
 /// How long to wait for the output pipes to close once pwru has exited (a grandchild
 /// holding them must not hold the session open).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// pwru's nice value: an ordinary user's, whatever the daemon's own.
+const PWRU_NICE: i32 = 0;
 /// How often the ready file is looked for while pwru attaches.
 const READY_POLL: Duration = Duration::from_millis(100);
 
@@ -492,8 +494,8 @@ async fn supervise(
     // Nor if tailtrap itself dies (SIGKILL, OOM) outside a systemd unit whose cgroup would
     // take pwru down with it: pwru with sparse traffic never reaches its output limit.
     let parent = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec; it only makes two
-    // async-signal-safe system calls (prctl, getppid) and allocates nothing.
+    // SAFETY: the closure runs in the forked child before exec; it only makes three
+    // async-signal-safe system calls (prctl, getppid, setpriority) and allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
@@ -501,6 +503,10 @@ async fn supervise(
             if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
                 return Err(nix::errno::Errno::ESRCH.into());
             }
+            // The daemon runs above ordinary work (the unit's Nice=-5) to sample on time;
+            // pwru is heavy while it runs and gets an ordinary user's priority instead.
+            // Failure leaves it at the daemon's: not worth failing the session for.
+            nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, PWRU_NICE);
             Ok(())
         });
     }
