@@ -20,6 +20,8 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{cli, cli_json, vm_kernel, Cgroup, Daemon, ScratchDir, ServerOpts, TcpServer};
 
+/// Waves in CI; `TAILTRAP_CHURN_WAVES=N` runs a longer churn (e.g. 250 for 5 000 cgroups) to
+/// see whether memory levels off.
 const WAVES: usize = 25;
 const PER_WAVE: usize = 20;
 const LIMIT: usize = 64;
@@ -139,7 +141,13 @@ auto_service_limit = {LIMIT}
     let mut rss_after_warmup = 0;
     let mut rss_mid = 0;
     let mut max_entries = 0;
-    for wave in 0..WAVES {
+    let waves = std::env::var("TAILTRAP_CHURN_WAVES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n >= 5)
+        .unwrap_or(WAVES);
+    let mut rss_per_wave = Vec::with_capacity(waves);
+    for wave in 0..waves {
         let cgroups: Vec<Cgroup> = (0..PER_WAVE)
             .map(|i| Cgroup::create(&format!("churn-{wave}-{i}")).unwrap())
             .collect();
@@ -183,9 +191,10 @@ auto_service_limit = {LIMIT}
         if wave == 4 {
             rss_after_warmup = rss_kib(daemon.pid());
         }
-        if wave == WAVES / 2 {
+        if wave == waves / 2 {
             rss_mid = rss_kib(daemon.pid());
         }
+        rss_per_wave.push(rss_kib(daemon.pid()));
         // Servers first, so the traffic thread's connections fail fast; then the cgroups.
         drop(servers);
         drop(traffic);
@@ -193,7 +202,7 @@ auto_service_limit = {LIMIT}
     }
 
     // Every removed cgroup's slot is freed within a couple of intervals.
-    let freed_at_least = (WAVES * PER_WAVE) as u64;
+    let freed_at_least = (waves * PER_WAVE) as u64;
     let status = daemon.wait_for(timeout, "every churned slot to be freed", || {
         let (status, _) = cli_json(&config, &["status", "--json"]);
         (counter(&status, "auto_freed") >= freed_at_least).then_some(status)
@@ -215,16 +224,25 @@ auto_service_limit = {LIMIT}
         assert!(n < PER_WAVE, "auto_cgroups still holds {n} entries");
     }
     eprintln!(
-        "churn: {} cgroups in {:.1} s, {} exchanges, {} slots freed, RSS {} -> {} -> {} KiB (waves 5, 13, end), \
+        "churn: {} cgroups in {:.1} s, {} exchanges, {} slots freed, RSS {} -> {} -> {} KiB (waves 5, {}, end), \
          auto_cgroups at most {max_entries} entries",
-        WAVES * PER_WAVE,
+        waves * PER_WAVE,
         started.elapsed().as_secs_f64(),
         exchanges.load(Ordering::Relaxed),
         counter(&status, "auto_freed"),
         rss_after_warmup,
         rss_mid,
+        waves / 2 + 1,
         rss_end,
     );
+    let every = (waves / 25).max(1);
+    let series: Vec<String> = rss_per_wave
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| (i + 1) % every == 0)
+        .map(|(i, kib)| format!("{}:{kib}", (i + 1) * PER_WAVE))
+        .collect();
+    eprintln!("churn: RSS KiB after N cgroups: {}", series.join(" "));
 
     // The history of a cgroup long gone stays stored.
     daemon.signal(Signal::SIGTERM).unwrap();
