@@ -12,7 +12,8 @@
 #   RSS and fds flat: the last sample within 5 % of the 10-minute mark (the middle sample
 #   for runs under 20 min); no interval over 100 ms late after the first minute (start-up);
 #   the database within its budget
-#   (storage.max_bytes); no child process left after the daemon stops.
+#   (storage.max_bytes); no child process left after the daemon stops; every pwru session
+#   that ran stored lines.
 # Exit status 0 only if every target holds.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -63,11 +64,14 @@ port=$(head -n1 "$out/server.out" | grep -o '[0-9]*$')
 
 # The pwru stand-in (a private copy too), printing a line every 50 ms (sessions end at 200
 # lines).
-cp -r "$ROOT/capture/tests/fake-pwru" "$out/fake-pwru"
+# The stand-in finds its recorded captures at ../../testdata/pwru: copy both.
+mkdir -p "$out/capture/tests" "$out/capture/testdata"
+cp -r "$ROOT/capture/tests/fake-pwru" "$out/capture/tests/"
+cp -r "$ROOT/capture/testdata/pwru" "$out/capture/testdata/"
 cat >"$out/pwru" <<EOF
 #!/bin/sh
 export FAKE_PWRU_LINE_DELAY=0.05
-exec '$out/fake-pwru/pwru' "\$@"
+exec '$out/capture/tests/fake-pwru/pwru' "\$@"
 EOF
 chmod 755 "$out/pwru"
 
@@ -162,6 +166,12 @@ for minute in $(seq 1 "$minutes"); do
     echo "$line" >&2
 done
 
+# Every pwru session that ran must have stored lines: a stand-in that prints nothing would
+# leave the storage of pwru output untested.
+sessions=$("$tt" incidents --json --limit 10000 --config "$out/tailtrap.toml" 2>/dev/null |
+    jq -r '[.incidents[].pwru | select(.state == "done")] | "\(length) \(map(select(.lines_stored == 0)) | length) \(map(.lines_stored) | add // 0)"')
+read -r pwru_done pwru_empty pwru_lines <<<"${sessions:-0 0 0}"
+
 # Stop the daemon; nothing it started may outlive it.
 kill -TERM $daemon
 for _ in $(seq 120); do kill -0 $daemon 2>/dev/null || break; sleep 0.5; done
@@ -183,7 +193,7 @@ chart 3 "open fds per minute"
 
 ref_row=$(( minutes >= 20 ? 10 : (minutes + 1) / 2 ))
 verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budget="$budget" \
-    -v leftover="$leftover" '
+    -v leftover="$leftover" -v pdone="$pwru_done" -v pempty="$pwru_empty" -v plines="$pwru_lines" '
     NR == r + 1 { rss0 = $2; fd0 = $3 }
     NR == n + 1 { rss1 = $2; fd1 = $3; db = $6 }
     END {
@@ -198,6 +208,8 @@ verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budg
         printf "database: %d bytes of a %d budget  %s\n", db, budget, ok ? "ok" : "FAILED"
         ok = leftover == 0; fail += !ok
         printf "processes left after the daemon stopped: %d  %s\n", leftover, ok ? "ok" : "FAILED"
+        ok = pdone > 0 && pempty == 0; fail += !ok
+        printf "pwru sessions done: %d, %d lines stored, %d with none  %s\n", pdone, plines, pempty, ok ? "ok" : "FAILED"
         printf "%d failed\n", fail
     }' "$out/series.csv")
 echo

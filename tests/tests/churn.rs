@@ -209,6 +209,14 @@ auto_service_limit = {LIMIT}
     });
     assert_eq!(counter(&status, "auto_overflow"), 0);
     let rss_end = rss_kib(daemon.pid());
+    let every = (waves / 25).max(1);
+    let series: Vec<String> = rss_per_wave
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| (i + 1) % every == 0)
+        .map(|(i, kib)| format!("{}:{kib}", (i + 1) * PER_WAVE))
+        .collect();
+    eprintln!("churn: RSS KiB after N cgroups: {}", series.join(" "));
     // No growth with the number of cgroups seen: allow the allocator some slack.
     assert!(
         rss_end <= rss_after_warmup + 8 * 1024,
@@ -235,14 +243,6 @@ auto_service_limit = {LIMIT}
         waves / 2 + 1,
         rss_end,
     );
-    let every = (waves / 25).max(1);
-    let series: Vec<String> = rss_per_wave
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| (i + 1) % every == 0)
-        .map(|(i, kib)| format!("{}:{kib}", (i + 1) * PER_WAVE))
-        .collect();
-    eprintln!("churn: RSS KiB after N cgroups: {}", series.join(" "));
 
     // The history of a cgroup long gone stays stored.
     daemon.signal(Signal::SIGTERM).unwrap();
