@@ -34,4 +34,6 @@ pub use request::{
 };
 pub use session::{ManagerConfig, SessionManager, SessionState, SessionStatus};
 pub use stderr::AttachReport;
-pub use timeline::{wall_minus_mono_ns, Passes, SampleKey, Step, Timeline, TracePoint};
+pub use timeline::{
+    clock_offset, wall_minus_mono_ns, ClockOffset, Passes, SampleKey, Step, Timeline, TracePoint,
+};

@@ -4,7 +4,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use capture::pwru::{wall_minus_mono_ns, Passes, SampleKey, Timeline, TracePoint};
+use capture::pwru::{
+    clock_offset, wall_minus_mono_ns, ClockOffset, Passes, SampleKey, Timeline, TracePoint,
+};
 use model::Probe;
 use storage::PwruRecord;
 
@@ -198,9 +200,15 @@ pub(crate) async fn timelines(
     samples: &[model::Sample],
 ) -> anyhow::Result<(Vec<Option<Timeline>>, String)> {
     let lines = session_lines(source, id, samples).await?;
-    let joined = join(samples, &lines);
+    let offset = clock_offset(
+        lines
+            .iter()
+            .filter_map(|r| Some((r.received_ns, r.pwru_time_ns?))),
+        wall_minus_mono_ns(),
+    );
+    let joined = join(samples, &lines, offset);
     let with = joined.iter().filter(|t| t.is_some()).count();
-    let note = timeline_note(with, samples.len(), &lines);
+    let note = timeline_note(with, samples.len(), &lines, offset);
     Ok((joined, note))
 }
 
@@ -263,7 +271,11 @@ async fn session_lines(
 }
 
 /// Each sample's pwru timeline, when its packet is among the traced ones.
-fn join(samples: &[model::Sample], lines: &[PwruRecord]) -> Vec<Option<Timeline>> {
+fn join(
+    samples: &[model::Sample],
+    lines: &[PwruRecord],
+    offset: Option<ClockOffset>,
+) -> Vec<Option<Timeline>> {
     let passes = Passes::new(lines.iter().filter_map(|r| {
         Some(TracePoint {
             mono_ns: r.pwru_time_ns?,
@@ -272,7 +284,6 @@ fn join(samples: &[model::Sample], lines: &[PwruRecord]) -> Vec<Option<Timeline>
             func: r.func.clone(),
         })
     }));
-    let offset = wall_minus_mono_ns();
     samples
         .iter()
         .map(|s| {
@@ -282,13 +293,18 @@ fn join(samples: &[model::Sample], lines: &[PwruRecord]) -> Vec<Option<Timeline>
                 latency_ns: s.latency_ns,
                 skb: s.skb,
             };
-            offset.and_then(|o| passes.timeline(&key, o))
+            offset.and_then(|o| passes.timeline(&key, o.ns()))
         })
         .collect()
 }
 
 /// How many samples got a timeline, and why the others did not.
-fn timeline_note(with: usize, of: usize, lines: &[PwruRecord]) -> String {
+fn timeline_note(
+    with: usize,
+    of: usize,
+    lines: &[PwruRecord],
+    offset: Option<ClockOffset>,
+) -> String {
     if lines.is_empty() {
         return "pwru timelines: none (no pwru lines stored for this incident)".to_owned();
     }
@@ -303,10 +319,24 @@ fn timeline_note(with: usize, of: usize, lines: &[PwruRecord]) -> String {
         (Some(a), Some(b)) => format!(" (pwru events from {} to {})", fmt_time(a), fmt_time(b)),
         _ => String::new(),
     };
+    let clock = clock_remark(offset);
     format!(
         "pwru timelines: {with} of {of} samples; a sample gets one when pwru traced its \
          packet (its skb address, else its flow) with a first event between the packet's arrival \
          and the probe{span}. \
-         Samples taken before the session attached or after it ended have none."
+         Samples taken before the session attached or after it ended have none.{clock}"
     )
+}
+
+/// What the note says about the clock offset when it is not the one read now.
+fn clock_remark(offset: Option<ClockOffset>) -> &'static str {
+    match offset {
+        Some(ClockOffset::FromLines(_)) => {
+            " The session ran in an earlier boot (or before a clock step): pwru's times were \
+             placed on the wall clock by the lines' arrival, so they may be late by up to the \
+             fastest line's delivery (usually milliseconds)."
+        }
+        Some(ClockOffset::Now(_)) => "",
+        None => " The clocks could not be read: no timelines.",
+    }
 }

@@ -219,10 +219,84 @@ pub fn wall_minus_mono_ns() -> Option<i64> {
     i64::try_from(ns(real) - ns(mono)).ok()
 }
 
+/// How far a line may reach tailtrap after pwru stamped it and still vouch for the
+/// offset read now: pwru's output is line-buffered into a pipe, so seconds is generous.
+const MAX_DELIVERY_NS: i128 = 10_000_000_000;
+
+/// Where the offset that turns pwru's times into wall-clock times came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockOffset {
+    /// The clocks read now agree with the stored lines: the session ran in this boot.
+    Now(i64),
+    /// The lines cannot have been stamped in this boot (the machine restarted since, or its
+    /// clock was stepped): the offset is the smallest gap between a line's arrival at
+    /// tailtrap and pwru's stamp on it, so times are late by at most that line's delivery.
+    FromLines(i64),
+}
+
+impl ClockOffset {
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC for the session's boot, ns.
+    pub fn ns(self) -> i64 {
+        match self {
+            ClockOffset::Now(o) | ClockOffset::FromLines(o) => o,
+        }
+    }
+}
+
+/// The offset for a stored session's lines, given as (received wall ns, pwru monotonic
+/// ns) pairs, and `now` from [`wall_minus_mono_ns`]. The offset read now is right only in
+/// the boot that ran the session: after a restart the monotonic clock starts again and
+/// every pwru time would land hours or days off, so no sample would find its packet.
+/// A line can only arrive after it was stamped, so within the session's boot each gap is
+/// at least the true offset; the smallest gap bounds it from above.
+pub fn clock_offset(
+    lines: impl IntoIterator<Item = (u64, u64)>,
+    now: Option<i64>,
+) -> Option<ClockOffset> {
+    let gap = lines
+        .into_iter()
+        .map(|(received, mono)| i128::from(received) - i128::from(mono))
+        .min();
+    match (now, gap) {
+        // A second below zero: the wall clock may have been slewed forward since.
+        (Some(n), Some(g)) if (-1_000_000_000..=MAX_DELIVERY_NS).contains(&(g - i128::from(n))) => {
+            Some(ClockOffset::Now(n))
+        }
+        (_, Some(g)) => i64::try_from(g).ok().map(ClockOffset::FromLines),
+        (n, None) => n.map(ClockOffset::Now),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use model::Transport;
+
+    #[test]
+    fn the_offset_of_now_is_kept_within_the_sessions_boot_and_replaced_after_a_restart() {
+        let now = 1_700_000_000_000_000_000i64;
+        // Lines stamped at 5 s and 6 s of monotonic time, delivered 3 ms and 40 ms later.
+        let lines = [
+            (5_000_000_000u64 + now as u64 + 3_000_000, 5_000_000_000u64),
+            (6_000_000_000u64 + now as u64 + 40_000_000, 6_000_000_000u64),
+        ];
+        assert_eq!(clock_offset(lines, Some(now)), Some(ClockOffset::Now(now)));
+        // A reboot a day later: the offset read now is a day larger.
+        let later = now + 86_400_000_000_000;
+        assert_eq!(
+            clock_offset(lines, Some(later)),
+            Some(ClockOffset::FromLines(now + 3_000_000))
+        );
+        // Nothing to check against: the offset read now.
+        assert_eq!(clock_offset([], Some(later)), Some(ClockOffset::Now(later)));
+        assert_eq!(clock_offset([], None), None);
+        // A line stamped seconds after it arrived cannot come from this boot either.
+        let early = [(now as u64 + 1_000, 5_000_000_000u64)];
+        assert!(matches!(
+            clock_offset(early, Some(now)),
+            Some(ClockOffset::FromLines(_))
+        ));
+    }
 
     fn flow(sport: u16) -> Flow {
         Flow {
