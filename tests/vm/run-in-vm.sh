@@ -23,7 +23,8 @@
 #   VM_CACHE             where the unpacked vmlinux and initramfs per kernel are kept
 #                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
 #   VM_QEMU=qemu-system-x86_64  VM_CPU=max
-# Exit status: COMMAND's; 124 on timeout; 125 when the VM could not be set up or died.
+# Exit status: COMMAND's; 124 on timeout; 125 when the VM could not be set up or died; 126
+# when the guest kernel died of an unhandled int3 at a code-patching site (see below).
 #
 # Acceleration is TCG (software emulation, ~10-30x slower guest code): the nested /dev/kvm of
 # the development hosts cannot run an unmodified kernel.  Boot takes ~3 s because the bzImage's
@@ -213,6 +214,13 @@ if [ -s "$SHARE/rc" ]; then
 fi
 if [ $qrc = 124 ] || [ $qrc = 137 ]; then
     echo "$PROG: timed out after ${TMO}s (kernel $kver)" >&2; rc=124
+elif grep -q 'Oops: int3' "$RUN/console.log"; then
+    # A breakpoint left at a call site the kernel was patching (a BPF trampoline attached or
+    # detached) that its int3 handler no longer recognised: seen only in guests under
+    # software emulation, with any set of fentry programs. Its own status, so the caller can
+    # tell it from a crash of the code under test.
+    echo "$PROG: guest kernel oops: int3 at a code-patching site (kernel $kver): $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
+    rc=126
 else
     echo "$PROG: the VM ended without the command's exit status (kernel $kver, qemu status $qrc)" >&2; rc=125
 fi

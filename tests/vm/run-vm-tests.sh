@@ -94,7 +94,7 @@ if [ -n "${TAILTRAP_REAL_PWRU:-}" ]; then
 fi
 export VM_TIMEOUT=${TAILTRAP_VM_TEST_TIMEOUT:-1200}
 export CARGO_MANIFEST_DIR=$ROOT/tests
-summary=(); total_pass=0; total_fail=0; bad=0
+summary=(); total_pass=0; total_fail=0; bad=0; reruns=0
 for s in "${series[@]}"; do
     export TAILTRAP_KERNEL=${KVER[$s]}
     logdir=$target_dir/vmtest-logs/$TAILTRAP_KERNEL
@@ -104,10 +104,21 @@ for s in "${series[@]}"; do
         log=$logdir/$name.log
         echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
         start=$(date +%s)
-        # cargo runs integration tests from the package directory; do the same.
-        (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 --include-ignored "${extra[@]}") 2>&1 |
-            tee "$log"
-        rc=${PIPESTATUS[0]}
+        # One rerun, said in the summary, when the guest kernel died of an unhandled int3 at a
+        # call site it was patching (run-in-vm.sh status 126): an artefact of the guest kernel
+        # under software emulation that no test can prevent; any other failure stands.
+        rerun=""
+        for attempt in 1 2; do
+            # cargo runs integration tests from the package directory; do the same.
+            (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 --include-ignored "${extra[@]}") 2>&1 |
+                tee "$log"
+            rc=${PIPESTATUS[0]}
+            [ "$rc" = 126 ] && [ "$attempt" = 1 ] || break
+            cp "$log" "$log.int3-oops"
+            rerun=" (rerun after a guest int3 oops, first log: $name.log.int3-oops)"
+            reruns=$((reruns + 1))
+            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died of an int3 oops; running it once more" >&2
+        done
         secs=$(( $(date +%s) - start ))
         # libtest's own count: "test result: ok. 8 passed; 0 failed; 1 ignored; ..."
         counts=$(grep -o 'test result: [A-Za-z]*\. [0-9]* passed; [0-9]* failed; [0-9]* ignored' "$log" | tail -1)
@@ -118,19 +129,21 @@ for s in "${series[@]}"; do
             0) verdict=ok ;;
             124) verdict="TIMEOUT after ${VM_TIMEOUT}s" ;;
             125) verdict="VM FAILED" ;;
+            126) verdict="GUEST INT3 OOPS twice" ;;
             *) verdict="FAILED (exit $rc)" ;;
         esac
         # A run that died before libtest's summary still counts as one failure.
         [ "$rc" != 0 ] && [ "$fail" = 0 ] && fail=1
         [ "$rc" != 0 ] && bad=1
         total_pass=$((total_pass + pass)); total_fail=$((total_fail + fail))
-        summary+=("$(printf '%-22s %-16s %-28s %4ss  %s' "$TAILTRAP_KERNEL" "$name" "$verdict" "$secs" \
-            "$pass passed, $fail failed, $ign ignored")")
+        summary+=("$(printf '%-22s %-16s %-28s %4ss  %s%s' "$TAILTRAP_KERNEL" "$name" "$verdict" "$secs" \
+            "$pass passed, $fail failed, $ign ignored" "$rerun")")
     done
 done
 
 echo
 echo "VM test summary (logs in $target_dir/vmtest-logs):"
 printf '  %s\n' "${summary[@]}"
+[ "$reruns" = 0 ] || echo "run-vm-tests: $reruns executable(s) rerun after a guest kernel int3 oops (see above)"
 echo "$total_pass passed, $total_fail failed"
 exit $bad
