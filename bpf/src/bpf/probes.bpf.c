@@ -161,17 +161,41 @@ static __always_inline const struct sk_buff *receive_queue_tail(const struct soc
 
 /* ---- ip-start ---- */
 
+/*
+ * At ip-start only a REALTIME stamp is a receive stamp. A MONOTONIC (or TAI) stamp is a
+ * delivery time the sender set: loopback TCP arrives with the sender's departure time,
+ * which the receive path replaces in ip_local_deliver_finish; a forwarded packet's is its
+ * sender's too. Measuring it would time the send path, so such packets, and zero stamps
+ * (RX timestamping off), leave before any clock read or map access and are not counted:
+ * the later probes count zero stamps. Two loads and a compare is all they cost.
+ */
+static __always_inline void ip_start(const struct sk_buff *skb)
+{
+	__u64 stamp = skb->tstamp;
+	struct tt_sample s = {
+		.skb = skb,
+		.probe = TT_PROBE_IP_START,
+		.clock = TT_CLOCK_REALTIME,
+	};
+
+	if (!stamp || skb_clock(skb) != TT_CLOCK_REALTIME)
+		return;
+	s.stamp_ns = stamp;
+	s.local_port = dport_at_network_header(skb);
+	record_latency(&s);
+}
+
 SEC("fentry")
 int BPF_PROG(ip_start_fentry_v4, struct sk_buff *skb)
 {
-	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
+	ip_start(skb);
 	return 0;
 }
 
 SEC("fentry")
 int BPF_PROG(ip_start_fentry_v6, struct sk_buff *skb)
 {
-	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
+	ip_start(skb);
 	return 0;
 }
 
@@ -182,7 +206,7 @@ int BPF_PROG(ip_start_tp, struct sk_buff *skb)
 
 	if (proto != bpf_htons(TT_ETH_P_IP) && proto != bpf_htons(TT_ETH_P_IPV6))
 		return 0;
-	record_skb(TT_PROBE_IP_START, skb, NULL, dport_at_network_header(skb));
+	ip_start(skb);
 	return 0;
 }
 
