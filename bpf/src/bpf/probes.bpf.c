@@ -52,7 +52,7 @@ static __always_inline void record_latency(const struct tt_sample *s)
 
 	if (!filters_pass(s->skb, s->sk, s->process_context))
 		return;
-	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->read_end_seq)) {
+	if (s->tp && tcp_read_hol_blocked(s->tp, s->tp_typed, s->read_end_seq)) {
 		count_event(TT_COUNTER_HOL_EXCLUDED);
 		if (!capture_mode)
 			return;
@@ -304,11 +304,14 @@ int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 		.probe = TT_PROBE_TCP_SOCKET_READ,
 		.clock = TT_CLOCK_REALTIME,
 		.process_context = true,
-		.tcp_read = true,
+		/* One helper call instead of a kernel read per field (copied_seq, HOL state). */
+		.tp = bpf_skc_to_tcp_sock(sk),
+		.tp_typed = true,
 	};
 
 	/* The read ended where copying stopped. */
-	s.read_end_seq = BPF_CORE_READ((struct tcp_sock *)sk, copied_seq);
+	if (s.tp)
+		s.read_end_seq = s.tp->copied_seq;
 	record_latency(&s);
 	return 0;
 }
@@ -325,12 +328,13 @@ int BPF_PROG(tcp_socket_read_tp, const struct sk_buff *skb, int len)
 		.probe = TT_PROBE_TCP_SOCKET_READ,
 		.clock = skb_clock(skb),
 		.process_context = true,
-		.tcp_read = true,
 		.read_end_seq = skb_end_seq(skb),
 	};
 
 	if (!is_tcp_sock(sk))
 		return 0;
+	/* skb->sk here is a pointer the verifier refuses to bpf_skc_to_tcp_sock. */
+	s.tp = (const struct tcp_sock *)sk;
 	record_latency(&s);
 	return 0;
 }
