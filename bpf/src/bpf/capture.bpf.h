@@ -171,11 +171,7 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		if (r->ip_proto == TT_IPPROTO_TCP) {
 			const struct tcp_sock *tp = (const void *)sk;
 
-			if (s->tp_typed && s->tp)
-				r->queue_bytes = s->tp->rcv_nxt - s->tp->copied_seq;
-			else
-				r->queue_bytes =
-					BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq);
+			r->queue_bytes = BPF_CORE_READ(tp, rcv_nxt) - BPF_CORE_READ(tp, copied_seq);
 		} else {
 			r->queue_bytes = r->rmem_alloc;
 		}

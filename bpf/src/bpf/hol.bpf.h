@@ -41,31 +41,26 @@ static __always_inline __u32 skb_end_seq(const struct sk_buff *skb)
 	return ((const struct tcp_skb_cb *)skb->cb)->end_seq;
 }
 
-/* A tcp_sock field: a plain load when tp came from bpf_skc_to_tcp_sock (typed, a fault
- * reads 0), else a kernel read (tp is a struct sock to the verifier, which refuses plain
- * loads past its end). A kernel read is a helper call, several plain loads' cost. */
-#define TCP_FIELD(tp, typed, field) ((typed) ? (tp)->field : BPF_CORE_READ(tp, field))
-
-/* True when a read that ends at read_end_seq may have been head-of-line blocked. */
-static __always_inline bool tcp_read_hol_blocked(const struct tcp_sock *tp, bool typed,
+/* True when a read that ends at read_end_seq may have been head-of-line blocked; ooopack is
+ * the socket's rcv_ooopack, which the probe reads (only the rare path here reads more). */
+static __always_inline bool tcp_read_hol_blocked(const struct sock *sk, __u32 ooopack,
 						 __u32 read_end_seq)
 {
-	__u64 key = (__u64)tp;
+	const struct tcp_sock *tp = (const void *)sk;
+	__u64 key = (__u64)sk;
 	struct tt_ooo_range *range;
-	__u32 ooopack;
 
 	if (!hol_filter)
 		return false;
-	ooopack = TCP_FIELD(tp, typed, rcv_ooopack);
 	if (!ooopack)
 		return false;
 	range = bpf_map_lookup_elem(&tcp_ooo_ranges, &key);
 	if (!range || range->seen_ooopack != ooopack) {
-		const struct sk_buff *last = TCP_FIELD(tp, typed, ooo_last_skb);
+		struct sk_buff *last = BPF_CORE_READ(tp, ooo_last_skb);
 		struct tt_ooo_range fresh = {
 			.seen_ooopack = ooopack,
 			.end_seq = last ? BPF_CORE_READ((struct tcp_skb_cb *)&last->cb, end_seq)
-					: TCP_FIELD(tp, typed, rcv_nxt),
+					: BPF_CORE_READ(tp, rcv_nxt),
 			.active = 1,
 		};
 
