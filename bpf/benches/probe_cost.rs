@@ -16,7 +16,9 @@
 //! - `armed`: as `+ flight`, and armed capture on both services with every sample over its
 //!   threshold, held to the default 2000 records/s by the rate limit;
 //! - `flight, no ip ports`: as `+ flight` with `[probes] ip_start_ports = false` (ip-start
-//!   reads no IP header and counts everything as host).
+//!   reads no IP header and counts everything as host);
+//! - `flight, ports only`: as `+ flight` with the port service only: without a cgroup rule
+//!   the socket probes look the port up directly instead of through the socket-storage cache.
 //!
 //! `cargo bench -p bpf --bench probe_cost` as root. `TAILTRAP_BENCH_SECS` sets each phase's
 //! duration (default 3). kernel.bpf_stats_enabled is switched on for the run and restored.
@@ -69,6 +71,8 @@ enum Load {
     Services,
     /// The two services, `ip_start_ports = false`.
     NoIpStartPorts,
+    /// One service matched by its ports only: no cgroup rule, so no socket-storage cache.
+    PortsOnly,
 }
 
 /// A phase: a load-time configuration and a capture state.
@@ -78,7 +82,7 @@ struct PhaseSpec {
     capture: Capture,
 }
 
-const PHASES: [PhaseSpec; 5] = [
+const PHASES: [PhaseSpec; 6] = [
     PhaseSpec {
         name: "no services",
         load: Load::Auto,
@@ -102,6 +106,11 @@ const PHASES: [PhaseSpec; 5] = [
     PhaseSpec {
         name: "flight, no ip ports",
         load: Load::NoIpStartPorts,
+        capture: Capture::Flight,
+    },
+    PhaseSpec {
+        name: "flight, ports only",
+        load: Load::PortsOnly,
         capture: Capture::Flight,
     },
 ];
@@ -180,6 +189,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ip_start_ports: false,
         ..with_services.clone()
     };
+    let ports_only = ProbeConfig {
+        services: with_services.services[..1].to_vec(),
+        ..ProbeConfig::default()
+    };
 
     // The floor object needs the hooks the probes use (fentry or tp_btf, per kernel).
     let attach_points: HashSet<String> = ProbeSet::load(&with_services, &mut |_| {})?
@@ -198,11 +211,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // results[phase] = one Measured per order
     let mut results: Vec<Vec<Measured>> = PHASES.iter().map(|_| Vec::new()).collect();
     for order in [Order::FloorFirst, Order::ProbesFirst] {
-        for load in [Load::Auto, Load::Services, Load::NoIpStartPorts] {
+        for load in [
+            Load::Auto,
+            Load::Services,
+            Load::NoIpStartPorts,
+            Load::PortsOnly,
+        ] {
             let config = match load {
                 Load::Auto => &without,
                 Load::Services => &with_services,
                 Load::NoIpStartPorts => &no_ip_ports,
+                Load::PortsOnly => &ports_only,
             };
             let mut floor_links = Vec::new();
             let attach_floor = |links: &mut Vec<libbpf_rs::Link>| -> Result<_, String> {
@@ -451,7 +470,7 @@ fn report(results: &[Vec<Measured>], secs: f64) {
     }
     println!();
     println!(
-        "{:<16} {:>12} {:>12} {:>12}",
+        "{:<20} {:>12} {:>12} {:>12}",
         "phase", "TCP trips/s", "UDP trips/s", "records/s"
     );
     let total = |runs: &[Measured], f: &dyn Fn(&Measured) -> u64| -> f64 {
@@ -459,7 +478,7 @@ fn report(results: &[Vec<Measured>], secs: f64) {
     };
     for (spec, runs) in PHASES.iter().zip(results) {
         println!(
-            "{:<16} {:>12.0} {:>12.0} {:>12.0}",
+            "{:<20} {:>12.0} {:>12.0} {:>12.0}",
             spec.name,
             total(runs, &|m| m.tcp),
             total(runs, &|m| m.udp),
