@@ -1,7 +1,10 @@
 //! Probe cost as users run it: loopback TCP and UDP ping-pong to two configured services (one
 //! matched by its local ports, one by its cgroup) with BPF run-time statistics on; per probe
-//! program the ns per call next to an empty program on the same hook measured in the same
-//! window (the floor: what merely being called costs), and their ratio.
+//! program the ns per call next to two reference programs on the same hook measured in the
+//! same window: an empty one (the floor: what merely being called costs), and one that only
+//! reads the stamp the probe reads and the clock it is in (the clock floor: what any latency
+//! probe must pay). The ratio is to the empty floor; the default row also shows the cost
+//! above the clock floor.
 //!
 //! Phases, each measured in both attach orders (a trampoline runs the most recently attached
 //! program first, and the first one pays more on fentry): the figures are geometric means
@@ -13,7 +16,9 @@
 //! - `armed`: as `+ flight`, and armed capture on both services with every sample over its
 //!   threshold, held to the default 2000 records/s by the rate limit;
 //! - `flight, no ip ports`: as `+ flight` with `[probes] ip_start_ports = false` (ip-start
-//!   reads no IP header and counts everything as host).
+//!   reads no IP header and counts everything as host);
+//! - `flight, ports only`: as `+ flight` with the port service only: without a cgroup rule
+//!   the socket probes look the port up directly instead of through the socket-storage cache.
 //!
 //! `cargo bench -p bpf --bench probe_cost` as root. `TAILTRAP_BENCH_SECS` sets each phase's
 //! duration (default 3). kernel.bpf_stats_enabled is switched on for the run and restored.
@@ -66,6 +71,8 @@ enum Load {
     Services,
     /// The two services, `ip_start_ports = false`.
     NoIpStartPorts,
+    /// One service matched by its ports only: no cgroup rule, so no socket-storage cache.
+    PortsOnly,
 }
 
 /// A phase: a load-time configuration and a capture state.
@@ -75,7 +82,7 @@ struct PhaseSpec {
     capture: Capture,
 }
 
-const PHASES: [PhaseSpec; 5] = [
+const PHASES: [PhaseSpec; 6] = [
     PhaseSpec {
         name: "no services",
         load: Load::Auto,
@@ -101,6 +108,11 @@ const PHASES: [PhaseSpec; 5] = [
         load: Load::NoIpStartPorts,
         capture: Capture::Flight,
     },
+    PhaseSpec {
+        name: "flight, ports only",
+        load: Load::PortsOnly,
+        capture: Capture::Flight,
+    },
 ];
 /// The row users run by default (the daemon once baselines exist).
 const DEFAULT_PHASE: usize = 2;
@@ -113,13 +125,22 @@ enum Order {
     ProbesFirst,
 }
 
+/// Which reference program of the floor object.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Reference {
+    /// Empty: the floor.
+    Empty,
+    /// Reads the stamp and its clock: the clock floor.
+    Clock,
+}
+
 /// (run_time_ns, run_cnt) deltas of one phase in one order.
 #[derive(Default)]
 struct Measured {
     /// program -> (attach point, probes, time, calls)
     probes: BTreeMap<String, (String, String, u64, u64)>,
-    /// attach point -> (time, calls)
-    floor: HashMap<String, (u64, u64)>,
+    /// (attach point, reference) -> (time, calls)
+    floor: HashMap<(String, Reference), (u64, u64)>,
     tcp: u64,
     udp: u64,
     records: u64,
@@ -168,6 +189,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ip_start_ports: false,
         ..with_services.clone()
     };
+    let ports_only = ProbeConfig {
+        services: with_services.services[..1].to_vec(),
+        ..ProbeConfig::default()
+    };
 
     // The floor object needs the hooks the probes use (fentry or tp_btf, per kernel).
     let attach_points: HashSet<String> = ProbeSet::load(&with_services, &mut |_| {})?
@@ -186,11 +211,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // results[phase] = one Measured per order
     let mut results: Vec<Vec<Measured>> = PHASES.iter().map(|_| Vec::new()).collect();
     for order in [Order::FloorFirst, Order::ProbesFirst] {
-        for load in [Load::Auto, Load::Services, Load::NoIpStartPorts] {
+        for load in [
+            Load::Auto,
+            Load::Services,
+            Load::NoIpStartPorts,
+            Load::PortsOnly,
+        ] {
             let config = match load {
                 Load::Auto => &without,
                 Load::Services => &with_services,
                 Load::NoIpStartPorts => &no_ip_ports,
+                Load::PortsOnly => &ports_only,
             };
             let mut floor_links = Vec::new();
             let attach_floor = |links: &mut Vec<libbpf_rs::Link>| -> Result<_, String> {
@@ -202,7 +233,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     links.push(prog.attach().map_err(|e| e.to_string())?);
                     let id =
                         libbpf_rs::Program::id_from_fd(prog.as_fd()).map_err(|e| e.to_string())?;
-                    ids.insert(id, prog.section().to_string_lossy().into_owned());
+                    let kind = if prog.name().to_string_lossy().starts_with("clock_") {
+                        Reference::Clock
+                    } else {
+                        Reference::Empty
+                    };
+                    ids.insert(id, (prog.section().to_string_lossy().into_owned(), kind));
                 }
                 Ok(ids)
             };
@@ -266,7 +302,7 @@ fn set_capture(
 
 fn measure(
     set: &ProbeSet,
-    floor_ids: &HashMap<u32, String>,
+    floor_ids: &HashMap<u32, (String, Reference)>,
     traffic: &Traffic,
     reader: &CaptureReader,
     len: Duration,
@@ -333,14 +369,21 @@ fn geomean(v: &[f64]) -> Option<f64> {
         .then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
 }
 
-/// Per order of one phase: (probe ns/call, floor ns/call) of a program.
-fn pairs(runs: &[Measured], program: &str) -> Vec<(f64, f64)> {
+/// Per order of one phase: (probe ns/call, floor ns/call, clock floor ns/call) of a program.
+fn pairs(runs: &[Measured], program: &str) -> Vec<(f64, f64, f64)> {
     runs.iter()
         .filter_map(|m| {
             let (point, _, t, n) = m.probes.get(program)?;
             let p = per_call(*t, *n)?;
-            let (ft, fnum) = m.floor.get(point)?;
-            Some((p, per_call(*ft, *fnum)?))
+            let reference = |kind| {
+                let (t, n) = m.floor.get(&(point.clone(), kind))?;
+                per_call(*t, *n)
+            };
+            Some((
+                p,
+                reference(Reference::Empty)?,
+                reference(Reference::Clock)?,
+            ))
         })
         .collect()
 }
@@ -352,6 +395,8 @@ fn report(results: &[Vec<Measured>], secs: f64) {
         MESSAGE.len()
     );
     println!("each cell: ns/call (probe ÷ floor), geometric mean over both attach orders");
+    println!("floor: an empty program; clock: reads the stamp and its clock (what any latency probe pays)");
+    println!("over clock: the default row's ns/call above the clock floor (what tailtrap adds)");
     println!();
     let Some(default_runs) = results.get(DEFAULT_PHASE) else {
         return;
@@ -365,16 +410,25 @@ fn report(results: &[Vec<Measured>], secs: f64) {
                 .collect()
         })
         .unwrap_or_default();
-    print!("{:<26} {:<30} {:>7}", "program", "attach point", "floor");
+    print!(
+        "{:<26} {:<30} {:>7} {:>7}",
+        "program", "attach point", "floor", "clock"
+    );
     for p in &PHASES {
         print!(" {:>19}", p.name);
     }
-    println!(" {:>12}", "armed÷flight");
+    println!(" {:>12} {:>10}", "armed÷flight", "over clock");
     let mut misses = Vec::new();
     for (prog, point, probes) in &programs {
-        let floor: Vec<f64> = pairs(default_runs, prog).iter().map(|p| p.1).collect();
+        let default_pairs = pairs(default_runs, prog);
+        let floor: Vec<f64> = default_pairs.iter().map(|p| p.1).collect();
+        let clock: Vec<f64> = default_pairs.iter().map(|p| p.2).collect();
         let fmt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
-        print!("{prog:<26} {point:<30} {:>7}", fmt(geomean(&floor)));
+        print!(
+            "{prog:<26} {point:<30} {:>7} {:>7}",
+            fmt(geomean(&floor)),
+            fmt(geomean(&clock))
+        );
         let mut ns_of = Vec::new();
         for (i, runs) in results.iter().enumerate() {
             let pr = pairs(runs, prog);
@@ -409,11 +463,14 @@ fn report(results: &[Vec<Measured>], secs: f64) {
             }
             _ => "-".into(),
         };
-        println!(" {armed:>12}   {probes}");
+        // Arithmetic mean of the differences: a difference can be negative.
+        let over: Vec<f64> = default_pairs.iter().map(|p| p.0 - p.2).collect();
+        let over = (!over.is_empty()).then(|| over.iter().sum::<f64>() / over.len() as f64);
+        println!(" {armed:>12} {:>10}   {probes}", fmt(over));
     }
     println!();
     println!(
-        "{:<16} {:>12} {:>12} {:>12}",
+        "{:<20} {:>12} {:>12} {:>12}",
         "phase", "TCP trips/s", "UDP trips/s", "records/s"
     );
     let total = |runs: &[Measured], f: &dyn Fn(&Measured) -> u64| -> f64 {
@@ -421,7 +478,7 @@ fn report(results: &[Vec<Measured>], secs: f64) {
     };
     for (spec, runs) in PHASES.iter().zip(results) {
         println!(
-            "{:<16} {:>12.0} {:>12.0} {:>12.0}",
+            "{:<20} {:>12.0} {:>12.0} {:>12.0}",
             spec.name,
             total(runs, &|m| m.tcp),
             total(runs, &|m| m.udp),
@@ -441,12 +498,14 @@ fn report(results: &[Vec<Measured>], secs: f64) {
     }
 }
 
-/// (run_time_ns, run_cnt) per attach point of the floor programs.
-fn floor_stats(ids: &HashMap<u32, String>) -> HashMap<String, (u64, u64)> {
+/// (run_time_ns, run_cnt) per attach point and kind of the reference programs.
+fn floor_stats(
+    ids: &HashMap<u32, (String, Reference)>,
+) -> HashMap<(String, Reference), (u64, u64)> {
     libbpf_rs::query::ProgInfoIter::default()
         .filter_map(|info| {
-            let section = ids.get(&info.id)?;
-            Some((section.clone(), (info.run_time_ns, info.run_cnt)))
+            let key = ids.get(&info.id)?;
+            Some((key.clone(), (info.run_time_ns, info.run_cnt)))
         })
         .collect()
 }

@@ -1,9 +1,9 @@
 //! In-kernel capture of slow SKBs: arming per (service, probe) thresholds, the rate limits,
 //! and the ring-buffer reader that turns kernel records into [`model::Sample`]s.
 //!
-//! The BPF side (`src/bpf/capture.bpf.h`) checks one `.bss` word before any capture work,
-//! so while nothing is armed and the flight recorder has no thresholds the probes cost
-//! what they cost without capture.
+//! The BPF side (`src/bpf/capture.bpf.h`) compares each sample with one `.bss` word, the
+//! lowest threshold set, before any capture work: a sample below every threshold (with the
+//! flight recorder on, nearly all of them) or with nothing set costs that one compare.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -31,7 +31,8 @@ const MAX_SLOTS: u32 = types::tt_capture_limit::TT_CAPTURE_MAX_SLOTS.0;
 const BURST: Duration = Duration::from_millis(100);
 /// Records buffered between the reader thread and the consumer.
 const CHANNEL_RECORDS: usize = 65_536;
-/// How often the reader thread looks at its stop flag while the ring is quiet.
+/// How often the reader thread looks at its stop flag and drains the ring while it is not
+/// woken (the probes wake it once a batch is waiting): the longest a record waits.
 const POLL: Duration = Duration::from_millis(100);
 
 const AF_INET: u8 = 2;
@@ -259,7 +260,17 @@ impl CaptureControl {
         if !self.flight.is_empty() {
             mode |= types::tt_capture_mode::TT_CAPTURE_MODE_FLIGHT.0;
         }
-        bss(set)?.capture_mode = mode;
+        // The lowest threshold set: the probes compare a sample with it before any lookup.
+        let min = self
+            .armed
+            .values()
+            .chain(self.flight.values())
+            .copied()
+            .min()
+            .unwrap_or(0);
+        let bss = bss(set)?;
+        bss.capture_mode = mode;
+        bss.capture_min_ns = min;
         Ok(())
     }
 }
@@ -389,6 +400,9 @@ fn read_ring(
     // The receiver lives in CaptureReader, whose drop sets `stop`: no other way out.
     while !stop.load(Ordering::Relaxed) {
         rb.poll_raw(POLL);
+        // The probes wake the reader per batch, not per record: take what a quiet ring
+        // holds at each timeout too.
+        rb.consume_raw();
     }
 }
 

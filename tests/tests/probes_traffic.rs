@@ -136,17 +136,22 @@ fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
     ))
     .unwrap();
     let fast = TcpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
-    // "slow" is matched by its cgroup only, "fast" by its port only.
+    // ip-start does not measure loopback TCP (it arrives there with the sender's departure
+    // time): UDP to a second port of "fast" shows its port attribution there.
+    let fast_udp =
+        UdpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+    // "slow" is matched by its cgroup only, "fast" by its ports only.
     let config = ProbeConfig {
         services: vec![
             service("slow", Some(&cg_slow), &[]),
-            service("fast", None, &[fast.addr().port()]),
+            service("fast", None, &[fast.addr().port(), fast_udp.addr().port()]),
         ],
         ..ProbeConfig::default()
     };
     let mut probes = load(&config);
     run_client(client(slow.addr(), None, Proto::Tcp, 30)).unwrap();
     run_client(client(fast.addr(), None, Proto::Tcp, 30)).unwrap();
+    run_client(client(fast_udp.addr(), None, Proto::Udp, 30)).unwrap();
     let snapshot = probes.snapshot().unwrap();
 
     let slow_read = hist(&snapshot, "slow", Probe::TcpSocketRead);

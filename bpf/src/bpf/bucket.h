@@ -9,34 +9,33 @@
 
 #include "tailtrap.h"
 
-/* floor(log2(v)) for v > 0. BPF has no count-leading-zeros instruction: binary search. */
+/*
+ * One step of the binary search below, without a branch: w when v >> w is non-zero, else 0.
+ * For v < 2^(2w), (v >> w) + 2^w - 1 < 2^(w+1), so its bit w is exactly "v >> w != 0".
+ */
+#define TT_LOG2_STEP(v, w) (((((v) >> (w)) + ((1ULL << (w)) - 1)) >> (w)) * (w))
+
+/* floor(log2(v)) for v > 0. BPF has no count-leading-zeros instruction: a binary search,
+ * branch-free so that latencies of varying magnitude cost no mispredicted jumps. */
 static inline __attribute__((always_inline)) __u32 tt_log2(__u64 v)
 {
-	__u32 r = 0;
+	__u64 r, s;
 
-	if (v >> 32) {
-		v >>= 32;
-		r += 32;
-	}
-	if (v >> 16) {
-		v >>= 16;
-		r += 16;
-	}
-	if (v >> 8) {
-		v >>= 8;
-		r += 8;
-	}
-	if (v >> 4) {
-		v >>= 4;
-		r += 4;
-	}
-	if (v >> 2) {
-		v >>= 2;
-		r += 2;
-	}
-	if (v >> 1)
-		r += 1;
-	return r;
+	r = TT_LOG2_STEP(v, 32);
+	v >>= r;
+	s = TT_LOG2_STEP(v, 16);
+	v >>= s;
+	r += s;
+	s = TT_LOG2_STEP(v, 8);
+	v >>= s;
+	r += s;
+	s = TT_LOG2_STEP(v, 4);
+	v >>= s;
+	r += s;
+	s = TT_LOG2_STEP(v, 2);
+	v >>= s;
+	r += s;
+	return (__u32)(r + (v >> 1));
 }
 
 /* v < 16: v; else 8*(k-2) + ((v >> (k-3)) & 7) with k = floor(log2 v), clamped. */

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
 /*
  * In-kernel capture of slow SKBs. record_latency() hands every attributed sample here.
- * While nothing is armed the cost is one read of capture_mode. Armed capture emits a
+ * A sample below every threshold set (or with none set) costs one read of capture_min_ns:
+ * with the flight recorder on that is nearly every sample. Armed capture emits a
  * ring-buffer record for a sample at or above its (service, probe) threshold, optionally
  * one in N, through a global rate limit; the flight recorder does the same with its own
  * (higher) threshold and its own small rate limit.
@@ -29,6 +30,10 @@ _Static_assert((__u64)TT_CAPTURE_MAX_SLOTS * TT_NUM_PROBES <= 0xffffffffULL,
 
 /* Set from user space through the mmapped .bss; every change takes effect at once. */
 volatile __u32 capture_mode;
+/* The lowest threshold set, armed or flight; 0 when none is. Nearly every sample is below
+ * it (flight thresholds sit far in the tail) and leaves capture after this one read, with
+ * no threshold lookup. */
+volatile __u64 capture_min_ns;
 volatile __u32 capture_one_in;
 /* Rate limits as GCRA: one record per interval, bursts up to burst_ns ahead. 0: no limit. */
 volatile __u64 armed_interval_ns;
@@ -52,6 +57,18 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, TT_CAPTURE_RING_BYTES);
 } capture_ring SEC(".maps");
+
+/* Wake the reader once a batch is waiting, not per record: a wakeup is an interrupt on this
+ * CPU (an exit to the hypervisor in a VM), several times a record's cost. The reader also
+ * drains the ring at every poll timeout (100 ms), so a record never waits longer. */
+#define TT_CAPTURE_WAKEUP_BYTES (64 * sizeof(struct tt_capture_record))
+
+static __always_inline __u64 ring_wakeup(void)
+{
+	return bpf_ringbuf_query(&capture_ring, BPF_RB_AVAIL_DATA) >= TT_CAPTURE_WAKEUP_BYTES
+		       ? BPF_RB_FORCE_WAKEUP
+		       : BPF_RB_NO_WAKEUP;
+}
 
 /* Take one record's worth of the rate limit; a lost race with another CPU counts as limited. */
 static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns,
@@ -121,12 +138,14 @@ static __always_inline void tuple_from_sock(struct tt_capture_record *r, const s
 }
 
 static __always_inline void fill_record(struct tt_capture_record *r, const struct tt_sample *s,
-					__u32 service, __u64 latency_ns, __u32 flags)
+					__u32 service, __u64 latency_ns, __u64 now_tai,
+					__u32 flags)
 {
 	const struct sk_buff *skb = s->skb;
 	const struct sock *sk = s->sk;
 
-	r->time_ns = clock_now(TT_CLOCK_REALTIME);
+	/* The probe's TAI reading when it made one: a clock read less. */
+	r->time_ns = now_tai ? now_tai - tai_offset_ns : clock_now(TT_CLOCK_REALTIME);
 	r->latency_ns = latency_ns;
 	r->probe = s->probe;
 	r->service = service;
@@ -181,16 +200,17 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 static __always_inline void capture_sample(const struct tt_sample *s, __u32 service,
 					   __u64 latency_ns, bool hol_suspect, __u64 now_tai)
 {
-	__u32 mode = capture_mode;
 	struct tt_capture_threshold *t;
 	struct tt_capture_record *r;
-	__u32 idx, flags = 0;
+	__u32 idx, mode, flags = 0;
 	enum tt_counter emitted, ring_full;
 
-	if (!mode)
+	/* latency < min, and min 0 (nothing set) wraps to the largest value: one compare. */
+	if (latency_ns <= capture_min_ns - 1)
 		return;
 	if (service >= TT_CAPTURE_MAX_SLOTS || s->probe >= TT_NUM_PROBES)
 		return;
+	mode = capture_mode;
 	idx = service * TT_NUM_PROBES + s->probe;
 	t = bpf_map_lookup_elem(&capture_thresholds, &idx);
 	if (!t)
@@ -228,8 +248,8 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 		return;
 	}
 	__builtin_memset(r, 0, sizeof(*r));
-	fill_record(r, s, service, latency_ns, flags);
-	bpf_ringbuf_submit(r, 0);
+	fill_record(r, s, service, latency_ns, now_tai, flags);
+	bpf_ringbuf_submit(r, ring_wakeup());
 	count_event(emitted);
 }
 

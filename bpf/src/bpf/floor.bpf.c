@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
- * Empty programs on every hook the probes use: the probe-cost benchmark attaches them next
- * to the probes and reports their cost per call as the floor (the price of being called).
+ * Reference programs for the probe-cost benchmark, two per hook the probes use:
+ * - floor_*: empty, the price of being called at all (dispatch and run-time accounting);
+ * - clock_*: the part no latency probe can avoid: read the stamp the probe reads and, if
+ *   it can be measured, the clock that stamp is in. A probe's cost above this program is
+ *   what tailtrap adds (histogram, attribution, capture checks).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+
+#include "clock.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -30,3 +35,125 @@ FLOOR("fexit/tcp_queue_rcv", floor_tcp_queue_rcv)
 FLOOR("fexit/__udp_enqueue_schedule_skb", floor_udp_enqueue_schedule_skb)
 FLOOR("fentry/tcp_recv_timestamp", floor_tcp_recv_timestamp)
 FLOOR("fentry/skb_consume_udp", floor_skb_consume_udp)
+
+/* Written only when now equals the stamp (never in practice): keeps the clock read from
+ * being optimised away without a store, and a shared cache line, per call. */
+__u64 clock_sink;
+
+static __always_inline int use_clock(__u64 stamp, __u8 clock)
+{
+	__u64 now;
+
+	if (!stamp)
+		return 0;
+	now = clock_now(clock);
+	if (now == stamp)
+		clock_sink = now;
+	return 0;
+}
+
+static __always_inline int clock_skb(const struct sk_buff *skb)
+{
+	return use_clock(skb->tstamp, skb_clock(skb));
+}
+
+/* ip-start measures REALTIME stamps only (a delivery time there is the sender's). */
+static __always_inline int clock_ip_start(const struct sk_buff *skb)
+{
+	__u64 stamp = skb->tstamp;
+
+	if (!stamp || skb_clock(skb) != TT_CLOCK_REALTIME)
+		return 0;
+	return use_clock(stamp, TT_CLOCK_REALTIME);
+}
+
+SEC("tp_btf/netif_receive_skb")
+int BPF_PROG(clock_netif_receive_skb, struct sk_buff *skb)
+{
+	return clock_ip_start(skb);
+}
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(clock_tcp_probe, struct sock *sk, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("tp_btf/sk_data_ready")
+int BPF_PROG(clock_sk_data_ready, const struct sock *sk)
+{
+	const struct sk_buff *skb;
+
+	if (!sk->sk_receive_queue.qlen)
+		return 0;
+	skb = sk->sk_receive_queue.prev;
+	return skb ? clock_skb(skb) : 0;
+}
+
+SEC("tp_btf/skb_copy_datagram_iovec")
+int BPF_PROG(clock_skb_copy_datagram_iovec, const struct sk_buff *skb, int len)
+{
+	return clock_skb(skb);
+}
+
+SEC("fentry/ip_rcv_core")
+int BPF_PROG(clock_ip_rcv_core, struct sk_buff *skb)
+{
+	return clock_ip_start(skb);
+}
+
+SEC("fentry/ip6_rcv_core")
+int BPF_PROG(clock_ip6_rcv_core, struct sk_buff *skb)
+{
+	return clock_ip_start(skb);
+}
+
+SEC("fentry/tcp_v4_rcv")
+int BPF_PROG(clock_tcp_v4_rcv, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("fentry/tcp_v6_rcv")
+int BPF_PROG(clock_tcp_v6_rcv, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("fentry/udp_rcv")
+int BPF_PROG(clock_udp_rcv, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("fentry/udpv6_rcv")
+int BPF_PROG(clock_udpv6_rcv, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("fexit/tcp_queue_rcv")
+int BPF_PROG(clock_tcp_queue_rcv, struct sock *sk, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("fexit/__udp_enqueue_schedule_skb")
+int BPF_PROG(clock_udp_enqueue_schedule_skb, struct sock *sk, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}
+
+SEC("fentry/tcp_recv_timestamp")
+int BPF_PROG(clock_tcp_recv_timestamp, struct msghdr *msg, struct sock *sk,
+	     struct scm_timestamping_internal *tss)
+{
+	return use_clock(tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec,
+			 TT_CLOCK_REALTIME);
+}
+
+SEC("fentry/skb_consume_udp")
+int BPF_PROG(clock_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
+{
+	return clock_skb(skb);
+}

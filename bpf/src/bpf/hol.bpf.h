@@ -41,17 +41,17 @@ static __always_inline __u32 skb_end_seq(const struct sk_buff *skb)
 	return ((const struct tcp_skb_cb *)skb->cb)->end_seq;
 }
 
-/* True when a read that ends at read_end_seq may have been head-of-line blocked. */
-static __always_inline bool tcp_read_hol_blocked(const struct sock *sk, __u32 read_end_seq)
+/* True when a read that ends at read_end_seq may have been head-of-line blocked; ooopack is
+ * the socket's rcv_ooopack, which the probe reads (only the rare path here reads more). */
+static __always_inline bool tcp_read_hol_blocked(const struct sock *sk, __u32 ooopack,
+						 __u32 read_end_seq)
 {
 	const struct tcp_sock *tp = (const void *)sk;
 	__u64 key = (__u64)sk;
 	struct tt_ooo_range *range;
-	__u32 ooopack;
 
 	if (!hol_filter)
 		return false;
-	ooopack = BPF_CORE_READ(tp, rcv_ooopack);
 	if (!ooopack)
 		return false;
 	range = bpf_map_lookup_elem(&tcp_ooo_ranges, &key);

@@ -14,8 +14,11 @@ struct tt_sample {
 	__u16 local_port; /* host order; 0 when unknown */
 	__u8 clock;
 	bool process_context;
-	/* tcp-socket-read: check head-of-line blocking of a read ending at read_end_seq */
+	/* tcp-socket-read: check head-of-line blocking of a read ending at read_end_seq on a
+	 * socket whose rcv_ooopack is ooopack (read by the probe, which knows how to read it
+	 * cheaply there) */
 	bool tcp_read;
+	__u32 ooopack;
 	__u32 read_end_seq;
 };
 

@@ -192,9 +192,11 @@ static __always_inline __u32 service_of_sock(const struct sock *sk)
 	struct sock_service *cached;
 	__u32 slot;
 
-	/* Without services or auto-grouping every socket is "host": nothing to cache. */
-	if (!auto_services && !have_cgroup_rules && !have_port_rules)
-		return TT_SERVICE_HOST;
+	/* Without services or auto-grouping every socket is "host": nothing to cache. With port
+	 * rules alone, the port lookup is an inlined array index: cheaper than the cache's
+	 * helper call, and no storage is created. */
+	if (!auto_services && !have_cgroup_rules)
+		return service_of_port(sk->__sk_common.skc_num);
 	/* NULL for sockets without storage (not full sockets) or out of memory: resolve. */
 	cached = bpf_sk_storage_get(&sock_services, (struct sock *)sk, 0,
 				    BPF_SK_STORAGE_GET_F_CREATE);
