@@ -22,10 +22,25 @@ pub(crate) fn binomial_upper_tail(n: u64, p: f64, x: u64) -> f64 {
 /// Holm's step-down procedure: which of `p_values` are significant while keeping the
 /// family-wise error rate at `alpha`. Uniformly more powerful than Bonferroni, same guarantee.
 pub(crate) fn holm(p_values: &[f64], alpha: f64) -> Vec<bool> {
+    let mut significant = Vec::new();
+    holm_into(p_values, alpha, &mut Vec::new(), &mut significant);
+    significant
+}
+
+/// [`holm`] into `significant`, with `order` as scratch: a replay calls it every interval
+/// and reuses both buffers.
+pub(crate) fn holm_into(
+    p_values: &[f64],
+    alpha: f64,
+    order: &mut Vec<usize>,
+    significant: &mut Vec<bool>,
+) {
     let m = p_values.len();
-    let mut order: Vec<usize> = (0..m).collect();
+    order.clear();
+    order.extend(0..m);
     order.sort_by(|&a, &b| p_values[a].total_cmp(&p_values[b]));
-    let mut significant = vec![false; m];
+    significant.clear();
+    significant.resize(m, false);
     for (rank, &i) in order.iter().enumerate() {
         if p_values[i] <= alpha / (m - rank) as f64 {
             significant[i] = true;
@@ -33,7 +48,6 @@ pub(crate) fn holm(p_values: &[f64], alpha: f64) -> Vec<bool> {
             break;
         }
     }
-    significant
 }
 
 #[cfg(test)]
