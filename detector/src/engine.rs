@@ -12,7 +12,7 @@ use crate::config::{DetectorConfig, Slo, Thresholds};
 use crate::event::{
     attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident, StageAttribution,
 };
-use crate::stats::{binomial_upper_tail, holm};
+use crate::stats::{binomial_upper_tail, holm, upper_tail_exceeds};
 use crate::window::{Reach, Snapshot, Window};
 use model::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
 use model::Probe;
@@ -142,7 +142,11 @@ impl Detector {
                         let base_cum = key.baseline.cumulative();
                         for &q in &t.quantiles {
                             if let Some(s) = Shift::new(q, snap, &window_cum, &base_cum) {
-                                let p = if s.worth_testing(t) { s.exact_p() } else { 1.0 };
+                                let p = if s.worth_testing(t) {
+                                    s.p_value(self.config.significance)
+                                } else {
+                                    1.0
+                                };
                                 tests.push(Test {
                                     service: si,
                                     evidence: s.evidence(probe, p, weight),
@@ -613,9 +617,18 @@ impl Shift {
             && self.exceedances as f64 > self.p0 * self.count as f64
     }
 
-    /// The exact one-sided binomial p-value.
-    pub(crate) fn exact_p(&self) -> f64 {
-        binomial_upper_tail(self.count, self.p0, self.exceedances)
+    /// The p-value the detector uses: the exact one-sided binomial tail, or 1 when a cheap
+    /// bound shows the tail above `max(significance, HOLD_P_VALUE)`. Such a test is
+    /// significant at no step of Holm's procedure and moves no other test's step (it sorts
+    /// after every smaller p-value either way), and it holds no incident: 1 decides exactly
+    /// the same, and a non-hot test's p-value is reported nowhere.
+    pub(crate) fn p_value(&self, significance: f64) -> f64 {
+        let level = significance.max(HOLD_P_VALUE);
+        if upper_tail_exceeds(self.count, self.p0, self.exceedances, level) {
+            1.0
+        } else {
+            binomial_upper_tail(self.count, self.p0, self.exceedances)
+        }
     }
 
     /// The evidence of this test for `probe`, with `p_value` and the baseline's weight.

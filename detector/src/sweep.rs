@@ -133,6 +133,7 @@ struct BaseStats {
 struct ShiftSlot {
     q: f64,
     shift: Option<Shift>,
+    /// Its p-value, once a candidate ran the test.
     exact: Option<f64>,
 }
 
@@ -310,6 +311,7 @@ impl Sweep {
 
         // 3. Each candidate's tests, verdicts and state machine.
         let s = &mut self.scratch;
+        let significance = self.significance;
         s.learning.clear();
         for cand in &mut self.cands {
             let group = &mut self.bases[cand.base];
@@ -350,7 +352,9 @@ impl Sweep {
                     let slot = &mut stats.shifts[at];
                     let Some(shift) = slot.shift else { continue };
                     let p = if shift.worth_testing(t) {
-                        *slot.exact.get_or_insert_with(|| shift.exact_p())
+                        *slot
+                            .exact
+                            .get_or_insert_with(|| shift.p_value(significance))
                     } else {
                         1.0
                     };
