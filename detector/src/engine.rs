@@ -124,6 +124,7 @@ impl Detector {
         let mut slo_hits: Vec<Test> = Vec::new();
         for (si, (name, svc)) in self.services.iter_mut().enumerate() {
             let t = &svc.thresholds;
+            let bars = Bars::of(t);
             for (&probe, key) in svc.keys.iter_mut() {
                 let evaluated = key.window.evaluate(ts, reach(t));
                 key.evaluated = evaluated.is_some();
@@ -142,7 +143,7 @@ impl Detector {
                         let base_cum = key.baseline.cumulative();
                         for &q in &t.quantiles {
                             if let Some(s) = Shift::new(q, snap, &window_cum, &base_cum) {
-                                let p = if s.worth_testing(t) {
+                                let p = if s.worth_testing(bars) {
                                     s.p_value(self.config.significance)
                                 } else {
                                     1.0
@@ -164,11 +165,15 @@ impl Detector {
             .map(|t| t.evidence.p_value.unwrap_or(1.0))
             .collect();
         let significant = holm(&p_values, self.config.significance);
-        let thresholds: Vec<&Thresholds> = self.services.values().map(|s| &s.thresholds).collect();
+        let bars: Vec<Bars> = self
+            .services
+            .values()
+            .map(|s| Bars::of(&s.thresholds))
+            .collect();
         let mut hot: Vec<Vec<Evidence>> = vec![Vec::new(); self.services.len()];
         let mut holding = vec![false; self.services.len()];
         for (test, sig) in tests.into_iter().zip(significant) {
-            let t = thresholds[test.service];
+            let t = bars[test.service];
             let e = &test.evidence;
             let delta = e.observed.value_ns - e.baseline.value_ns;
             match judge(t, e.ratio, delta, e.p_value, sig) {
@@ -524,6 +529,23 @@ fn estimate(bucket: usize, value_ns: f64) -> Estimate {
     }
 }
 
+/// The size bars of thresholds as the tests compare them, converted once per service or
+/// candidate (a Duration's nanoseconds to f64 is a 128-bit conversion, costly per test).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bars {
+    min_ratio: f64,
+    min_delta_ns: f64,
+}
+
+impl Bars {
+    pub(crate) fn of(t: &Thresholds) -> Bars {
+        Bars {
+            min_ratio: t.min_ratio,
+            min_delta_ns: t.min_delta.as_nanos() as f64,
+        }
+    }
+}
+
 /// What one test decides for a service with thresholds `t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -538,13 +560,13 @@ pub(crate) enum Verdict {
 /// The verdict of a test with `ratio`, absolute growth `delta` (ns) and `p_value`, which
 /// Holm's procedure over the interval found `significant` or not.
 pub(crate) fn judge(
-    t: &Thresholds,
+    t: Bars,
     ratio: f64,
     delta: f64,
     p_value: Option<f64>,
     significant: bool,
 ) -> Verdict {
-    let min_delta = t.min_delta.as_nanos() as f64;
+    let min_delta = t.min_delta_ns;
     if significant && ratio >= t.min_ratio && delta >= min_delta {
         Verdict::Hot
     } else if p_value.is_some_and(|p| p <= HOLD_P_VALUE)
@@ -611,9 +633,9 @@ impl Shift {
     /// The exact test is the costly part; when the shift is too small to count even for an
     /// open incident under `t`, or there are no more exceedances than expected, p = 1
     /// stands in. That is an upper bound of the true p-value, so Holm's guarantee holds.
-    pub(crate) fn worth_testing(&self, t: &Thresholds) -> bool {
+    pub(crate) fn worth_testing(&self, t: Bars) -> bool {
         self.ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
-            && self.delta() >= t.min_delta.as_nanos() as f64 * HOLD_FRACTION
+            && self.delta() >= t.min_delta_ns * HOLD_FRACTION
             && self.exceedances as f64 > self.p0 * self.count as f64
     }
 

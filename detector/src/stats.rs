@@ -66,11 +66,17 @@ pub(crate) fn holm_into(
     significant: &mut Vec<bool>,
 ) {
     let m = p_values.len();
+    significant.clear();
+    significant.resize(m, false);
+    // The smallest p-value is compared first, with alpha / m: when none passes that, none
+    // is significant and the sort can be skipped (the usual quiet interval).
+    let first_bar = alpha / m as f64;
+    if !p_values.iter().any(|&p| p <= first_bar) {
+        return;
+    }
     order.clear();
     order.extend(0..m);
     order.sort_by(|&a, &b| p_values[a].total_cmp(&p_values[b]));
-    significant.clear();
-    significant.resize(m, false);
     for (rank, &i) in order.iter().enumerate() {
         if p_values[i] <= alpha / (m - rank) as f64 {
             significant[i] = true;

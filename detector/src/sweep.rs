@@ -32,7 +32,8 @@ use model::Probe;
 use crate::baseline::{Baseline, Cumulative};
 use crate::config::{Slo, Thresholds};
 use crate::engine::{
-    applies, judge, reach, renews_baselines, slo_evidence, stage, KeyView, Machine, Shift, Verdict,
+    applies, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView, Machine, Shift,
+    Verdict,
 };
 use crate::event::{Event, Evidence, Incident};
 use crate::replay::{format_time, RecordError};
@@ -73,6 +74,7 @@ struct Scratch {
 #[derive(Debug)]
 struct Cand {
     t: Thresholds,
+    bars: Bars,
     machine: Machine,
     /// Index of its baseline group.
     base: usize,
@@ -180,6 +182,7 @@ impl Sweep {
             };
             cands.push(Cand {
                 t: t.clone(),
+                bars: Bars::of(t),
                 machine: Machine::default(),
                 base,
                 incidents: Vec::new(),
@@ -351,7 +354,7 @@ impl Sweep {
                     };
                     let slot = &mut stats.shifts[at];
                     let Some(shift) = slot.shift else { continue };
-                    let p = if shift.worth_testing(t) {
+                    let p = if shift.worth_testing(cand.bars) {
                         *slot
                             .exact
                             .get_or_insert_with(|| shift.p_value(significance))
@@ -378,7 +381,7 @@ impl Sweep {
                 let Some(shift) = stats.shifts[at].shift else {
                     continue;
                 };
-                match judge(t, shift.ratio, shift.delta(), Some(p), sig) {
+                match judge(cand.bars, shift.ratio, shift.delta(), Some(p), sig) {
                     Verdict::Hot => hot.push(shift.evidence(probe, p, stats.weight)),
                     Verdict::Holding => holding = true,
                     Verdict::Cool => {}
