@@ -6,6 +6,9 @@
 //!
 //! `cargo bench -p tailtrap --bench tune` (TAILTRAP_BENCH_PROBES sets the probes per
 //! service, 1 to 7, default 3; TAILTRAP_BENCH_DIR keeps the databases).
+//! TAILTRAP_BENCH_BEFORE=PATH also runs another build's `tailtrap` (e.g. the last
+//! commit's), right before this one on the same database each time, prints both CPU
+//! times side by side and whether their `--json` answers are byte-identical.
 
 use std::path::Path;
 use std::process::Command;
@@ -95,18 +98,20 @@ fn fmt_rfc3339(ns: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_nanos(ns)).to_string()
 }
 
-/// Run `tailtrap tune` offline with 8 candidates (or none: the settings in force only);
-/// (cpu, wall, rows, points).
-fn tune(
-    dir: &Path,
-    from: u64,
-    to: u64,
-    resolution: &str,
-    sweep: bool,
-) -> (Duration, Duration, usize, u64) {
+/// What one `tailtrap tune` run cost and answered.
+struct Run {
+    cpu: Duration,
+    wall: Duration,
+    rows: usize,
+    points: u64,
+    stdout: Vec<u8>,
+}
+
+/// Run `bin tune` offline with 8 candidates (or none: the settings in force only).
+fn tune(bin: &Path, dir: &Path, from: u64, to: u64, resolution: &str, sweep: bool) -> Run {
     let cpu0 = children_cpu();
     let t0 = Instant::now();
-    let out = Command::new(TAILTRAP)
+    let out = Command::new(bin)
         .args(["tune", "web", "--json", "--resolution", resolution])
         .args(["--from", &fmt_rfc3339(from), "--to", &fmt_rfc3339(to)])
         .args(if sweep {
@@ -130,9 +135,13 @@ fn tune(
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let rows = v["candidates"].as_array().map_or(0, Vec::len);
-    let points = v["points"].as_u64().unwrap_or(0);
-    (cpu, wall, rows, points)
+    Run {
+        cpu,
+        wall,
+        rows: v["candidates"].as_array().map_or(0, Vec::len),
+        points: v["points"].as_u64().unwrap_or(0),
+        stdout: out.stdout,
+    }
 }
 
 fn main() {
@@ -151,10 +160,14 @@ fn main() {
     let dir = kept.as_deref().unwrap_or(temp.path());
     // An empty config file: the built-in defaults (daemon interval 1 s).
     std::fs::write(dir.join("none.toml"), "").expect("config");
+    let before = std::env::var_os("TAILTRAP_BENCH_BEFORE").map(std::path::PathBuf::from);
     println!("tailtrap tune, offline, 8 candidates + the settings in force, {probes} probe(s)");
+    if let Some(b) = &before {
+        println!("before: {}", b.display());
+    }
     println!(
-        "{:<40} {:>9} {:>9} {:>9} {:>6}",
-        "history", "points", "cpu", "wall", "rows"
+        "{:<40} {:>9} {:>9} {:>9} {:>6} {:>11} {:>10}",
+        "history", "points", "cpu", "wall", "rows", "cpu before", "same json"
     );
     for (name, duration, interval, res) in [
         ("one week at 10 s", "7d", "10s", "10s"),
@@ -181,12 +194,30 @@ fn main() {
         eprintln!("({name}: database written in {:.1?})", built.elapsed());
         // The settings in force alone: reading plus one replay, to split the cost.
         for (label, sweep) in [("", true), (", in force only", false)] {
-            let (cpu, wall, rows, points) = tune(&sub, from, end, res, sweep);
+            let old = before
+                .as_deref()
+                .map(|b| tune(b, &sub, from, end, res, sweep));
+            let r = tune(Path::new(TAILTRAP), &sub, from, end, res, sweep);
+            if let Some(o) = old.as_ref().filter(|o| o.stdout != r.stdout) {
+                // Kept for a diff.
+                let tag = if sweep { "sweep" } else { "in-force" };
+                std::fs::write(sub.join(format!("{tag}-before.json")), &o.stdout).expect("save");
+                std::fs::write(sub.join(format!("{tag}-after.json")), &r.stdout).expect("save");
+            }
+            let (old_cpu, same) = match &old {
+                Some(o) => (
+                    format!("{:.2}s", o.cpu.as_secs_f64()),
+                    if o.stdout == r.stdout { "yes" } else { "NO" },
+                ),
+                None => ("-".to_string(), "-"),
+            };
             println!(
-                "{:<40} {points:>9} {:>8.2}s {:>8.2}s {rows:>6}",
+                "{:<40} {:>9} {:>8.2}s {:>8.2}s {:>6} {old_cpu:>11} {same:>10}",
                 format!("{name}{label}"),
-                cpu.as_secs_f64(),
-                wall.as_secs_f64()
+                r.points,
+                r.cpu.as_secs_f64(),
+                r.wall.as_secs_f64(),
+                r.rows
             );
         }
     }

@@ -192,6 +192,7 @@ fn from_epoch_secs(s: f64) -> Result<SystemTime, BaselineError> {
 }
 
 /// Running sums over the buckets of a distribution (counts or decayed weights).
+#[derive(Debug, Clone)]
 pub(crate) struct Cumulative {
     cum: [f64; NUM_BUCKETS],
 }

@@ -1,13 +1,18 @@
 //! The detector: baselines and windows per (service, probe), the tests of each interval, and
 //! the incident state machine per service.
+//!
+//! The pieces of an interval's evaluation ([`Shift`], [`judge`], [`Machine`], [`stage`]) are
+//! shared with [`crate::sweep::Sweep`], which replays one history under many settings at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use crate::baseline::{Baseline, BaselineError, Cumulative};
 use crate::config::{DetectorConfig, Slo, Thresholds};
-use crate::event::{attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident};
-use crate::stats::{binomial_upper_tail, holm};
+use crate::event::{
+    attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident, StageAttribution,
+};
+use crate::stats::{binomial_upper_tail, holm, upper_tail_exceeds};
 use crate::window::{Reach, Snapshot, Window};
 use model::hist::{bucket_index, bucket_lower, bucket_upper, Histogram, QuantileEstimate};
 use model::Probe;
@@ -22,7 +27,7 @@ const UPDATE_RATIO_STEP: f64 = 1.5;
 /// service's p99) would close and reopen the incident.
 const HOLD_FRACTION: f64 = 0.5;
 /// See [`HOLD_FRACTION`].
-const HOLD_P_VALUE: f64 = 0.01;
+pub(crate) const HOLD_P_VALUE: f64 = 0.01;
 
 /// Learns per-(service, probe) baselines and turns interval histograms into incidents.
 ///
@@ -39,13 +44,7 @@ pub struct Detector {
 struct ServiceState {
     thresholds: Thresholds,
     keys: BTreeMap<Probe, KeyState>,
-    /// Recent window evaluations, newest last: (window start, hot).
-    recent: Vec<(SystemTime, bool)>,
-    cool_streak: u32,
-    incident: Option<Incident>,
-    /// Headline ratio of the last event, to rate-limit updates.
-    reported_ratio: f64,
-    cooldown_until: Option<SystemTime>,
+    machine: Machine,
 }
 
 #[derive(Debug)]
@@ -57,6 +56,19 @@ struct KeyState {
     evaluated: bool,
     /// Observed since the last `end_interval`: its newest interval is still to be learnt.
     fresh: bool,
+}
+
+/// The incident state machine of one service: what it decides from each interval's hot
+/// evidence, given its thresholds (which the caller keeps).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Machine {
+    /// Recent window evaluations, newest last: (window start, hot).
+    recent: Vec<(SystemTime, bool)>,
+    cool_streak: u32,
+    incident: Option<Incident>,
+    /// Headline ratio of the last event, to rate-limit updates.
+    reported_ratio: f64,
+    cooldown_until: Option<SystemTime>,
 }
 
 /// One test of one (service, probe, quantile) in the current interval.
@@ -112,13 +124,15 @@ impl Detector {
         let mut slo_hits: Vec<Test> = Vec::new();
         for (si, (name, svc)) in self.services.iter_mut().enumerate() {
             let t = &svc.thresholds;
+            let bars = Bars::of(t);
             for (&probe, key) in svc.keys.iter_mut() {
                 let evaluated = key.window.evaluate(ts, reach(t));
                 key.evaluated = evaluated.is_some();
                 if let Some(snap) = evaluated {
                     let window_cum = Cumulative::from_counts(&snap.buckets);
+                    let weight = key.baseline.weight();
                     for slo in self.config.slo.iter().filter(|s| applies(s, name, probe)) {
-                        if let Some(e) = slo_evidence(slo, snap, &window_cum, &key.baseline) {
+                        if let Some(e) = slo_evidence(slo, snap, &window_cum, weight) {
                             slo_hits.push(Test {
                                 service: si,
                                 evidence: e,
@@ -128,12 +142,15 @@ impl Detector {
                     if key.baseline.is_warm(ts, t.warmup_samples, t.warmup_time) {
                         let base_cum = key.baseline.cumulative();
                         for &q in &t.quantiles {
-                            if let Some(e) =
-                                shift_test(t, probe, q, snap, &window_cum, &base_cum, &key.baseline)
-                            {
+                            if let Some(s) = Shift::new(q, snap, &window_cum, &base_cum) {
+                                let p = if s.worth_testing(bars) {
+                                    s.p_value(self.config.significance)
+                                } else {
+                                    1.0
+                                };
                                 tests.push(Test {
                                     service: si,
-                                    evidence: e,
+                                    evidence: s.evidence(probe, p, weight),
                                 });
                             }
                         }
@@ -148,21 +165,21 @@ impl Detector {
             .map(|t| t.evidence.p_value.unwrap_or(1.0))
             .collect();
         let significant = holm(&p_values, self.config.significance);
-        let thresholds: Vec<&Thresholds> = self.services.values().map(|s| &s.thresholds).collect();
+        let bars: Vec<Bars> = self
+            .services
+            .values()
+            .map(|s| Bars::of(&s.thresholds))
+            .collect();
         let mut hot: Vec<Vec<Evidence>> = vec![Vec::new(); self.services.len()];
         let mut holding = vec![false; self.services.len()];
         for (test, sig) in tests.into_iter().zip(significant) {
-            let t = thresholds[test.service];
+            let t = bars[test.service];
             let e = &test.evidence;
             let delta = e.observed.value_ns - e.baseline.value_ns;
-            let min_delta = t.min_delta.as_nanos() as f64;
-            if sig && e.ratio >= t.min_ratio && delta >= min_delta {
-                hot[test.service].push(test.evidence);
-            } else if e.p_value.is_some_and(|p| p <= HOLD_P_VALUE)
-                && e.ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
-                && delta >= min_delta * HOLD_FRACTION
-            {
-                holding[test.service] = true;
+            match judge(t, e.ratio, delta, e.p_value, sig) {
+                Verdict::Hot => hot[test.service].push(test.evidence),
+                Verdict::Holding => holding[test.service] = true,
+                Verdict::Cool => {}
             }
         }
         for test in slo_hits {
@@ -173,15 +190,27 @@ impl Detector {
         let mut events = Vec::new();
         let per_service = hot.into_iter().zip(holding);
         for ((name, svc), (hot, holding)) in self.services.iter_mut().zip(per_service) {
-            if let Some(ev) = svc.step(name, ts, hot, holding) {
+            let ServiceState {
+                thresholds: t,
+                keys,
+                machine,
+            } = svc;
+            let r = reach(t);
+            let view = |p: Probe| keys.get(&p).map(|k| (&k.window, k.evaluated, &k.baseline));
+            let event = machine.step(name, t, ts, hot, holding, &|h| stage(ts, h, r, &view));
+            if let Some(ev) = event {
+                if renews_baselines(&ev) {
+                    for key in keys.values_mut() {
+                        key.baseline = Baseline::new(ts);
+                    }
+                }
                 events.push(ev);
             }
-            let frozen = svc.incident.is_some() || svc.recent.last().is_some_and(|&(_, h)| h);
-            let half_life = svc.thresholds.half_life;
-            for key in svc.keys.values_mut() {
+            let frozen = machine.frozen();
+            for key in keys.values_mut() {
                 match key.window.newest() {
                     Some(buckets) if key.fresh && !frozen => {
-                        key.baseline.learn(ts, buckets, half_life)
+                        key.baseline.learn(ts, buckets, t.half_life)
                     }
                     _ => key.baseline.hold(ts),
                 }
@@ -248,7 +277,7 @@ impl Detector {
     /// the incident is not lost; returns whether it was forgotten.
     pub fn forget(&mut self, service: &str) -> bool {
         match self.services.get(service) {
-            Some(svc) if svc.incident.is_some() => false,
+            Some(svc) if svc.machine.incident.is_some() => false,
             Some(_) => {
                 self.services.remove(service);
                 true
@@ -261,7 +290,7 @@ impl Detector {
     pub fn open_incidents(&self) -> Vec<Incident> {
         self.services
             .values()
-            .filter_map(|s| s.incident.clone())
+            .filter_map(|s| s.machine.incident.clone())
             .collect()
     }
 
@@ -283,7 +312,11 @@ impl Detector {
     fn key_mut(&mut self, service: &str, probe: Probe, now: SystemTime) -> &mut KeyState {
         // Looked up before `entry`, which would allocate the name on every call.
         if !self.services.contains_key(service) {
-            let state = ServiceState::new(self.config.thresholds(service));
+            let state = ServiceState {
+                thresholds: self.config.thresholds(service),
+                keys: BTreeMap::new(),
+                machine: Machine::default(),
+            };
             self.services.insert(service.to_owned(), state);
         }
         let Some(svc) = self.services.get_mut(service) else {
@@ -298,28 +331,31 @@ impl Detector {
     }
 }
 
-impl ServiceState {
-    fn new(thresholds: Thresholds) -> Self {
-        ServiceState {
-            thresholds,
-            keys: BTreeMap::new(),
-            recent: Vec::new(),
-            cool_streak: 0,
-            incident: None,
-            reported_ratio: 0.0,
-            cooldown_until: None,
-        }
+/// Whether `event` closes an incident as the new normal: the service's baselines then
+/// start afresh (warm-up included).
+pub(crate) fn renews_baselines(event: &Event) -> bool {
+    matches!(event, Event::Closed(inc) if inc.close_reason == Some(CloseReason::NewNormal))
+}
+
+impl Machine {
+    /// Whether the baselines must not learn this interval: an incident is open, or the
+    /// newest window was hot (a shift must not teach the baseline before it opens).
+    pub(crate) fn frozen(&self) -> bool {
+        self.incident.is_some() || self.recent.last().is_some_and(|&(_, h)| h)
     }
 
-    /// Advance the state machine by one window evaluation.
-    fn step(
+    /// Advance the state machine by one window evaluation. `stage` attributes a headline
+    /// to a stage (only called when an incident opens or is updated). A Closed event with
+    /// [`CloseReason::NewNormal`] asks the caller to renew the baselines.
+    pub(crate) fn step(
         &mut self,
         name: &str,
+        t: &Thresholds,
         ts: SystemTime,
         mut hot: Vec<Evidence>,
         holding: bool,
+        stage: &dyn Fn(&Evidence) -> Option<StageAttribution>,
     ) -> Option<Event> {
-        let t = &self.thresholds;
         let window_start = hot.iter().map(|e| e.window_start).min().unwrap_or(ts);
         self.recent.push((window_start, !hot.is_empty()));
         let keep = t.open_window as usize;
@@ -333,7 +369,7 @@ impl ServiceState {
 
         if let Some(mut inc) = self.incident.take() {
             if ts.duration_since(inc.opened_at).unwrap_or_default() >= t.max_incident {
-                return Some(self.close(inc, ts, CloseReason::NewNormal));
+                return Some(self.close(inc, ts, CloseReason::NewNormal, t.cooldown));
             }
             if hot.is_empty() && holding {
                 // Still shifted, just below the opening bar: neither cool nor news.
@@ -344,7 +380,7 @@ impl ServiceState {
             if hot.is_empty() {
                 self.cool_streak += 1;
                 if self.cool_streak >= t.close_after {
-                    return Some(self.close(inc, ts, CloseReason::Recovered));
+                    return Some(self.close(inc, ts, CloseReason::Recovered, t.cooldown));
                 }
                 self.incident = Some(inc);
                 return None;
@@ -361,7 +397,7 @@ impl ServiceState {
             inc.probes = probes.into_iter().collect();
             inc.updated_at = ts;
             if grew || stronger {
-                inc.stage = self.stage(ts, &headline);
+                inc.stage = stage(&headline);
                 inc.headline = headline;
                 inc.evidence = hot;
                 self.reported_ratio = inc.headline.ratio;
@@ -393,7 +429,7 @@ impl ServiceState {
             updated_at: ts,
             closed_at: None,
             close_reason: None,
-            stage: self.stage(ts, &headline),
+            stage: stage(&headline),
             headline,
             evidence: hot,
         };
@@ -403,52 +439,62 @@ impl ServiceState {
         Some(Event::Opened(inc))
     }
 
-    fn close(&mut self, mut inc: Incident, ts: SystemTime, reason: CloseReason) -> Event {
+    fn close(
+        &mut self,
+        mut inc: Incident,
+        ts: SystemTime,
+        reason: CloseReason,
+        cooldown: Duration,
+    ) -> Event {
         inc.closed_at = Some(ts);
         inc.close_reason = Some(reason);
-        self.cooldown_until = Some(ts + self.thresholds.cooldown);
+        self.cooldown_until = Some(ts + cooldown);
         self.recent.clear();
         self.cool_streak = 0;
-        if reason == CloseReason::NewNormal {
-            for key in self.keys.values_mut() {
-                key.baseline = Baseline::new(ts);
-            }
-        }
         Event::Closed(inc)
     }
+}
 
-    /// Stage attribution at the headline's quantile along the headline probe's path, up to
-    /// the deepest probe of that path the service has data for.
-    fn stage(&self, ts: SystemTime, headline: &Evidence) -> Option<crate::event::StageAttribution> {
-        let q = headline.quantile;
-        let deepest = Probe::ALL
-            .iter()
-            .rev()
-            .copied()
-            .find(|&p| on_path(p, headline.probe) && self.keys.get(&p).is_some_and(|k| k.evaluated))
-            .unwrap_or(headline.probe);
-        let mut chain = vec![deepest];
-        while let Some(prev) = chain.last().and_then(|p| p.previous()) {
-            chain.push(prev);
-        }
-        chain.reverse();
-        let mut path = Vec::new();
-        let mut snap = Snapshot::empty();
-        for p in chain {
-            let Some(key) = self.keys.get(&p) else {
-                continue;
-            };
-            if !key.window.sum(ts, reach(&self.thresholds), &mut snap) {
-                continue;
-            }
-            let window = Cumulative::from_counts(&snap.buckets);
-            let base = key.baseline.cumulative();
-            if let (Some((_, b)), Some((_, o))) = (base.quantile(q), window.quantile(q)) {
-                path.push((p, b, o));
-            }
-        }
-        attribute(q, &path)
+/// A (probe) key as stage attribution reads it: its window, whether the window was
+/// evaluated this interval, and its baseline.
+pub(crate) type KeyView<'a> = Option<(&'a Window, bool, &'a Baseline)>;
+
+/// Stage attribution at the headline's quantile along the headline probe's path, up to
+/// the deepest probe of that path the service has data for. `key` looks up a probe's key.
+pub(crate) fn stage<'a>(
+    ts: SystemTime,
+    headline: &Evidence,
+    reach: Reach,
+    key: &dyn Fn(Probe) -> KeyView<'a>,
+) -> Option<StageAttribution> {
+    let q = headline.quantile;
+    let deepest = Probe::ALL
+        .iter()
+        .rev()
+        .copied()
+        .find(|&p| on_path(p, headline.probe) && key(p).is_some_and(|(_, evaluated, _)| evaluated))
+        .unwrap_or(headline.probe);
+    let mut chain = vec![deepest];
+    while let Some(prev) = chain.last().and_then(|p| p.previous()) {
+        chain.push(prev);
     }
+    chain.reverse();
+    let mut path = Vec::new();
+    let mut snap = Snapshot::empty();
+    for p in chain {
+        let Some((window, _, baseline)) = key(p) else {
+            continue;
+        };
+        if !window.sum(ts, reach, &mut snap) {
+            continue;
+        }
+        let window = Cumulative::from_counts(&snap.buckets);
+        let base = baseline.cumulative();
+        if let (Some((_, b)), Some((_, o))) = (base.quantile(q), window.quantile(q)) {
+            path.push((p, b, o));
+        }
+    }
+    attribute(q, &path)
 }
 
 /// Same path, or `p` is the shared ip-start before it.
@@ -457,7 +503,7 @@ fn on_path(p: Probe, of: Probe) -> bool {
     p.path() == of.path() || p.path() == Path::Ip
 }
 
-fn reach(t: &Thresholds) -> Reach {
+pub(crate) fn reach(t: &Thresholds) -> Reach {
     Reach {
         window: t.window,
         max_window: t.max_window,
@@ -471,7 +517,7 @@ fn strongest(hot: &[Evidence]) -> Option<Evidence> {
         .cloned()
 }
 
-fn applies(slo: &Slo, service: &str, probe: Probe) -> bool {
+pub(crate) fn applies(slo: &Slo, service: &str, probe: Probe) -> bool {
     slo.probe == probe && slo.service.as_deref().is_none_or(|s| s == service)
 }
 
@@ -483,57 +529,155 @@ fn estimate(bucket: usize, value_ns: f64) -> Estimate {
     }
 }
 
-/// The exact binomial test of quantile `q`: how many window samples lie above the baseline's
-/// q-bucket, against the share of baseline weight above it.
-fn shift_test(
-    t: &Thresholds,
-    probe: Probe,
-    q: f64,
-    snap: &Snapshot,
-    window: &Cumulative,
-    base: &Cumulative,
-    baseline: &Baseline,
-) -> Option<Evidence> {
-    let (b_bucket, b_value) = base.quantile(q)?;
-    let (o_bucket, o_value) = window.quantile(q)?;
-    // Add-half smoothing so an empty tail in the baseline does not make any exceedance
-    // infinitely surprising.
-    let p0 = (base.above(b_bucket) + 0.5) / (base.total() + 1.0);
-    let exceedances = window.above(b_bucket).round() as u64;
-    let ratio = o_value / b_value.max(1.0);
-    // The exact test is the costly part; when the shift is too small to count even for an
-    // open incident, or there are no more exceedances than expected, p = 1 stands in. That
-    // is an upper bound of the true p-value, so Holm's guarantee still holds.
-    let could_matter = ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
-        && o_value - b_value >= t.min_delta.as_nanos() as f64 * HOLD_FRACTION
-        && exceedances as f64 > p0 * snap.count as f64;
-    let p_value = if could_matter {
-        binomial_upper_tail(snap.count, p0, exceedances)
+/// The size bars of thresholds as the tests compare them, converted once per service or
+/// candidate (a Duration's nanoseconds to f64 is a 128-bit conversion, costly per test).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bars {
+    min_ratio: f64,
+    min_delta_ns: f64,
+}
+
+impl Bars {
+    pub(crate) fn of(t: &Thresholds) -> Bars {
+        Bars {
+            min_ratio: t.min_ratio,
+            min_delta_ns: t.min_delta.as_nanos() as f64,
+        }
+    }
+}
+
+/// What one test decides for a service with thresholds `t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Significant and large enough: the window is hot.
+    Hot,
+    /// Not hot, but shifted enough to keep an open incident open.
+    Holding,
+    /// Neither.
+    Cool,
+}
+
+/// The verdict of a test with `ratio`, absolute growth `delta` (ns) and `p_value`, which
+/// Holm's procedure over the interval found `significant` or not.
+pub(crate) fn judge(
+    t: Bars,
+    ratio: f64,
+    delta: f64,
+    p_value: Option<f64>,
+    significant: bool,
+) -> Verdict {
+    let min_delta = t.min_delta_ns;
+    if significant && ratio >= t.min_ratio && delta >= min_delta {
+        Verdict::Hot
+    } else if p_value.is_some_and(|p| p <= HOLD_P_VALUE)
+        && ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
+        && delta >= min_delta * HOLD_FRACTION
+    {
+        Verdict::Holding
     } else {
-        1.0
-    };
-    Some(Evidence {
-        probe,
-        quantile: q,
-        kind: EvidenceKind::Shift,
-        baseline: estimate(b_bucket, b_value),
-        observed: estimate(o_bucket, o_value),
-        ratio,
-        p_value: Some(p_value),
-        window_samples: snap.count,
-        exceedances,
-        expected_exceedances: p0 * snap.count as f64,
-        baseline_samples: baseline.weight(),
-        window_start: snap.start,
-    })
+        Verdict::Cool
+    }
+}
+
+/// The figures of the exact binomial test of quantile `q`: how many window samples lie
+/// above the baseline's q-bucket, against the share of baseline weight above it. They do
+/// not depend on the thresholds; whether the exact test is worth running does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shift {
+    q: f64,
+    b_bucket: usize,
+    b_value: f64,
+    o_bucket: usize,
+    o_value: f64,
+    p0: f64,
+    exceedances: u64,
+    count: u64,
+    start: SystemTime,
+    /// Observed over baseline value.
+    pub ratio: f64,
+}
+
+impl Shift {
+    /// The test of quantile `q` of the window `snap` (summed in `window`) against the
+    /// baseline's running sums `base`; `None` when either is empty.
+    pub(crate) fn new(
+        q: f64,
+        snap: &Snapshot,
+        window: &Cumulative,
+        base: &Cumulative,
+    ) -> Option<Shift> {
+        let (b_bucket, b_value) = base.quantile(q)?;
+        let (o_bucket, o_value) = window.quantile(q)?;
+        // Add-half smoothing so an empty tail in the baseline does not make any exceedance
+        // infinitely surprising.
+        let p0 = (base.above(b_bucket) + 0.5) / (base.total() + 1.0);
+        Some(Shift {
+            q,
+            b_bucket,
+            b_value,
+            o_bucket,
+            o_value,
+            p0,
+            exceedances: window.above(b_bucket).round() as u64,
+            count: snap.count,
+            start: snap.start,
+            ratio: o_value / b_value.max(1.0),
+        })
+    }
+
+    /// Observed minus baseline value, ns.
+    pub(crate) fn delta(&self) -> f64 {
+        self.o_value - self.b_value
+    }
+
+    /// The exact test is the costly part; when the shift is too small to count even for an
+    /// open incident under `t`, or there are no more exceedances than expected, p = 1
+    /// stands in. That is an upper bound of the true p-value, so Holm's guarantee holds.
+    pub(crate) fn worth_testing(&self, t: Bars) -> bool {
+        self.ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
+            && self.delta() >= t.min_delta_ns * HOLD_FRACTION
+            && self.exceedances as f64 > self.p0 * self.count as f64
+    }
+
+    /// The p-value the detector uses: the exact one-sided binomial tail, or 1 when a cheap
+    /// bound shows the tail above `max(significance, HOLD_P_VALUE)`. Such a test is
+    /// significant at no step of Holm's procedure and moves no other test's step (it sorts
+    /// after every smaller p-value either way), and it holds no incident: 1 decides exactly
+    /// the same, and a non-hot test's p-value is reported nowhere.
+    pub(crate) fn p_value(&self, significance: f64) -> f64 {
+        let level = significance.max(HOLD_P_VALUE);
+        if upper_tail_exceeds(self.count, self.p0, self.exceedances, level) {
+            1.0
+        } else {
+            binomial_upper_tail(self.count, self.p0, self.exceedances)
+        }
+    }
+
+    /// The evidence of this test for `probe`, with `p_value` and the baseline's weight.
+    pub(crate) fn evidence(&self, probe: Probe, p_value: f64, baseline_weight: f64) -> Evidence {
+        Evidence {
+            probe,
+            quantile: self.q,
+            kind: EvidenceKind::Shift,
+            baseline: estimate(self.b_bucket, self.b_value),
+            observed: estimate(self.o_bucket, self.o_value),
+            ratio: self.ratio,
+            p_value: Some(p_value),
+            window_samples: self.count,
+            exceedances: self.exceedances,
+            expected_exceedances: self.p0 * self.count as f64,
+            baseline_samples: baseline_weight,
+            window_start: self.start,
+        }
+    }
 }
 
 /// Evidence when the window's quantile is above the SLO's ceiling, else `None`.
-fn slo_evidence(
+pub(crate) fn slo_evidence(
     slo: &Slo,
     snap: &Snapshot,
     window: &Cumulative,
-    baseline: &Baseline,
+    baseline_weight: f64,
 ) -> Option<Evidence> {
     let (o_bucket, o_value) = window.quantile(slo.quantile)?;
     let max_ns = slo.max.as_nanos().min(u128::from(u64::MAX)) as u64;
@@ -556,7 +700,7 @@ fn slo_evidence(
         window_samples: snap.count,
         exceedances: window.above(c_bucket).round() as u64,
         expected_exceedances: (1.0 - slo.quantile) * snap.count as f64,
-        baseline_samples: baseline.weight(),
+        baseline_samples: baseline_weight,
         window_start: snap.start,
     })
 }

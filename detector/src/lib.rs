@@ -5,7 +5,8 @@
 //! The daemon builds a [`Detector`] from a [`DetectorConfig`] (the `[detector]` table of its
 //! config file), calls [`Detector::observe`] for each (service, probe) histogram of an
 //! interval and [`Detector::end_interval`] once per interval, and acts on the returned
-//! [`Event`]s. [`replay::Replayer`] drives the same API from a recorded series.
+//! [`Event`]s. [`replay::Replayer`] drives the same API from a recorded series;
+//! [`sweep::Sweep`] replays one service's series under many settings at once.
 #![deny(missing_docs)]
 
 mod baseline;
@@ -15,6 +16,7 @@ pub mod event;
 pub mod replay;
 pub mod scenario;
 mod stats;
+pub mod sweep;
 mod window;
 
 pub use baseline::BaselineError;

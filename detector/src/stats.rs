@@ -1,7 +1,7 @@
 //! The statistics behind a "hot" window: an exact one-sided binomial test and Holm's
 //! step-down correction for the many tests of one interval.
 
-use statrs::distribution::{Binomial, DiscreteCDF};
+use statrs::distribution::{Binomial, Discrete, DiscreteCDF};
 
 /// P(X >= x) for X ~ Binomial(n, p): how surprising `x` exceedances among `n` samples are
 /// when each exceeds with probability `p`. One-sided because only growth is an anomaly.
@@ -19,13 +19,64 @@ pub(crate) fn binomial_upper_tail(n: u64, p: f64, x: u64) -> f64 {
     }
 }
 
+/// Whether P(X >= x) for X ~ Binomial(n, p) is certainly above `level`: the first terms
+/// of that tail (one pmf, then each term from the last by the pmf's ratio) already sum past
+/// it with a 5% margin, far beyond the rounding of this sum or of [`binomial_upper_tail`].
+/// `false` means "not shown", not "below". A few products instead of the incomplete beta
+/// function: most tests of a quiet service end here.
+pub(crate) fn upper_tail_exceeds(n: u64, p: f64, x: u64, level: f64) -> bool {
+    /// Terms summed at most: near the mean one term is already a few percent.
+    const TERMS: u64 = 16;
+    let target = level * 1.05;
+    if x == 0 {
+        return 1.0 > target;
+    }
+    if x > n || !(p > 0.0 && p < 1.0) {
+        return false;
+    }
+    let Ok(b) = Binomial::new(p, n) else {
+        return false;
+    };
+    let odds = p / (1.0 - p);
+    let mut term = b.pmf(x);
+    let mut sum = term;
+    let mut k = x;
+    while sum <= target && k < n && k - x < TERMS && term > 0.0 {
+        term *= (n - k) as f64 / (k + 1) as f64 * odds;
+        k += 1;
+        sum += term;
+    }
+    sum.is_finite() && sum > target
+}
+
 /// Holm's step-down procedure: which of `p_values` are significant while keeping the
 /// family-wise error rate at `alpha`. Uniformly more powerful than Bonferroni, same guarantee.
 pub(crate) fn holm(p_values: &[f64], alpha: f64) -> Vec<bool> {
+    let mut significant = Vec::new();
+    holm_into(p_values, alpha, &mut Vec::new(), &mut significant);
+    significant
+}
+
+/// [`holm`] into `significant`, with `order` as scratch: a replay calls it every interval
+/// and reuses both buffers.
+pub(crate) fn holm_into(
+    p_values: &[f64],
+    alpha: f64,
+    order: &mut Vec<usize>,
+    significant: &mut Vec<bool>,
+) {
     let m = p_values.len();
-    let mut order: Vec<usize> = (0..m).collect();
+    significant.clear();
+    significant.resize(m, false);
+    // The smallest p-value is compared first, with alpha / m: when none passes that, none
+    // is significant and the sort can be skipped (the usual quiet interval).
+    let first_bar = alpha / m as f64;
+    if !p_values.iter().any(|&p| p <= first_bar) {
+        return;
+    }
+    order.clear();
+    order.extend(0..m);
     order.sort_by(|&a, &b| p_values[a].total_cmp(&p_values[b]));
-    let mut significant = vec![false; m];
     for (rank, &i) in order.iter().enumerate() {
         if p_values[i] <= alpha / (m - rank) as f64 {
             significant[i] = true;
@@ -33,7 +84,6 @@ pub(crate) fn holm(p_values: &[f64], alpha: f64) -> Vec<bool> {
             break;
         }
     }
-    significant
 }
 
 #[cfg(test)]
@@ -74,6 +124,35 @@ mod tests {
         assert!(binomial_upper_tail(10_000, 0.01, 100) > 0.4);
         // 3% instead of 1% is overwhelming evidence
         assert!(binomial_upper_tail(10_000, 0.01, 300) < 1e-40);
+    }
+
+    #[test]
+    fn the_cheap_bound_only_claims_what_the_exact_tail_confirms() {
+        let mut shown = 0;
+        for n in [1u64, 2, 5, 10, 30, 100, 500, 2_000, 10_000, 60_000] {
+            for p in [1e-4, 1e-3, 0.01, 0.05, 0.1, 0.3, 0.5, 0.7, 0.9] {
+                let mean = n as f64 * p;
+                let sd = (mean * (1.0 - p)).sqrt().max(1.0);
+                for dev in [-2.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0] {
+                    let x = (mean + dev * sd).round().clamp(0.0, n as f64 + 1.0) as u64;
+                    let exact = binomial_upper_tail(n, p, x);
+                    for level in [1e-4, 0.01, 0.05] {
+                        if upper_tail_exceeds(n, p, x, level) {
+                            shown += 1;
+                            assert!(exact > level, "n={n} p={p} x={x} level={level}: {exact}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            shown > 500,
+            "the bound decides most cases near the mean: {shown}"
+        );
+        // A window of 10 000 with 1% expected above the baseline's p99 bucket: 105 is no
+        // evidence, and the bound says so without the exact tail.
+        assert!(upper_tail_exceeds(10_000, 0.01, 105, 0.01));
+        assert!(!upper_tail_exceeds(10_000, 0.01, 140, 0.01));
     }
 
     #[test]

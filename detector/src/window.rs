@@ -161,6 +161,12 @@ impl Window {
         Some(&self.held)
     }
 
+    /// The sum the last [`Window::evaluate`] returned, while nothing has been pushed since
+    /// (and when it returned one): the same window read again without a borrow held.
+    pub(crate) fn evaluated(&self) -> &Snapshot {
+        &self.held
+    }
+
     /// Sum the window ending at `now` into `out` without changing anything.
     pub(crate) fn sum(&self, now: SystemTime, reach: Reach, out: &mut Snapshot) -> bool {
         let (first, complete) = self.reach_back(now, reach);

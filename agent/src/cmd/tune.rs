@@ -6,14 +6,13 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use detector::event::Incident as Replayed;
-use detector::replay::{Record, RecordError, Replayer};
-use detector::{Detector, DetectorConfig, Thresholds};
+use detector::replay::Record;
+use detector::sweep::Sweep;
+use detector::{DetectorConfig, Thresholds};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::config::{key_segment, Validate};
 use serde::Serialize;
@@ -25,7 +24,7 @@ use crate::output::{fmt_span, fmt_time, print_json, probe_list, table};
 use crate::source::{block_on, Source, Target};
 
 /// Most candidates one run replays (the product of the `--sweep` lists, times one): each
-/// is a full replay of the history.
+/// may cost up to a full replay of the history when its settings share nothing.
 pub const MAX_CANDIDATES: usize = 64;
 
 /// Arguments of `tailtrap tune`.
@@ -204,7 +203,8 @@ struct Outcome {
     incidents: Vec<Replayed>,
 }
 
-/// Replay `records` once per candidate, spread over the machine's cores.
+/// Replay `records` (one service's) under every candidate at once: a [`Sweep`] shares the
+/// windows, baselines and tests among candidates whose settings do not change them.
 fn replay_all(
     records: &[Record],
     config: &DetectorConfig,
@@ -213,92 +213,31 @@ fn replay_all(
     resolution: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Outcome>> {
-    // Every candidate replays the same points: their non-empty buckets are found once here
-    // rather than by scanning each dense histogram once per candidate. One candidate scans
-    // each once anyway, so it replays the records as they are.
-    let sparse: Vec<SparseRecord> = if cands.len() > 1 {
-        records.iter().map(SparseRecord::new).collect()
-    } else {
-        Vec::new()
-    };
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
-        Mutex::new((0..cands.len()).map(|_| None).collect());
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(cands.len())
-        .max(1);
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(c) = cands.get(i) else { break };
-                let cfg = DetectorConfig {
-                    significance: config.significance,
-                    defaults: c.thresholds.at_resolution(interval, resolution),
-                    services: BTreeMap::new(),
-                    slo: config.slo.clone(),
-                };
-                let r = if sparse.is_empty() {
-                    replay_one(records, cfg, progress, |rp, r| rp.push(r))
-                } else {
-                    replay_one(&sparse, cfg, progress, |rp, r| {
-                        let buckets = r.buckets.iter().copied();
-                        rp.push_buckets(r.ts, r.service, r.probe, buckets, r.count)
-                    })
-                };
-                if let Ok(mut all) = results.lock() {
-                    all[i] = Some(r);
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("a replay thread panicked"))?
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a replay did not finish"))))
-        .collect()
-}
-
-/// A [`Record`] reduced to what a replay reads, with its buckets sparse.
-struct SparseRecord<'a> {
-    ts: SystemTime,
-    service: &'a str,
-    probe: model::Probe,
-    count: u64,
-    buckets: Box<[(usize, u64)]>,
-}
-
-impl<'a> SparseRecord<'a> {
-    fn new(r: &'a Record) -> Self {
-        SparseRecord {
-            ts: r.ts,
-            service: &r.service,
-            probe: r.probe,
-            count: r.hist.count(),
-            buckets: r.hist.nonzero().collect(),
-        }
-    }
-}
-
-/// Replay `records` with one candidate's settings; `feed` pushes one record.
-fn replay_one<R>(
-    records: &[R],
-    cfg: DetectorConfig,
-    progress: &ProgressBar,
-    feed: impl Fn(&mut Replayer, &R) -> Result<(), RecordError>,
-) -> anyhow::Result<Outcome> {
     const STEP: usize = 4096;
-    let mut replayer = Replayer::new(Detector::new(cfg));
+    let thresholds: Vec<Thresholds> = cands
+        .iter()
+        .map(|c| c.thresholds.at_resolution(interval, resolution))
+        .collect();
+    let service = records.first().map_or("", |r| r.service.as_str());
+    let mut sweep = Sweep::new(service, config.significance, &config.slo, &thresholds);
+    // One buffer for every record's non-empty buckets: the sweep reads them once per
+    // window group.
+    let mut buckets: Vec<(usize, u64)> = Vec::new();
     for chunk in records.chunks(STEP) {
         for r in chunk {
-            feed(&mut replayer, r).context("replaying the stored history")?;
+            buckets.clear();
+            buckets.extend(r.hist.nonzero());
+            sweep
+                .push(r.ts, r.probe, &buckets, r.hist.count())
+                .context("replaying the stored history")?;
         }
-        progress.inc(chunk.len() as u64);
+        progress.inc((chunk.len() * cands.len()) as u64);
     }
-    let (incidents, _) = replayer.finish();
-    Ok(Outcome { incidents })
+    Ok(sweep
+        .finish()
+        .into_iter()
+        .map(|incidents| Outcome { incidents })
+        .collect())
 }
 
 /// A recorded incident and its verdict.
