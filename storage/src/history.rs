@@ -197,9 +197,17 @@ impl Chunk {
         }
     }
 
-    /// Merge `hist` into the point at `at` (within the chunk).
-    fn add(&mut self, at: u64, hist: &Histogram) -> Result<()> {
+    /// Merge `hist` into the point at `at` (within the chunk). A `whole` point (the finest
+    /// level, where one interval is one point) is encoded at once instead of copied and
+    /// kept open; another interval for it later takes the slower way.
+    fn add(&mut self, at: u64, hist: &Histogram, whole: bool) -> Result<()> {
         self.dirty = true;
+        if whole && self.open.is_none() && self.done_last.is_none_or(|d| d < at) {
+            put_point(&mut self.done, at - self.start, hist)?;
+            self.done_n += 1;
+            self.done_last = Some(at);
+            return Ok(());
+        }
         match &mut self.open {
             Some((t, h)) if *t == at => {
                 h.merge(hist);
@@ -279,11 +287,15 @@ impl Chunk {
 }
 
 impl HistoryBuffer {
-    fn stream(&mut self, service: &str, probe: Probe, level: u8) -> &mut StreamBuf {
+    /// The streams of `service`.
+    fn service(&mut self, service: &str) -> &mut Vec<StreamBuf> {
         if !self.streams.contains_key(service) {
             self.streams.insert(service.to_owned(), Vec::new());
         }
-        let list = self.streams.get_mut(service).expect("inserted above");
+        self.streams.get_mut(service).expect("inserted above")
+    }
+
+    fn stream(list: &mut Vec<StreamBuf>, probe: Probe, level: u8) -> &mut StreamBuf {
         let at = match list
             .iter()
             .position(|s| s.probe == probe && s.level == level)
@@ -531,12 +543,13 @@ impl Store {
         let mut undecodable = 0u64;
         for &i in &ok {
             let p = &points[i];
+            let list = buf.service(p.service);
             for (level, &(res, span)) in levels.iter().enumerate() {
                 // The level index fits a byte: config validation caps the number of levels.
                 let lvl = level as u8;
                 let at = start_ns - start_ns % res;
                 let cstart = at - at % span;
-                let s = buf.stream(p.service, p.probe, lvl);
+                let s = HistoryBuffer::stream(list, p.probe, lvl);
                 if let Some(c) = s.chunk.take_if(|c| c.start != cstart) {
                     // Another chunk of the stream (a gap, a clock step, a backfill).
                     if c.dirty {
@@ -586,7 +599,7 @@ impl Store {
                     s.chunk = Some(chunk);
                 }
                 if let Some(c) = &mut s.chunk {
-                    c.add(at, p.hist)?;
+                    c.add(at, p.hist, level == 0)?;
                 }
             }
         }
@@ -921,15 +934,19 @@ mod tests {
             h.record_n(v, v % 7 + 1);
             h
         };
-        for (t, v) in [
+        let adds = [
             (1000, 5),
             (1001, 70_000),
             (1001, 9),
             (1003, 1 << 33),
             (1002, 4),
-        ] {
-            c.add(t, &h(v)).unwrap();
+        ];
+        let mut whole = Chunk::empty(1000, Stored::Absent);
+        for (t, v) in adds {
+            c.add(t, &h(v), false).unwrap();
+            whole.add(t, &h(v), true).unwrap();
         }
+        assert_eq!(whole.points(), c.points());
         let mut second = h(70_000);
         second.merge(&h(9));
         let expected = vec![

@@ -202,7 +202,7 @@ impl Store {
         }
         store.report.moved_aside = moved_aside;
         store.report.interrupted = store.mark_interrupted()?;
-        store.flush()?;
+        store.flush_with(false)?;
         store.pid_file = Some(lock::write_pid_file(&store.path)?);
         Ok(store)
     }
@@ -270,14 +270,22 @@ impl Store {
     /// After an engine I/O failure (a full disk), sled refuses all further work; the next
     /// flush reopens it from its files, so the store recovers once space is back.
     pub fn flush(&self) -> Result<()> {
+        self.flush_with(true)
+    }
+
+    /// [`Store::flush`]; without `history`, the history chunks being filled stay in memory
+    /// (an incident's own flush must not wait for writing every stream's chunk).
+    pub(crate) fn flush_with(&self, history: bool) -> Result<()> {
         let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         if self.engine_failed.load(Ordering::Relaxed) {
             self.reopen_engine()?;
         }
         // History chunks being filled are written first. A failure is counted and logged
         // but does not fail the flush: incidents must still be made durable.
-        if let Err(e) = self.write_history_buffer() {
-            tracing::warn!(error = %e, "buffered history could not be written");
+        if history {
+            if let Err(e) = self.write_history_buffer() {
+                tracing::warn!(error = %e, "buffered history could not be written");
+            }
         }
         let generation = self.generation.load(Ordering::Relaxed) + 1;
         self.meta_put(META_GENERATION, &generation)?;
@@ -350,7 +358,7 @@ impl Store {
         let value = self.encode("incident", &incident, MAX_INCIDENT_BYTES)?;
         self.meta_put(META_NEXT_INCIDENT, &(id + 1))?;
         self.put(T::Incidents, &keys::incident(id), value)?;
-        self.flush()?;
+        self.flush_with(false)?;
         Ok(incident)
     }
 
@@ -371,7 +379,7 @@ impl Store {
         incident.state = IncidentState::Closed;
         incident.closed_ns = Some(closed_ns);
         self.update_incident(incident)?;
-        self.flush()
+        self.flush_with(false)
     }
 
     /// One incident.
