@@ -8,7 +8,8 @@
 //! by default). With TAILTRAP_BENCH_PERF=PREFIX the measured window of each run is profiled
 //! with `perf record -e cpu-clock -g` into PREFIX-<services>.data (`perf report -i ...`);
 //! TAILTRAP_BENCH_BIN=PATH measures another build's `tailtrap` (e.g. main's, for a
-//! before/after pair run back to back). TAILTRAP_BENCH_PERF_CALL_GRAPH=dwarf attributes allocator and libc time to its callers
+//! before/after pair run back to back); TAILTRAP_BENCH_SERVICES=64 runs only that
+//! configuration (default `1,64`). TAILTRAP_BENCH_PERF_CALL_GRAPH=dwarf attributes allocator and libc time to its callers
 //! (the default, frame pointers, loses them).
 
 use std::io::{Read, Write};
@@ -273,7 +274,14 @@ fn main() {
         .unwrap_or(20);
     let dir: PathBuf = std::env::temp_dir().join(format!("tailtrap-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    let runs: Vec<Run> = [1usize, 64].iter().map(|&n| run(n, secs, &dir)).collect();
+    // TAILTRAP_BENCH_SERVICES=64 measures only that configuration (e.g. for a long window
+    // covering the per-minute history write).
+    let counts: Vec<usize> = std::env::var("TAILTRAP_BENCH_SERVICES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 64]);
+    let runs: Vec<Run> = counts.iter().map(|&n| run(n, secs, &dir)).collect();
     let _ = std::fs::remove_dir_all(&dir);
     println!("daemon cost, {secs} s per run, 1 s interval, loopback TCP ping-pong per service");
     println!(

@@ -7,7 +7,6 @@ use crate::codec;
 use crate::error::Result;
 use crate::model::{Incident, IncidentState, PwruRecord};
 use crate::store::{Store, StoreStats, SCHEMA_VERSION, T};
-use model::Histogram;
 
 /// One tree's figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -93,7 +92,7 @@ impl Store {
                         Err(_) => false,
                     },
                     T::Pwru => codec::decode::<PwruRecord>(&v).is_ok(),
-                    T::History => codec::decode::<Histogram>(&v).is_ok(),
+                    T::History => crate::history::decode_record(0, &v).is_ok(),
                     T::Baselines => codec::decode::<Vec<u8>>(&v).is_ok(),
                     // Meta values have several types; the envelope check is what applies.
                     T::Meta => codec::verify(&v).is_ok(),

@@ -72,11 +72,33 @@ pub(crate) fn encode_as<T: Serialize>(
     Ok(out)
 }
 
+/// Finish an envelope built in place: `out` is the version byte, four bytes of room for
+/// the CRC and the payload. Refused when over `max` bytes.
+pub(crate) fn seal(kind: &'static str, mut out: Vec<u8>, max: usize) -> Result<Vec<u8>> {
+    if out.len() > max {
+        return Err(StoreError::TooLarge {
+            kind,
+            size: out.len(),
+            max,
+        });
+    }
+    let sum = crc(out[0], &out[HEADER..]);
+    out[1..HEADER].copy_from_slice(&sum.to_be_bytes());
+    Ok(out)
+}
+
 /// Check the envelope only (a version this build writes, and the CRC), without decoding
 /// the payload.
 pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     match bytes.first() {
-        Some(&v) if v == SAMPLE_CHUNK_VERSION || v == SAMPLE_CHUNK_V2 => verify_as(v, bytes),
+        // A history chunk's version is the same byte as a version-2 sample chunk's.
+        Some(&v)
+            if v == SAMPLE_CHUNK_VERSION
+                || v == SAMPLE_CHUNK_V2
+                || v == crate::history::HISTORY_CHUNK_VERSION =>
+        {
+            verify_as(v, bytes)
+        }
         _ => verify_as(RECORD_VERSION, bytes),
     }
 }

@@ -69,98 +69,304 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// What this store knows of each (service, probe, level) it wrote: the start of the
-/// newest point that exists (as written, or as found once by a read), and that point's
-/// stored length and histogram once it holds more than one interval. A later point is
-/// then known to be absent and a cached one is merged without being read and decoded
-/// back: at the default levels, of three reads per (service, probe) and interval about
-/// one in ten is left. The store is the only writer of its history (the database lock);
-/// the cache is dropped whenever a history record is removed, the engine is swapped or a
-/// batch is not stored (`epoch` follows the store's history epoch).
-#[derive(Default)]
-pub(crate) struct HistoryCache {
-    epoch: u64,
-    points: HashMap<String, Vec<Newest>>,
+/// Points per history record (a *chunk*) at every level: a record of level `l` covers
+/// `CHUNK_POINTS × resolution(l)` from a start aligned to that span. One record per point
+/// made sled's per-insert work most of the daemon's CPU and every history read walk one
+/// key per point.
+pub(crate) const CHUNK_POINTS: u64 = 60;
+
+/// The span of one chunk at a level of resolution `res_ns`.
+pub(crate) fn chunk_span(res_ns: u64) -> u64 {
+    res_ns.max(1).saturating_mul(CHUNK_POINTS)
 }
 
-struct Newest {
+/// Envelope version of a history chunk; version-1 history records hold one point each
+/// (written before chunks) and stay readable.
+pub(crate) const HISTORY_CHUNK_VERSION: u8 = 2;
+/// Cap on a chunk record: its points are capped one by one at [`MAX_HISTORY_BYTES`].
+pub(crate) const MAX_HISTORY_CHUNK_BYTES: usize = CHUNK_POINTS as usize * MAX_HISTORY_BYTES;
+
+/// The history chunks this store is filling, one per (service, probe, level), written to
+/// the tree when a newer chunk starts, when the finest level moves into a new chunk
+/// (every level's chunk then, so a crash loses at most one finest chunk's time of any
+/// level), at [`Store::flush`] and when the store closes. Reads merge them in, so what
+/// was recorded is readable at once. The store is the only writer of its history (the
+/// database lock).
+#[derive(Default)]
+pub(crate) struct HistoryBuffer {
+    epoch: u64,
+    streams: HashMap<String, Vec<StreamBuf>>,
+    /// Start of the finest level's chunk of the newest batch.
+    period: Option<u64>,
+}
+
+struct StreamBuf {
     probe: Probe,
     level: u8,
-    /// No point of the stream starts later.
-    start: u64,
-    /// Stored length and histogram of the point at `start`, when kept.
-    value: Option<(usize, Histogram)>,
+    /// Start of the newest record of the stream in the tree, once looked up (`Some(None)`:
+    /// none); a chunk later than it needs no read.
+    newest: Option<Option<u64>>,
+    chunk: Option<Chunk>,
 }
 
-/// What the cache says of one point.
-enum Known {
-    /// Nothing is known: read it.
-    Unknown,
-    /// Later than every existing point of its stream.
+/// Length of the record stored under a chunk's key, for the live-byte count.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stored {
     Absent,
-    /// The stored length and histogram (taken out; [`HistoryCache::wrote`] puts the merge
-    /// back).
-    Stored(usize, Histogram),
+    Len(usize),
+    /// Records may have been removed since (retention, rotation): look when writing.
+    Unknown,
 }
 
-impl HistoryCache {
-    fn entry(&mut self, service: &str, probe: Probe, level: u8) -> Option<&mut Newest> {
-        self.points
-            .get_mut(service)?
-            .iter_mut()
-            .find(|c| c.probe == probe && c.level == level)
-    }
+/// One chunk being filled: completed points already encoded, the newest still merging.
+struct Chunk {
+    start: u64,
+    /// Completed points in time order, each `offset ns from start (varint) | histogram`.
+    done: Vec<u8>,
+    done_n: u64,
+    /// Start of the last completed point.
+    done_last: Option<u64>,
+    open: Option<(u64, Histogram)>,
+    /// Changed since last written.
+    dirty: bool,
+    stored: Stored,
+}
 
-    fn lookup(&mut self, service: &str, probe: Probe, level: u8, start: u64) -> Known {
-        match self.entry(service, probe, level) {
-            Some(c) if start > c.start => Known::Absent,
-            Some(c) if start == c.start => match c.value.take() {
-                Some((len, h)) => Known::Stored(len, h),
-                None => Known::Unknown,
-            },
-            _ => Known::Unknown,
+/// LEB128, as postcard encodes integers and sequence lengths.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_point(out: &mut Vec<u8>, offset: u64, hist: &Histogram) -> Result<()> {
+    put_varint(out, offset);
+    let wire = SparseWire {
+        buckets: Nonzero(hist),
+        count: hist.count(),
+        sum_ns: hist.sum_ns(),
+    };
+    let buf = std::mem::take(out);
+    *out = postcard::to_extend(&wire, buf).map_err(|source| StoreError::Encode {
+        kind: "history",
+        source,
+    })?;
+    Ok(())
+}
+
+/// The points of a stored history record under a key starting at `key_start`: a chunk
+/// (version 2) or one point (version 1, before chunks).
+pub(crate) fn decode_record(
+    key_start: u64,
+    value: &[u8],
+) -> std::result::Result<Vec<(u64, Histogram)>, codec::DecodeError> {
+    if value.first() == Some(&HISTORY_CHUNK_VERSION) {
+        let points: Vec<(u64, Histogram)> = codec::decode_as(HISTORY_CHUNK_VERSION, value)?;
+        Ok(points
+            .into_iter()
+            .map(|(off, h)| (key_start.saturating_add(off), h))
+            .collect())
+    } else {
+        Ok(vec![(key_start, codec::decode::<Histogram>(value)?)])
+    }
+}
+
+/// How many points a history record holds, without decoding them (0 when damaged).
+pub(crate) fn record_points(value: &[u8]) -> u64 {
+    match value.first() {
+        Some(&HISTORY_CHUNK_VERSION) => codec::verify_as(HISTORY_CHUNK_VERSION, value)
+            .ok()
+            .and_then(|p| postcard::take_from_bytes::<u64>(p).ok())
+            .map_or(0, |(n, _)| n),
+        _ => u64::from(codec::verify_as(codec::RECORD_VERSION, value).is_ok()),
+    }
+}
+
+impl Chunk {
+    fn empty(start: u64, stored: Stored) -> Chunk {
+        Chunk {
+            start,
+            done: Vec::new(),
+            done_n: 0,
+            done_last: None,
+            open: None,
+            dirty: false,
+            stored,
         }
     }
 
-    /// Whether the stream's newest point is known.
-    fn knows(&mut self, service: &str, probe: Probe, level: u8) -> bool {
-        self.entry(service, probe, level).is_some()
+    /// Merge `hist` into the point at `at` (within the chunk). A `whole` point (the finest
+    /// level, where one interval is one point) is encoded at once instead of copied and
+    /// kept open; another interval for it later takes the slower way.
+    fn add(&mut self, at: u64, hist: &Histogram, whole: bool) -> Result<()> {
+        self.dirty = true;
+        if whole && self.open.is_none() && self.done_last.is_none_or(|d| d < at) {
+            put_point(&mut self.done, at - self.start, hist)?;
+            self.done_n += 1;
+            self.done_last = Some(at);
+            return Ok(());
+        }
+        match &mut self.open {
+            Some((t, h)) if *t == at => {
+                h.merge(hist);
+                return Ok(());
+            }
+            Some((t, _)) if *t < at => {
+                if let Some((t, h)) = self.open.take() {
+                    put_point(&mut self.done, t - self.start, &h)?;
+                    self.done_n += 1;
+                    self.done_last = Some(t);
+                }
+            }
+            Some(_) => return self.add_out_of_order(at, hist),
+            None if self.done_last.is_some_and(|d| d >= at) => {
+                return self.add_out_of_order(at, hist)
+            }
+            None => {}
+        }
+        self.open = Some((at, hist.clone()));
+        Ok(())
     }
 
-    /// The point at `start` was written (its merged histogram and stored length if worth
-    /// keeping); `newest` is the stream's newest existing start when just read.
-    fn wrote(
-        &mut self,
+    /// A point at or before one already completed (a clock stepped back, a backfill):
+    /// rebuild the chunk from its points.
+    fn add_out_of_order(&mut self, at: u64, hist: &Histogram) -> Result<()> {
+        let mut points = self.points();
+        match points.iter_mut().find(|(t, _)| *t == at) {
+            Some((_, h)) => h.merge(hist),
+            None => points.push((at, hist.clone())),
+        }
+        points.sort_by_key(|(t, _)| *t);
+        self.set_points(points)
+    }
+
+    fn set_points(&mut self, mut points: Vec<(u64, Histogram)>) -> Result<()> {
+        self.done.clear();
+        self.done_n = 0;
+        self.done_last = None;
+        self.open = points.pop();
+        for (t, h) in &points {
+            put_point(&mut self.done, t - self.start, h)?;
+            self.done_n += 1;
+            self.done_last = Some(*t);
+        }
+        Ok(())
+    }
+
+    /// Every point, decoded.
+    fn points(&self) -> Vec<(u64, Histogram)> {
+        let mut payload = Vec::with_capacity(self.done.len() + 10);
+        put_varint(&mut payload, self.done_n);
+        payload.extend_from_slice(&self.done);
+        // Encoded here from valid histograms: it decodes.
+        let mut points: Vec<(u64, Histogram)> = postcard::from_bytes(&payload)
+            .map(|v: Vec<(u64, Histogram)>| {
+                v.into_iter()
+                    .map(|(off, h)| (self.start + off, h))
+                    .collect()
+            })
+            .unwrap_or_default();
+        points.extend(self.open.clone());
+        points
+    }
+
+    /// The chunk's record.
+    fn encode(&self) -> Result<Vec<u8>> {
+        let n = self.done_n + u64::from(self.open.is_some());
+        let mut out = Vec::with_capacity(codec::HEADER + 10 + self.done.len() + 512);
+        out.extend_from_slice(&[HISTORY_CHUNK_VERSION, 0, 0, 0, 0]);
+        put_varint(&mut out, n);
+        out.extend_from_slice(&self.done);
+        if let Some((t, h)) = &self.open {
+            put_point(&mut out, t - self.start, h)?;
+        }
+        codec::seal("history chunk", out, MAX_HISTORY_CHUNK_BYTES)
+    }
+}
+
+impl HistoryBuffer {
+    /// The streams of `service`.
+    fn service(&mut self, service: &str) -> &mut Vec<StreamBuf> {
+        if !self.streams.contains_key(service) {
+            self.streams.insert(service.to_owned(), Vec::new());
+        }
+        self.streams.get_mut(service).expect("inserted above")
+    }
+
+    fn stream(list: &mut Vec<StreamBuf>, probe: Probe, level: u8) -> &mut StreamBuf {
+        let at = match list
+            .iter()
+            .position(|s| s.probe == probe && s.level == level)
+        {
+            Some(i) => i,
+            None => {
+                list.push(StreamBuf {
+                    probe,
+                    level,
+                    newest: None,
+                    chunk: None,
+                });
+                list.len() - 1
+            }
+        };
+        &mut list[at]
+    }
+
+    /// Records were removed or the engine replaced: what is known of the tree is stale.
+    fn forget_tree(&mut self) {
+        for s in self.streams.values_mut().flatten() {
+            s.newest = None;
+            if let Some(c) = &mut s.chunk {
+                c.stored = Stored::Unknown;
+            }
+        }
+    }
+
+    /// The buffered points of a stream from `since` to `until`, with the start of the
+    /// buffered chunk (whose stored record they supersede).
+    pub(crate) fn points_of(
+        &self,
         service: &str,
         probe: Probe,
         level: u8,
-        start: u64,
-        newest: Option<u64>,
-        value: Option<(usize, Histogram)>,
-    ) {
-        let newest = newest.unwrap_or(start).max(start);
-        if let Some(c) = self.entry(service, probe, level) {
-            if start >= c.start {
-                c.start = start;
-                c.value = value;
-            }
-            return;
-        }
-        // Unknown until now: only `newest` (read from the tree) may start the entry.
-        let value = if start == newest { value } else { None };
-        let entry = Newest {
-            probe,
-            level,
-            start: newest,
-            value,
-        };
-        match self.points.get_mut(service) {
-            Some(list) => list.push(entry),
-            None => {
-                self.points.insert(service.to_owned(), vec![entry]);
-            }
-        }
+        since: u64,
+        until: u64,
+    ) -> Option<(u64, Vec<(u64, Histogram)>)> {
+        let s = self
+            .streams
+            .get(service)?
+            .iter()
+            .find(|s| s.probe == probe && s.level == level)?;
+        let c = s.chunk.as_ref()?;
+        let mut points = c.points();
+        points.retain(|(t, _)| (since..=until).contains(t));
+        Some((c.start, points))
     }
+
+    /// Streams (service, probe) with a buffered chunk at `level`.
+    pub(crate) fn streams_at(&self, level: u8) -> Vec<(String, Probe)> {
+        self.streams
+            .iter()
+            .flat_map(|(service, list)| {
+                list.iter()
+                    .filter(move |s| s.level == level && s.chunk.is_some())
+                    .map(move |s| (service.clone(), s.probe))
+            })
+            .collect()
+    }
+}
+
+/// Records of one write, with their live-byte changes.
+#[derive(Default)]
+struct Pending {
+    batch: sled::Batch,
+    added: u64,
+    removed: u64,
+    /// (service, probe, level, chunk start, record length) written, to mark clean once
+    /// stored.
+    written: Vec<(String, Probe, u8, u64, usize)>,
 }
 
 /// [`Histogram`]'s wire form (`model`'s sparse histogram: `[index, count]` pairs, count,
@@ -217,19 +423,39 @@ impl Store {
         }
     }
 
-    /// Drop what the history writer keeps in memory for `service`, which is gone (a removed
-    /// cgroup): its stored history stays. A later write of the same name reads back first.
+    /// Write what is buffered for `service`, which is gone (a removed cgroup), and forget
+    /// it: its stored history stays. A later write of the same name reads back first.
     pub fn forget_history_writer(&self, service: &str) {
-        let mut cache = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
-        cache.points.remove(service);
+        let mut buf = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        let eng = self.engine();
+        self.sync_history_epoch(&mut buf);
+        let tree = eng.tree(T::History);
+        let mut pending = Pending::default();
+        let mut staged = Ok(());
+        if let Some(list) = buf.streams.get(service) {
+            for s in list {
+                if let Some(c) = s.chunk.as_ref().filter(|c| c.dirty) {
+                    staged =
+                        staged.and(self.stage(&mut pending, tree, service, s.probe, s.level, c));
+                }
+            }
+        }
+        let r = staged.and_then(|()| self.apply_pending(tree, &mut buf, pending));
+        if let Err(e) = r {
+            tracing::warn!(%service, error = %e, "history of a removed service not stored");
+        }
+        buf.streams.remove(service);
     }
 
     /// Record one interval's histograms, all starting at `start_ns`, into every history
-    /// level in one atomic write. Durable within `flush_every`.
+    /// level. They are merged into the chunks in memory (readable at once) and written
+    /// when the finest level's chunk is complete, at [`Store::flush`] or when the store
+    /// closes: a crash loses at most the last `CHUNK_POINTS` finest intervals.
     ///
-    /// `Err` when nothing was stored (low disk space, engine failure); otherwise the points
-    /// refused one by one (a bad service name, over the size cap), by index into `points`,
-    /// the others being stored. Several points of one (service, probe) add up.
+    /// `Err` when nothing was stored (low disk space, engine failure) or when writing the
+    /// completed chunks failed; otherwise the points refused one by one (a bad service
+    /// name, over the size cap), by index into `points`, the others being recorded.
+    /// Several points of one (service, probe) add up.
     pub fn record_history_batch(
         &self,
         start_ns: u64,
@@ -242,201 +468,243 @@ impl Store {
         self.writable()?;
         // Once per batch: statvfs per record was a measurable share of the daemon's CPU.
         self.room_for_bulk()?;
-        // Points in key order (sled inserts with locality); one (service, probe) given
-        // twice is merged first, since the batch would keep only the last value of a key.
-        let mut order: Vec<usize> = Vec::with_capacity(points.len());
-        // Each point's own encoding, reused for every level where the point is new.
-        let mut encoded: Vec<Option<sled::IVec>> = Vec::with_capacity(points.len());
+        let mut ok: Vec<usize> = Vec::with_capacity(points.len());
         for (i, p) in points.iter().enumerate() {
-            encoded.push(None);
             if let Err(e) = keys::check_service(p.service) {
                 refused.push((i, e));
                 continue;
             }
-            // Refuse before touching anything if even the unmerged histogram is over the cap.
-            match self.encode_histogram(p.hist) {
-                Ok(v) => encoded[i] = Some(v.into()),
-                Err(e) => {
-                    refused.push((i, e));
-                    continue;
-                }
-            }
-            order.push(i);
+            // No size check per point: a histogram's encoding is bounded by its bucket
+            // count (under 4 KiB, the cap is 16 KiB); a chunk is checked when written.
+            ok.push(i);
         }
-        order.sort_by(|&a, &b| {
-            let (a, b) = (&points[a], &points[b]);
-            (a.service, a.probe).cmp(&(b.service, b.probe))
-        });
-        let mut merged_dups: Vec<(usize, Histogram)> = Vec::new();
-        order.dedup_by(|later, first| {
-            let (l, f) = (&points[*later], &points[*first]);
-            if (l.service, l.probe) != (f.service, f.probe) {
-                return false;
-            }
-            // The merged histogram is encoded when used.
-            encoded[*first] = None;
-            match merged_dups.last_mut().filter(|(i, _)| i == first) {
-                Some((_, h)) => h.merge(l.hist),
-                None => {
-                    let mut h = f.hist.clone();
-                    h.merge(l.hist);
-                    merged_dups.push((*first, h));
-                }
-            }
-            true
-        });
-        let hist_of = |i: usize| {
-            merged_dups
-                .iter()
-                .find(|(j, _)| *j == i)
-                .map_or(points[i].hist, |(_, h)| h)
+        let levels: Vec<(u64, u64)> = self
+            .cfg
+            .history
+            .iter()
+            .map(|l| {
+                let res = nanos(l.resolution).max(1);
+                (res, chunk_span(res))
+            })
+            .collect();
+        let Some(&(_, span0)) = levels.first() else {
+            return Ok(refused);
         };
 
-        // The read-merge-write of every key must not interleave with another history
-        // write, or that write's merge could be lost.
-        let mut cache = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buf = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the engine guard: a rotation or reopen bumps the epoch before it starts.
         let eng = self.engine();
-        // Read under the engine guard: a rotation or reopen bumps it before it can start.
-        let epoch = self.history_epoch.load(std::sync::atomic::Ordering::SeqCst);
-        if cache.epoch != epoch {
-            cache.points.clear();
-            cache.epoch = epoch;
-        }
+        self.sync_history_epoch(&mut buf);
         let tree = eng.tree(T::History);
-        let mut batch = sled::Batch::default();
-        let (mut added, mut removed) = (0u64, 0u64);
-        let mut undecodable = 0u64;
-        for &i in &order {
-            let p = &points[i];
-            let hist = hist_of(i);
-            // Encoded at most once, and shared by every level that has no point yet.
-            let mut fresh: Option<sled::IVec> = encoded[i].take();
-            for (level, l) in self.cfg.history.iter().enumerate() {
-                let res = nanos(l.resolution).max(1);
-                let start = start_ns - start_ns % res;
-                // The level index fits a byte: config validation caps the number of levels.
-                let key = keys::history(level as u8, p.service, p.probe, start);
-                let lvl = level as u8;
-                let mut newest = None;
-                let (old_len, prev) = match cache.lookup(p.service, p.probe, lvl, start) {
-                    Known::Absent => (None, None),
-                    Known::Stored(len, h) => (Some(len), Some(h)),
-                    Known::Unknown => {
-                        let read = tree.get(&key).and_then(|old| {
-                            if cache.knows(p.service, p.probe, lvl) {
-                                return Ok((old, None));
-                            }
-                            // First write of the stream here: find its newest point once.
-                            let stream = &key[..key.len() - 8];
-                            let last = tree.scan_prefix(stream).next_back().transpose()?;
-                            let last = last.and_then(|(k, _)| keys::parse_history(&k));
-                            Ok((old, Some(last.map_or(0, |(_, _, _, t)| t))))
-                        });
-                        let old = match read {
-                            Ok((old, n)) => {
-                                newest = n;
-                                old
-                            }
-                            Err(e) => {
-                                // Merges put in the cache above will not be stored.
-                                cache.points.clear();
-                                return self.counted(Err(e.into()));
-                            }
-                        };
-                        let prev = old
-                            .as_ref()
-                            .and_then(|o| match codec::decode::<Histogram>(o) {
-                                Ok(prev) => Some(prev),
-                                // A damaged point is replaced by the new interval
-                                // rather than kept.
-                                Err(_) => {
-                                    undecodable += 1;
-                                    None
-                                }
-                            });
-                        (old.map(|o| o.len()), prev)
+        let mut failed: Option<StoreError> = None;
+
+        // The finest level moved on: write every chunk, and let go of the complete ones.
+        let period = start_ns - start_ns % span0;
+        if buf.period.is_some_and(|p| period > p) {
+            let mut pending = Pending::default();
+            let mut staged = Ok(());
+            for (service, list) in &buf.streams {
+                for s in list {
+                    if let Some(c) = s.chunk.as_ref().filter(|c| c.dirty) {
+                        staged = staged.and(self.stage(
+                            &mut pending,
+                            tree,
+                            service,
+                            s.probe,
+                            s.level,
+                            c,
+                        ));
                     }
-                };
-                let value = match prev {
-                    Some(mut prev) => {
-                        prev.merge(hist);
-                        match self.encode_histogram(&prev) {
-                            Ok(v) => {
-                                let v = sled::IVec::from(v);
-                                let kept = Some((v.len(), prev));
-                                cache.wrote(p.service, p.probe, lvl, start, newest, kept);
-                                v
-                            }
-                            Err(e) => {
-                                // The stored point stays as it was.
-                                refused.push((i, e));
-                                break;
-                            }
-                        }
-                    }
-                    None => match &fresh {
-                        Some(v) => v.clone(),
-                        None => {
-                            // Checked against the cap above, so this cannot fail.
-                            let v = match self.encode_histogram(hist) {
-                                Ok(v) => sled::IVec::from(v),
-                                Err(e) => {
-                                    cache.points.clear();
-                                    return Err(e);
-                                }
-                            };
-                            fresh = Some(v.clone());
-                            v
-                        }
-                    },
-                };
-                if old_len.is_none() {
-                    // A new point: known to exist from now on, its histogram not kept.
-                    cache.wrote(p.service, p.probe, lvl, start, newest, None);
                 }
-                added += (key.len() + value.len()) as u64;
-                removed += old_len.map_or(0, |l| (key.len() + l) as u64);
-                batch.insert(key, value);
+            }
+            if let Err(e) = staged.and_then(|()| self.apply_pending(tree, &mut buf, pending)) {
+                // The complete chunks are dropped all the same (memory stays bounded);
+                // the write error is counted.
+                failed = Some(e);
+            }
+            for s in buf.streams.values_mut().flatten() {
+                let (res, span) = levels
+                    .get(usize::from(s.level))
+                    .copied()
+                    .unwrap_or((1, CHUNK_POINTS));
+                let at = start_ns - start_ns % res;
+                if let Some(c) = s.chunk.take_if(|c| c.start.saturating_add(span) <= at) {
+                    if c.stored != Stored::Absent {
+                        if let Some(newest) = &mut s.newest {
+                            *newest = Some(newest.map_or(c.start, |n| n.max(c.start)));
+                        }
+                    }
+                }
             }
         }
-        let r = tree.apply_batch(batch);
-        if r.is_err() {
-            // The cache now holds merges that were not stored.
-            cache.points.clear();
+        buf.period = Some(buf.period.map_or(period, |p| p.max(period)));
+
+        let mut pending = Pending::default();
+        let mut undecodable = 0u64;
+        for &i in &ok {
+            let p = &points[i];
+            let list = buf.service(p.service);
+            for (level, &(res, span)) in levels.iter().enumerate() {
+                // The level index fits a byte: config validation caps the number of levels.
+                let lvl = level as u8;
+                let at = start_ns - start_ns % res;
+                let cstart = at - at % span;
+                let s = HistoryBuffer::stream(list, p.probe, lvl);
+                if let Some(c) = s.chunk.take_if(|c| c.start != cstart) {
+                    // Another chunk of the stream (a gap, a clock step, a backfill).
+                    if c.dirty {
+                        if let Err(e) = self.stage(&mut pending, tree, p.service, p.probe, lvl, &c)
+                        {
+                            failed = Some(e);
+                        }
+                    }
+                    if let Some(newest) = &mut s.newest {
+                        *newest = Some(newest.map_or(c.start, |n| n.max(c.start)));
+                    }
+                }
+                if s.chunk.is_none() {
+                    let key = keys::history(lvl, p.service, p.probe, cstart);
+                    let newest = match s.newest {
+                        Some(n) => n,
+                        None => {
+                            // First chunk of the stream here: find its newest record once.
+                            let stream = &key[..key.len() - 8];
+                            let last = match tree.scan_prefix(stream).next_back().transpose() {
+                                Ok(l) => l,
+                                Err(e) => return self.counted(Err(e.into())),
+                            };
+                            let n = last
+                                .and_then(|(k, _)| keys::parse_history(&k))
+                                .map(|(_, _, _, t)| t);
+                            s.newest = Some(n);
+                            n
+                        }
+                    };
+                    let mut chunk = Chunk::empty(cstart, Stored::Absent);
+                    if newest.is_some_and(|n| cstart <= n) {
+                        // A chunk written before (an earlier run, a flush): continue it.
+                        match tree.get(&key) {
+                            Ok(Some(v)) => {
+                                chunk.stored = Stored::Len(v.len());
+                                match decode_record(cstart, &v) {
+                                    Ok(points) => chunk.set_points(points)?,
+                                    // A damaged record is replaced rather than kept.
+                                    Err(_) => undecodable += 1,
+                                }
+                            }
+                            Ok(None) => {}
+                            Err(e) => return self.counted(Err(e.into())),
+                        }
+                    }
+                    s.chunk = Some(chunk);
+                }
+                if let Some(c) = &mut s.chunk {
+                    c.add(at, p.hist, level == 0)?;
+                }
+            }
         }
-        self.counted(r.map_err(StoreError::from))?;
         if undecodable > 0 {
             self.counters
                 .undecodable
                 .fetch_add(undecodable, std::sync::atomic::Ordering::Relaxed);
         }
-        self.live_add(T::History, added, Some(removed));
+        if let Err(e) = self.apply_pending(tree, &mut buf, pending) {
+            failed = Some(e);
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         refused.sort_by_key(|(i, _)| *i);
         Ok(refused)
     }
 
-    /// A history value: the bytes `codec::encode` gives for `hist`, written from the
-    /// histogram in place (its own `Serialize` goes through an owned sparse copy).
-    fn encode_histogram(&self, hist: &Histogram) -> Result<Vec<u8>> {
-        let wire = SparseWire {
-            buckets: Nonzero(hist),
-            count: hist.count(),
-            sum_ns: hist.sum_ns(),
-        };
-        // Room for a histogram of ~40 buckets, one allocation in the common case.
-        let r = codec::encode_as(
-            codec::RECORD_VERSION,
-            "history",
-            &wire,
-            MAX_HISTORY_BYTES,
-            512,
-        );
-        if matches!(r, Err(StoreError::TooLarge { .. })) {
+    /// Write every buffered history chunk that changed since it was last written; they
+    /// stay buffered. Part of [`Store::flush`].
+    pub(crate) fn write_history_buffer(&self) -> Result<()> {
+        let mut buf = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
+        let eng = self.engine();
+        self.sync_history_epoch(&mut buf);
+        let tree = eng.tree(T::History);
+        let mut pending = Pending::default();
+        for (service, list) in &buf.streams {
+            for s in list {
+                if let Some(c) = s.chunk.as_ref().filter(|c| c.dirty) {
+                    self.stage(&mut pending, tree, service, s.probe, s.level, c)?;
+                }
+            }
+        }
+        self.apply_pending(tree, &mut buf, pending)
+    }
+
+    fn sync_history_epoch(&self, buf: &mut HistoryBuffer) {
+        let epoch = self.history_epoch.load(std::sync::atomic::Ordering::SeqCst);
+        if buf.epoch != epoch {
+            buf.forget_tree();
+            buf.epoch = epoch;
+        }
+    }
+
+    /// Add `chunk`'s record to `pending`.
+    fn stage(
+        &self,
+        pending: &mut Pending,
+        tree: &sled::Tree,
+        service: &str,
+        probe: Probe,
+        level: u8,
+        chunk: &Chunk,
+    ) -> Result<()> {
+        let value = chunk.encode();
+        if matches!(value, Err(StoreError::TooLarge { .. })) {
             self.counters
                 .oversized
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        self.counted(r)
+        let value = self.counted(value)?;
+        let key = keys::history(level, service, probe, chunk.start);
+        let old = match chunk.stored {
+            Stored::Absent => None,
+            Stored::Len(l) => Some(l),
+            Stored::Unknown => self
+                .counted(tree.get(&key).map_err(StoreError::from))?
+                .map(|v| v.len()),
+        };
+        pending.added += (key.len() + value.len()) as u64;
+        pending.removed += old.map_or(0, |l| (key.len() + l) as u64);
+        pending
+            .written
+            .push((service.to_owned(), probe, level, chunk.start, value.len()));
+        pending.batch.insert(key, value);
+        Ok(())
+    }
+
+    /// Store `pending` in one atomic write; the chunks it holds are then clean.
+    fn apply_pending(
+        &self,
+        tree: &sled::Tree,
+        buf: &mut HistoryBuffer,
+        pending: Pending,
+    ) -> Result<()> {
+        if pending.written.is_empty() {
+            return Ok(());
+        }
+        self.counted(tree.apply_batch(pending.batch).map_err(StoreError::from))?;
+        self.live_add(T::History, pending.added, Some(pending.removed));
+        for (service, probe, level, start, len) in pending.written {
+            let Some(list) = buf.streams.get_mut(&service) else {
+                continue;
+            };
+            for s in list
+                .iter_mut()
+                .filter(|s| s.probe == probe && s.level == level)
+            {
+                if let Some(c) = s.chunk.as_mut().filter(|c| c.start == start) {
+                    c.dirty = false;
+                    c.stored = Stored::Len(len);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// History of (service, probe) from `since_ns` to `until_ns` (inclusive, ns since the
@@ -480,21 +748,60 @@ impl Store {
             });
         };
         let res = nanos(l.resolution).max(1);
-        // The point containing `since_ns` starts before it.
+        // The point containing `since_ns` starts before it, and its chunk before that.
         let first = since_ns - since_ns % res;
+        let from = first - first % chunk_span(res);
         // The level index fits a byte: config validation caps the number of levels.
-        let start = keys::history(level as u8, service, probe, first);
-        let end = keys::history(level as u8, service, probe, until_ns);
-        let points = self
-            .scan::<Histogram>(T::History, start..=end)?
-            .into_iter()
-            .filter_map(|(k, h)| keys::parse_history(&k).map(|(_, _, _, t)| (t, h)))
-            .collect();
+        let lvl = level as u8;
+        // The buffered chunk supersedes its stored record (it was read in when started).
+        let buffered = self
+            .history_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .points_of(service, probe, lvl, first, until_ns);
+        let tree = self.engine().tree(T::History).clone();
+        let start = keys::history(lvl, service, probe, from);
+        let end = keys::history(lvl, service, probe, until_ns);
+        let mut points: Vec<(u64, Histogram)> = Vec::new();
+        for item in tree.range(start..=end) {
+            let (k, v) = item?;
+            let Some((_, _, _, t)) = keys::parse_history(&k) else {
+                continue;
+            };
+            if buffered.as_ref().is_some_and(|(b, _)| *b == t) {
+                continue;
+            }
+            match decode_record(t, &v) {
+                Ok(ps) => points.extend(
+                    ps.into_iter()
+                        .filter(|(t, _)| (first..=until_ns).contains(t)),
+                ),
+                Err(e) => {
+                    self.counters
+                        .undecodable
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(tree = "history", key = ?k, error = %e, "skipping undecodable record");
+                }
+            }
+        }
+        if let Some((_, b)) = buffered {
+            points.extend(b);
+        }
+        // Points of one start from several records (per-point records of an earlier
+        // build beside a chunk) add up.
+        points.sort_by_key(|(t, _)| *t);
+        let mut merged: Vec<(u64, Histogram)> = Vec::with_capacity(points.len());
+        for (t, h) in points {
+            match merged.last_mut() {
+                Some((lt, lh)) if *lt == t => lh.merge(&h),
+                _ => merged.push((t, h)),
+            }
+        }
         Ok(HistorySeries {
             service: service.to_string(),
             probe,
             resolution: l.resolution,
-            points,
+            points: merged,
         })
     }
 
@@ -503,20 +810,29 @@ impl Store {
         let Ok(level) = u8::try_from(level) else {
             return Ok(Vec::new());
         };
-        Ok(self
+        let mut streams: Vec<(String, Probe)> = self
             .history_stream_keys(level)?
             .into_iter()
             .filter_map(|p| keys::parse_service_probe(&p[1..]).map(|(s, pr, _)| (s, pr)))
-            .collect())
+            .collect();
+        // Streams whose first chunk is not written yet.
+        let buffered = self
+            .history_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .streams_at(level);
+        if !buffered.is_empty() {
+            streams.extend(buffered);
+            // In key order, as stored.
+            streams.sort_by_cached_key(|(s, p)| keys::service_probe(s, *p));
+            streams.dedup();
+        }
+        Ok(streams)
     }
 
     /// Every (service, probe) with history at the finest level.
     pub fn history_streams(&self) -> Result<Vec<(String, Probe)>> {
-        Ok(self
-            .history_stream_keys(0)?
-            .into_iter()
-            .filter_map(|p| keys::parse_service_probe(&p[1..]).map(|(s, pr, _)| (s, pr)))
-            .collect())
+        self.history_streams_at(0)
     }
 
     /// Stream prefixes (`level | service | probe`) present at `level`, found by skipping
@@ -608,5 +924,51 @@ mod tests {
             serde_json::to_string(&wire(&h)).unwrap(),
             serde_json::to_string(&h).unwrap()
         );
+    }
+
+    #[test]
+    fn chunk_record_is_postcard_of_its_points_in_and_out_of_order() {
+        let mut c = Chunk::empty(1000, Stored::Absent);
+        let h = |v: u64| {
+            let mut h = Histogram::new();
+            h.record_n(v, v % 7 + 1);
+            h
+        };
+        let adds = [
+            (1000, 5),
+            (1001, 70_000),
+            (1001, 9),
+            (1003, 1 << 33),
+            (1002, 4),
+        ];
+        let mut whole = Chunk::empty(1000, Stored::Absent);
+        for (t, v) in adds {
+            c.add(t, &h(v), false).unwrap();
+            whole.add(t, &h(v), true).unwrap();
+        }
+        assert_eq!(whole.points(), c.points());
+        let mut second = h(70_000);
+        second.merge(&h(9));
+        let expected = vec![
+            (1000, h(5)),
+            (1001, second),
+            (1002, h(4)),
+            (1003, h(1 << 33)),
+        ];
+        assert_eq!(c.points(), expected);
+        let record = c.encode().unwrap();
+        assert_eq!(record_points(&record), 4);
+        assert_eq!(decode_record(1000, &record).unwrap(), expected);
+        let offsets: Vec<(u64, Histogram)> = expected
+            .iter()
+            .map(|(t, h)| (t - 1000, h.clone()))
+            .collect();
+        assert_eq!(
+            codec::verify(&record).unwrap(),
+            postcard::to_allocvec(&offsets).unwrap()
+        );
+        let one = codec::encode("history", &h(5), 1024).unwrap();
+        assert_eq!(record_points(&one), 1);
+        assert_eq!(decode_record(77, &one).unwrap(), vec![(77, h(5))]);
     }
 }

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::chunk;
 use crate::codec;
 use crate::error::{Result, StoreError};
+use crate::history;
 use crate::keys;
 use crate::model::{Incident, IncidentState};
 use crate::store::{sibling, timestamp, unused_sibling, Store, META_ROTATIONS, T};
@@ -80,7 +81,7 @@ impl Store {
 
         for (level, l) in cfg.history.iter().enumerate() {
             let cut = now_ns.saturating_sub(nanos(l.keep));
-            rep.history_points += self.trim_history(level as u8, cut, &mut rep)?;
+            rep.history_points += self.trim_history(level as u8, cut, false, &mut rep)?;
         }
 
         if self.live_bytes() > cfg.max_bytes {
@@ -107,7 +108,7 @@ impl Store {
                 "over the size budget: deleting the oldest history"
             );
             for level in 0..cfg.history.len() {
-                rep.history_points += self.trim_history(level as u8, cut, &mut rep)?;
+                rep.history_points += self.trim_history(level as u8, cut, true, &mut rep)?;
             }
         }
         rep.still_over_budget = self.live_bytes() > cfg.max_bytes;
@@ -174,17 +175,40 @@ impl Store {
         Ok(n)
     }
 
-    /// Delete history points of `level` starting before `cut_ns`, in every stream.
-    fn trim_history(&self, level: u8, cut_ns: u64, rep: &mut RetentionReport) -> Result<u64> {
+    /// Delete history records of `level` whose newest point starts before `cut_ns` (a
+    /// chunk expires with its last point), in every stream; with `by_start`, every record
+    /// starting before `cut_ns` (the size budget, trimming the oldest). Returns the points
+    /// deleted.
+    fn trim_history(
+        &self,
+        level: u8,
+        cut_ns: u64,
+        by_start: bool,
+        rep: &mut RetentionReport,
+    ) -> Result<u64> {
         let tree = self.engine().tree(T::History).clone();
+        let res = self
+            .cfg
+            .history
+            .get(usize::from(level))
+            .map_or(1, |l| nanos(l.resolution).max(1));
+        // The newest point a chunk can hold starts this long after the chunk.
+        let reach = history::chunk_span(res) - res;
         let mut n = 0;
         for stream in self.history_stream_keys(level)? {
             let mut end = stream.clone();
             end.extend_from_slice(&cut_ns.to_be_bytes());
             for item in tree.range(stream..end) {
-                let (k, _) = item?;
+                let (k, v) = item?;
+                let chunk = v.first() == Some(&history::HISTORY_CHUNK_VERSION);
+                if chunk && !by_start {
+                    let start = keys::parse_history(&k).map_or(0, |(_, _, _, t)| t);
+                    if start.saturating_add(reach) >= cut_ns {
+                        continue;
+                    }
+                }
+                n += history::record_points(&v);
                 rep.bytes_freed += self.remove(T::History, &k)?;
-                n += 1;
             }
         }
         Ok(n)

@@ -26,7 +26,9 @@ use crate::model::{CaptureState, Incident, IncidentState, NewIncident, PwruRecor
 /// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens and
 /// its one-sample records stay readable beside the chunks.
 /// 3: samples carry their skb address (chunk version 3); older chunks stay readable.
-pub const SCHEMA_VERSION: u32 = 3;
+/// 4: history is stored in chunks of points (version-2 history records); one-point
+/// records of earlier schemas stay readable beside them.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
@@ -153,11 +155,10 @@ pub struct Store {
     id_lock: Mutex<()>,
     /// Serialises flushes, so generations reach the witness file in order.
     flush_lock: Mutex<()>,
-    /// Serialises history writes (each is a read-merge-write of its keys), with the
-    /// points they keep for the next interval.
-    pub(crate) history_write: Mutex<crate::history::HistoryCache>,
-    /// Bumped whenever history records are removed or the engine is replaced: the
-    /// history cache is then out of date.
+    /// Serialises history writes, with the chunks being filled (see `history`).
+    pub(crate) history_write: Mutex<crate::history::HistoryBuffer>,
+    /// Bumped whenever history records are removed or the engine is replaced: what the
+    /// history buffer knows of the tree is then out of date.
     pub(crate) history_epoch: AtomicU64,
     generation: AtomicU64,
     /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
@@ -201,7 +202,7 @@ impl Store {
         }
         store.report.moved_aside = moved_aside;
         store.report.interrupted = store.mark_interrupted()?;
-        store.flush()?;
+        store.flush_with(false)?;
         store.pid_file = Some(lock::write_pid_file(&store.path)?);
         Ok(store)
     }
@@ -257,8 +258,9 @@ impl Store {
     }
 
     /// Make everything written so far durable. Opening and closing incidents flush by
-    /// themselves; sample, pwru and history writes are flushed by the engine every
-    /// `flush_every` (≤ 1 s) or by this call.
+    /// themselves; sample and pwru writes are flushed by the engine every `flush_every`
+    /// (≤ 1 s) or by this call; history chunks being filled in memory are written by this
+    /// call (and when complete, see [`Store::record_history_batch`]).
     ///
     /// Each flush also bumps a generation number in the database and, once the engine
     /// confirms, records it in a small file beside the engine's own. sled 0.34 can come
@@ -268,9 +270,22 @@ impl Store {
     /// After an engine I/O failure (a full disk), sled refuses all further work; the next
     /// flush reopens it from its files, so the store recovers once space is back.
     pub fn flush(&self) -> Result<()> {
+        self.flush_with(true)
+    }
+
+    /// [`Store::flush`]; without `history`, the history chunks being filled stay in memory
+    /// (an incident's own flush must not wait for writing every stream's chunk).
+    pub(crate) fn flush_with(&self, history: bool) -> Result<()> {
         let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         if self.engine_failed.load(Ordering::Relaxed) {
             self.reopen_engine()?;
+        }
+        // History chunks being filled are written first. A failure is counted and logged
+        // but does not fail the flush: incidents must still be made durable.
+        if history {
+            if let Err(e) = self.write_history_buffer() {
+                tracing::warn!(error = %e, "buffered history could not be written");
+            }
         }
         let generation = self.generation.load(Ordering::Relaxed) + 1;
         self.meta_put(META_GENERATION, &generation)?;
@@ -343,7 +358,7 @@ impl Store {
         let value = self.encode("incident", &incident, MAX_INCIDENT_BYTES)?;
         self.meta_put(META_NEXT_INCIDENT, &(id + 1))?;
         self.put(T::Incidents, &keys::incident(id), value)?;
-        self.flush()?;
+        self.flush_with(false)?;
         Ok(incident)
     }
 
@@ -364,7 +379,7 @@ impl Store {
         incident.state = IncidentState::Closed;
         incident.closed_ns = Some(closed_ns);
         self.update_incident(incident)?;
-        self.flush()
+        self.flush_with(false)
     }
 
     /// One incident.
@@ -747,8 +762,9 @@ impl Store {
                 tracing::info!(
                     from = v,
                     to = SCHEMA_VERSION,
-                    "database schema upgraded: new samples are stored in chunks with their \
-                     skb address, older ones stay as they are and readable"
+                    "database schema upgraded: new samples and history are stored in chunks \
+                     (samples with their skb address), older records stay as they are and \
+                     readable"
                 );
                 self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
             }
@@ -809,8 +825,13 @@ impl Drop for Store {
                     tracing::error!("the failed storage engine did not shut down; leaving it");
                 }
             }
-        } else if let Err(e) = self.engine().db.flush() {
-            tracing::error!(error = %e, "final flush of the database failed");
+        } else {
+            if let Err(e) = self.write_history_buffer() {
+                tracing::error!(error = %e, "the last history chunks could not be written");
+            }
+            if let Err(e) = self.engine().db.flush() {
+                tracing::error!(error = %e, "final flush of the database failed");
+            }
         }
         if let Some(p) = &self.pid_file {
             lock::remove_pid_file(p);

@@ -91,7 +91,7 @@ impl Store {
             });
         }
         self.meta_put(&key(id), verdict)?;
-        self.flush()
+        self.flush_with(false)
     }
 
     /// The verdict on incident `id`, if one was given.

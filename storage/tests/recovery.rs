@@ -285,3 +285,113 @@ fn locked_database_names_the_holder_process() {
     // Released: opening works now.
     Store::open(&path, StoreConfig::default()).unwrap();
 }
+
+/// History written by a build before chunks (schema 3: one record per point) stays
+/// readable, is continued by the chunk that covers it and expires by age like the rest.
+#[test]
+fn per_point_history_of_an_older_build_reads_beside_chunks() {
+    use model::{Histogram, Probe};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    drop(Store::open(&path, StoreConfig::default()).unwrap());
+    // At the start of an hour, so every coarse level has one chunk.
+    let minute = T0 - T0 % (3600 * SEC);
+    let hist = |v: u64| {
+        let mut h = Histogram::new();
+        h.record(v);
+        h
+    };
+    let key = |level: u8, t: u64| {
+        let mut k = vec![level, 3];
+        k.extend_from_slice(b"web");
+        k.push(Probe::TcpSocketRead.id() as u8);
+        k.extend_from_slice(&t.to_be_bytes());
+        k
+    };
+    {
+        let db = open_raw(&path);
+        let history = db.open_tree("history").unwrap();
+        let mut coarse = Histogram::new();
+        for i in 0..5 {
+            let h = hist(1000 + i);
+            let v = envelope(1, &postcard::to_allocvec(&h).unwrap());
+            history.insert(key(0, minute + i * SEC), v).unwrap();
+            coarse.merge(&h);
+        }
+        let v = envelope(1, &postcard::to_allocvec(&coarse).unwrap());
+        history.insert(key(1, minute), v.clone()).unwrap();
+        history.insert(key(2, minute), v).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert(
+            "schema",
+            envelope(1, &postcard::to_allocvec(&3u32).unwrap()),
+        )
+        .unwrap();
+        db.flush().unwrap();
+    }
+    let s = Store::open(&path, StoreConfig::default()).unwrap();
+    assert_eq!(s.schema_version().unwrap(), storage::SCHEMA_VERSION);
+    // The new build goes on from second 5 into the next minute.
+    for i in 5..65 {
+        s.record_history(
+            "web",
+            Probe::TcpSocketRead,
+            minute + i * SEC,
+            &hist(2000 + i),
+        )
+        .unwrap();
+    }
+    let check_levels = |s: &Store| {
+        let fine = s
+            .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
+            .unwrap();
+        let times: Vec<u64> = fine.points.iter().map(|(t, _)| *t).collect();
+        let expected: Vec<u64> = (0..65).map(|i| minute + i * SEC).collect();
+        assert_eq!(times, expected);
+        assert!(fine.points.iter().all(|(_, h)| h.count() == 1));
+        assert_eq!(fine.points[3].1, hist(1003));
+        assert_eq!(fine.points[64].1, hist(2064));
+        let minutes = s
+            .history_at_level(2, "web", Probe::TcpSocketRead, 0, u64::MAX)
+            .unwrap();
+        let counts: Vec<(u64, u64)> = minutes
+            .points
+            .iter()
+            .map(|(t, h)| (*t, h.count()))
+            .collect();
+        assert_eq!(counts, vec![(minute, 60), (minute + 60 * SEC, 5)]);
+    };
+    check_levels(&s);
+    drop(s);
+    let s = Store::open(&path, StoreConfig::default()).unwrap();
+    check_levels(&s);
+    let report = s.check(|_| {}).unwrap();
+    assert_eq!(report.undecodable, 0);
+    let history = report.trees.iter().find(|t| t.tree == "history").unwrap();
+    // Fine level: the chunk of the first minute (which took in the old record at its
+    // start), four old records beside it, the chunk of the next minute; one chunk each
+    // at the coarse levels (the 10 s level's chunks span 10 minutes).
+    assert_eq!(history.records, 6 + 1 + 1);
+    drop(s);
+    // A chunk expires with its newest point; the old records with theirs.
+    let s = Store::open(
+        &path,
+        StoreConfig {
+            history: vec![storage::HistoryLevel {
+                resolution: std::time::Duration::from_secs(1),
+                keep: std::time::Duration::from_secs(30),
+            }],
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    let rep = s.enforce_retention(minute + 90 * SEC).unwrap();
+    assert_eq!(
+        rep.history_points, 60,
+        "the first minute's 60 points, not the next"
+    );
+    let left = s
+        .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
+        .unwrap();
+    assert_eq!(left.points.len(), 5);
+}

@@ -10,13 +10,14 @@ use capture::pwru::{IncidentScope, SessionRequest};
 use detector::{Detector, Event};
 use model::Sample;
 use model::{Histogram, Probe};
-use storage::{CaptureState, CaptureStatus, HistoryPoint, PwruState, Store};
+use storage::{CaptureState, CaptureStatus, PwruState, Store};
 
 use super::capture::CaptureController;
 use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
 use super::pwru::{self, Finished, PwruStarter};
+use super::writer::Writer;
 use super::{lock, unix_ns};
 use crate::api::{KernelCounters, LatencyRow};
 use crate::config::Config;
@@ -111,6 +112,8 @@ pub(super) struct DaemonCore<K, P> {
     pwru: P,
     deltas: Deltas,
     status: Arc<Mutex<LoopStatus>>,
+    /// History, baselines, retention and rotation, off the loop.
+    writer: Writer,
     intervals: u64,
     last_baseline_save: Instant,
     last_retention: Instant,
@@ -123,8 +126,6 @@ struct Deltas {
     /// the snapshot's histograms (moved in, not copied) and swaps it in here, so a reader
     /// holding the `Arc` (the metrics listener) never blocks or copies.
     prev: Arc<Cumulative>,
-    /// Services whose history could not be stored, warned about once.
-    history_warned: Vec<String>,
     /// Retired services (cgroup gone) the detector keeps until their incident closes.
     retiring: Vec<String>,
 }
@@ -143,6 +144,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let capture = CaptureController::start(&mut kernel, &config.capture);
         DaemonCore {
             incidents: Incidents::new(store.clone()),
+            writer: Writer::start(store.clone()),
             config,
             kernel,
             capture,
@@ -171,6 +173,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
     /// while the loop swaps in the next interval's map.
     pub(super) fn cumulative(&self) -> Arc<Cumulative> {
         self.deltas.prev.clone()
+    }
+
+    /// Wait for the storage writer to catch up (tests run intervals back to back).
+    #[cfg(test)]
+    pub(super) fn sync_storage(&self) {
+        self.writer.sync();
     }
 
     /// The pwru side.
@@ -208,10 +216,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
         self.deltas.replace(cumulative, &retired);
         phases.mark("deltas");
-        self.deltas.store_history(&self.store, start_ns, &rows);
-        phases.mark("history write");
         self.capture.forget_services(&mut self.kernel, &retired);
         let events = self.detector.end_interval(now.wall);
+        let gone = retired.clone();
         self.forget_retired(retired, &rows);
         phases.mark("detector");
         let latency = rows
@@ -244,6 +251,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             rows.iter().map(|(s, p, _)| (s.as_str(), *p)),
             intervals,
         );
+        // The writer stores the history, then forgets the services gone (in that order).
+        self.writer.history(start_ns, rows);
+        self.writer.forget(gone);
         let prog_stats = (intervals % PROG_STATS_EVERY == 1).then(|| self.kernel.prog_stats());
         // Built before taking the lock: it reads a BPF map, and scrapes and status requests
         // wait on that lock.
@@ -266,26 +276,19 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
         if elapsed(self.last_retention, now.mono) >= self.config.daemon.retention_every {
             self.last_retention = now.mono;
-            self.enforce_retention(now.wall);
-            phases.mark("retention");
+            // Retention and rotation read and rewrite much of the database: on their
+            // own thread.
+            self.writer.retention(now.wall);
         }
         phases.warn_if_slow(intervals);
     }
 
-    /// Services whose cgroup is gone (their last interval is recorded above): the detector
+    /// Services whose cgroup is gone (their last interval is recorded): the detector
     /// forgets them, or once their open incident has closed. Their history stays stored.
     fn forget_retired(&mut self, retired: Vec<String>, rows: &[(String, Probe, Histogram)]) {
-        let Deltas {
-            retiring,
-            history_warned,
-            ..
-        } = &mut self.deltas;
+        let retiring = &mut self.deltas.retiring;
         // One still waiting that has data again is a new cgroup under the same name: live.
         retiring.retain(|s| !rows.iter().any(|(r, _, _)| r == s));
-        history_warned.retain(|s| !retired.contains(s));
-        for service in &retired {
-            self.store.forget_history_writer(service);
-        }
         retiring.extend(retired);
         let detector = &mut self.detector;
         retiring.retain(|s| !detector.forget(s));
@@ -478,48 +481,10 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
     }
 
-    /// Put every baseline in the store.
+    /// Hand every baseline to the writer.
     pub(super) fn save_baselines(&mut self, now: Instant) {
         self.last_baseline_save = now;
-        let mut failed = 0usize;
-        let baselines = self.detector.save_baselines();
-        for (service, probe, bytes) in &baselines {
-            if self.store.put_baseline(service, *probe, bytes).is_err() {
-                failed += 1;
-            }
-        }
-        if failed > 0 {
-            tracing::warn!(
-                failed,
-                total = baselines.len(),
-                "some baselines could not be saved"
-            );
-        } else {
-            tracing::debug!(saved = baselines.len(), "baselines saved");
-        }
-    }
-
-    fn enforce_retention(&self, now: SystemTime) {
-        match self.store.enforce_retention(unix_ns(now)) {
-            Ok(r) if r.incidents + r.samples + r.pwru + r.history_points > 0 => tracing::info!(
-                incidents = r.incidents,
-                samples = r.samples,
-                pwru = r.pwru,
-                history_points = r.history_points,
-                "retention removed old records"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "retention failed"),
-        }
-        match self.store.maybe_rotate() {
-            Ok(Some(r)) => tracing::info!(
-                size_before = r.size_before,
-                size_after = r.size_after,
-                "database rotated"
-            ),
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "database rotation failed"),
-        }
+        self.writer.baselines(self.detector.save_baselines());
     }
 
     /// New probes (a reload): disarm on the old ones, take capture over on the new ones
@@ -537,12 +502,20 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.config = config;
     }
 
-    /// Shutdown, once pwru has stopped: disarm, mark open incidents interrupted, save the
-    /// baselines and flush.
+    /// Shutdown, once pwru has stopped: disarm, mark open incidents interrupted, write
+    /// what the writer has queued and the baselines, and flush.
     pub(super) fn stop(&mut self, now: Now) {
         self.disarm_all("the daemon is stopping");
         self.incidents.interrupt_open(unix_ns(now.wall));
-        self.save_baselines(now.mono);
+        self.last_baseline_save = now.mono;
+        self.writer.finish(self.detector.save_baselines());
+        let dropped = self.writer.dropped();
+        if dropped > 0 {
+            tracing::warn!(
+                dropped_intervals = dropped,
+                "intervals of history were dropped while the storage writer was behind"
+            );
+        }
         if let Err(e) = self.store.flush() {
             tracing::error!(error = %e, "final flush failed");
         }
@@ -560,36 +533,6 @@ impl Deltas {
         (!delta.is_empty()).then_some(delta)
     }
 
-    /// Store the interval's histograms as history, in one write: one insert per point
-    /// and a free-space check per point were most of the storage cost of an interval.
-    fn store_history(&mut self, store: &Store, start_ns: u64, rows: &[(String, Probe, Histogram)]) {
-        if rows.is_empty() {
-            return;
-        }
-        let points: Vec<HistoryPoint<'_>> = rows
-            .iter()
-            .map(|(service, probe, hist)| HistoryPoint {
-                service,
-                probe: *probe,
-                hist,
-            })
-            .collect();
-        match store.record_history_batch(start_ns, &points) {
-            Ok(refused) => {
-                for (i, e) in refused {
-                    if let Some((service, _, _)) = rows.get(i) {
-                        warn_history(&mut self.history_warned, service, &e);
-                    }
-                }
-            }
-            Err(e) => {
-                for (service, _, _) in rows {
-                    warn_history(&mut self.history_warned, service, &e);
-                }
-            }
-        }
-    }
-
     /// This interval's cumulative histograms become the previous ones. Keys the snapshot
     /// lacks keep their last histogram, so a key that comes back counts from there; the
     /// `retired` services' keys go (their slots restart from zero for the next owner).
@@ -603,14 +546,6 @@ impl Deltas {
             next.retain(|(service, _), _| !retired.contains(service));
         }
         self.prev = Arc::new(next);
-    }
-}
-
-/// Warn that `service`'s history was not stored, once per service.
-fn warn_history(warned: &mut Vec<String>, service: &str, e: &storage::StoreError) {
-    if !warned.iter().any(|s| s == service) {
-        tracing::warn!(%service, error = %e, "history not stored for this service");
-        warned.push(service.to_owned());
     }
 }
 

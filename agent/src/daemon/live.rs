@@ -2,11 +2,14 @@
 //! loop saw last ([`LoopStatus`]).
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use bpf::Attachment;
 use capture::pwru::{Prerequisites, SessionManager};
-use storage::Store;
+use storage::{Store, StoreStats};
+
+use super::lock;
 
 use crate::api::{
     CaptureReport, DaemonInfo, KernelCounters, LatencyRow, OpenIncident, OpenedCount, ProbeRow,
@@ -166,9 +169,13 @@ impl Live {
         self.daemon.last_reload = Some(outcome);
     }
 
-    /// The full report with the loop's status, the process's and the store's figures read
-    /// now.
-    pub(super) fn report(&self, status: &LoopStatus, store: &Store) -> StatusReport {
+    /// The full report with the loop's status and the process's and the store's figures.
+    fn report(
+        &self,
+        status: &LoopStatus,
+        store: StoreStats,
+        process: ProcessStats,
+    ) -> StatusReport {
         let mut daemon = self.daemon.clone();
         daemon.intervals = status.intervals;
         daemon.interval_errors = status.interval_errors;
@@ -192,10 +199,10 @@ impl Live {
             kernel_counters: status.kernel_counters,
             pwru,
             bpf_cost: status.bpf_cost.clone(),
-            process: process_stats(self.started),
+            process,
             store: StoreReport {
                 max_bytes: self.store_budget,
-                ..StoreReport::from(store.stats())
+                ..StoreReport::from(store)
             },
             incidents_opened: status
                 .opened
@@ -208,6 +215,23 @@ impl Live {
                 .collect(),
         }
     }
+}
+
+/// The status report, the process's and the store's figures read now. They are read before
+/// either lock is taken: an API thread (nice 10) reading the disk while it held the loop's
+/// status lock kept the interval loop waiting for as long as busy clients kept that thread
+/// off the CPU.
+pub(super) fn status_report(
+    live: &Mutex<Live>,
+    status: &Mutex<LoopStatus>,
+    store: &Store,
+) -> StatusReport {
+    let store = store.stats();
+    let started = lock(live).started;
+    let process = process_stats(started);
+    let live = lock(live);
+    let status = lock(status);
+    live.report(&status, store, process)
 }
 
 /// CPU time (getrusage) and resident memory (/proc/self/statm) of this process.

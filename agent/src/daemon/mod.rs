@@ -16,6 +16,7 @@ mod pwru;
 mod reload;
 #[cfg(test)]
 mod tests;
+mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -194,7 +195,7 @@ impl Daemon {
             status: Box::new({
                 let (live, status, store) =
                     (self.live.clone(), self.core.status(), self.store.clone());
-                move || lock(&live).report(&lock(&status), &store)
+                move || live::status_report(&live, &status, &store)
             }),
         });
         let api = server::ApiRuntime::start(socket, state)?;
@@ -280,7 +281,7 @@ impl Daemon {
         let Some(shared) = &self.metrics else {
             return;
         };
-        let report = lock(&self.live).report(&lock(&self.core.status()), &self.store);
+        let report = live::status_report(&self.live, &self.core.status(), &self.store);
         shared.publish(metrics::Data {
             report,
             hists: self.core.cumulative(),

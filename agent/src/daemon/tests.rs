@@ -257,6 +257,8 @@ impl Harness {
                 mono: self.mono,
             },
         );
+        // Intervals here come back to back, not a second apart: let the writer keep up.
+        self.core.sync_storage();
     }
 
     fn open_ids(&self) -> Vec<u64> {
@@ -515,4 +517,26 @@ fn the_published_cumulative_histograms_are_the_last_snapshot() {
         published[&(SERVICE.to_owned(), HOT)].count(),
         2 * PER_INTERVAL
     );
+}
+
+#[test]
+fn history_and_baselines_written_off_the_loop_are_all_stored_at_stop() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    let first = h.now_ns();
+    // Across a minute boundary: one chunk of 1 s points completes, the next is part-filled.
+    for _ in 0..75 {
+        h.tick(QUIET_NS);
+    }
+    h.core.stop(Now {
+        wall: h.wall,
+        mono: h.mono,
+    });
+    let fine = h
+        .store
+        .history_at_level(0, SERVICE, HOT, first, h.now_ns())
+        .unwrap();
+    assert_eq!(fine.points.len(), 75);
+    assert!(fine.points.iter().all(|(_, p)| p.count() == PER_INTERVAL));
+    assert!(h.store.baseline(SERVICE, HOT).unwrap().is_some());
 }

@@ -1,0 +1,267 @@
+//! Storage work the interval loop hands off so that an interval never waits for the disk:
+//! history and baseline writes on one thread, fed in order through a bounded queue, and
+//! retention and rotation on another. When the writer falls behind, whole intervals of
+//! history are dropped and counted rather than queued without bound.
+//!
+//! Incidents and samples stay in the loop: an incident must exist before its samples, and
+//! the loop counts what was stored with each incident.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::SystemTime;
+
+use model::{Histogram, Probe};
+use storage::{HistoryPoint, Store};
+
+use super::unix_ns;
+
+/// Intervals of history the writer may be behind (each holds every (service, probe)
+/// histogram of one interval: ~1 MiB at 64 services × 7 probes).
+const QUEUE: usize = 4;
+
+/// One interval's histograms: `(service, probe, histogram)`.
+pub(super) type Rows = Vec<(String, Probe, Histogram)>;
+
+enum Job {
+    History {
+        start_ns: u64,
+        rows: Rows,
+    },
+    /// Services whose cgroup is gone: write what is buffered for them, then forget them.
+    Forget(Vec<String>),
+    Baselines(Vec<(String, Probe, Vec<u8>)>),
+    /// Answered once every earlier job is done.
+    #[cfg(test)]
+    Barrier(mpsc::Sender<()>),
+}
+
+/// The two storage threads and their queues.
+pub(super) struct Writer {
+    jobs: Option<SyncSender<Job>>,
+    retention: Option<SyncSender<SystemTime>>,
+    threads: Vec<JoinHandle<()>>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Start the threads on `store`.
+    pub(super) fn start(store: Arc<Store>) -> Writer {
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (jobs, rx) = mpsc::sync_channel(QUEUE);
+        // One pending request is enough: a pass covers everything due.
+        let (retention, retention_rx) = mpsc::sync_channel(1);
+        let mut threads = Vec::new();
+        let s = store.clone();
+        match std::thread::Builder::new()
+            .name("tailtrap-store".into())
+            .spawn(move || write_loop(&s, rx))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!(error = %e, "cannot start the storage writer thread"),
+        }
+        match std::thread::Builder::new()
+            .name("tailtrap-retention".into())
+            .spawn(move || retention_loop(&store, retention_rx))
+        {
+            Ok(t) => threads.push(t),
+            Err(e) => tracing::error!(error = %e, "cannot start the retention thread"),
+        }
+        Writer {
+            jobs: Some(jobs),
+            retention: Some(retention),
+            threads,
+            dropped,
+        }
+    }
+
+    /// Queue an interval's history; dropped (and counted) when the writer is behind.
+    pub(super) fn history(&self, start_ns: u64, rows: Rows) {
+        if rows.is_empty() {
+            return;
+        }
+        if !self.send(Job::History { start_ns, rows }) {
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            // The first drop and then one line per hundred.
+            if n % 100 == 1 {
+                tracing::warn!(
+                    dropped_intervals = n,
+                    "the storage writer is behind: an interval's history was dropped"
+                );
+            }
+        }
+    }
+
+    /// Intervals of history dropped because the writer was behind.
+    pub(super) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Forget the services (after their last history, queued before).
+    pub(super) fn forget(&self, services: Vec<String>) {
+        if services.is_empty() {
+            return;
+        }
+        // Blocks when the queue is full: rare (cgroups going away) and it must not be lost,
+        // or the store would keep the service's chunks forever.
+        if let Some(tx) = &self.jobs {
+            let _ = tx.send(Job::Forget(services));
+        }
+    }
+
+    /// Queue the baselines for saving; skipped when the writer is behind (the next
+    /// period saves them).
+    pub(super) fn baselines(&self, baselines: Vec<(String, Probe, Vec<u8>)>) {
+        if !self.send(Job::Baselines(baselines)) {
+            tracing::warn!("the storage writer is behind: baselines not saved this time");
+        }
+    }
+
+    /// Ask for a retention pass (and rotation if due) at `now`, unless one is pending.
+    pub(super) fn retention(&self, now: SystemTime) {
+        if let Some(tx) = &self.retention {
+            let _ = tx.try_send(now);
+        }
+    }
+
+    fn send(&self, job: Job) -> bool {
+        match &self.jobs {
+            Some(tx) => match tx.try_send(job) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            },
+            None => false,
+        }
+    }
+
+    /// Wait until every job queued so far is done (tests: the loop itself never waits).
+    #[cfg(test)]
+    pub(super) fn sync(&self) {
+        let (tx, rx) = mpsc::channel();
+        if let Some(jobs) = &self.jobs {
+            if jobs.send(Job::Barrier(tx)).is_ok() {
+                let _ = rx.recv();
+            }
+        }
+    }
+
+    /// Write what is queued (the baselines given included), then stop the threads.
+    pub(super) fn finish(&mut self, baselines: Vec<(String, Probe, Vec<u8>)>) {
+        if let Some(tx) = self.jobs.take() {
+            let _ = tx.send(Job::Baselines(baselines));
+        }
+        self.retention = None;
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a storage thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.jobs = None;
+        self.retention = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_loop(store: &Store, rx: Receiver<Job>) {
+    // Services whose history could not be stored, warned about once.
+    let mut warned: Vec<String> = Vec::new();
+    for job in rx {
+        match job {
+            Job::History { start_ns, rows } => write_history(store, start_ns, &rows, &mut warned),
+            Job::Forget(services) => {
+                for service in &services {
+                    store.forget_history_writer(service);
+                }
+                warned.retain(|s| !services.contains(s));
+            }
+            Job::Baselines(baselines) => save_baselines(store, &baselines),
+            #[cfg(test)]
+            Job::Barrier(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// Store an interval's histograms as history, in one batch.
+fn write_history(store: &Store, start_ns: u64, rows: &Rows, warned: &mut Vec<String>) {
+    let points: Vec<HistoryPoint<'_>> = rows
+        .iter()
+        .map(|(service, probe, hist)| HistoryPoint {
+            service,
+            probe: *probe,
+            hist,
+        })
+        .collect();
+    match store.record_history_batch(start_ns, &points) {
+        Ok(refused) => {
+            for (i, e) in refused {
+                if let Some((service, _, _)) = rows.get(i) {
+                    warn_history(warned, service, &e);
+                }
+            }
+        }
+        Err(e) => {
+            for (service, _, _) in rows {
+                warn_history(warned, service, &e);
+            }
+        }
+    }
+}
+
+/// Warn that `service`'s history was not stored, once per service.
+fn warn_history(warned: &mut Vec<String>, service: &str, e: &storage::StoreError) {
+    if !warned.iter().any(|s| s == service) {
+        tracing::warn!(%service, error = %e, "history not stored for this service");
+        warned.push(service.to_owned());
+    }
+}
+
+fn save_baselines(store: &Store, baselines: &[(String, Probe, Vec<u8>)]) {
+    let failed = baselines
+        .iter()
+        .filter(|(service, probe, bytes)| store.put_baseline(service, *probe, bytes).is_err())
+        .count();
+    if failed > 0 {
+        tracing::warn!(
+            failed,
+            total = baselines.len(),
+            "some baselines could not be saved"
+        );
+    } else {
+        tracing::debug!(saved = baselines.len(), "baselines saved");
+    }
+}
+
+fn retention_loop(store: &Store, rx: Receiver<SystemTime>) {
+    for now in rx {
+        match store.enforce_retention(unix_ns(now)) {
+            Ok(r) if r.incidents + r.samples + r.pwru + r.history_points > 0 => tracing::info!(
+                incidents = r.incidents,
+                samples = r.samples,
+                pwru = r.pwru,
+                history_points = r.history_points,
+                "retention removed old records"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "retention failed"),
+        }
+        match store.maybe_rotate() {
+            Ok(Some(r)) => tracing::info!(
+                size_before = r.size_before,
+                size_after = r.size_after,
+                "database rotated"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "database rotation failed"),
+        }
+    }
+}
