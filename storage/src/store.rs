@@ -273,6 +273,12 @@ impl Store {
         self.flush_with(true)
     }
 
+    /// Make incidents, samples and pwru lines durable, leaving the history chunks being
+    /// filled in memory (they are written when complete, at [`Store::flush`] and at close).
+    pub fn flush_records(&self) -> Result<()> {
+        self.flush_with(false)
+    }
+
     /// [`Store::flush`]; without `history`, the history chunks being filled stay in memory
     /// (an incident's own flush must not wait for writing every stream's chunk).
     pub(crate) fn flush_with(&self, history: bool) -> Result<()> {
@@ -329,6 +335,15 @@ impl Store {
 
     /// Open an incident: allocate its id and store it durably.
     pub fn open_incident(&self, new: &NewIncident) -> Result<Incident> {
+        let incident = self.open_incident_buffered(new)?;
+        self.flush_with(false)?;
+        Ok(incident)
+    }
+
+    /// [`Store::open_incident`] without waiting for the disk: readable at once, durable at
+    /// the next flush (the engine's own within `flush_every`, or [`Store::flush_records`]).
+    /// For a caller that must not wait on an fsync and asks for the flush elsewhere.
+    pub fn open_incident_buffered(&self, new: &NewIncident) -> Result<Incident> {
         keys::check_service(&new.service)?;
         self.writable()?;
         let _guard = self.id_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -358,7 +373,6 @@ impl Store {
         let value = self.encode("incident", &incident, MAX_INCIDENT_BYTES)?;
         self.meta_put(META_NEXT_INCIDENT, &(id + 1))?;
         self.put(T::Incidents, &keys::incident(id), value)?;
-        self.flush_with(false)?;
         Ok(incident)
     }
 
@@ -376,10 +390,16 @@ impl Store {
     /// Close an incident: store `incident` (with its final status) as closed at `closed_ns`,
     /// durably.
     pub fn close_incident(&self, incident: &mut Incident, closed_ns: u64) -> Result<()> {
+        self.close_incident_buffered(incident, closed_ns)?;
+        self.flush_with(false)
+    }
+
+    /// [`Store::close_incident`] without waiting for the disk (see
+    /// [`Store::open_incident_buffered`]).
+    pub fn close_incident_buffered(&self, incident: &mut Incident, closed_ns: u64) -> Result<()> {
         incident.state = IncidentState::Closed;
         incident.closed_ns = Some(closed_ns);
-        self.update_incident(incident)?;
-        self.flush_with(false)
+        self.update_incident(incident)
     }
 
     /// One incident.

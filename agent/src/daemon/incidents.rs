@@ -10,12 +10,15 @@ use detector::IncidentKey;
 use storage::{IncidentState, NewIncident, Store};
 
 use super::unix_ns;
+use super::writer::FlushSoon;
 use crate::api::OpenIncident;
 use crate::output::{headline, probe_list, stage};
 
 /// The open incidents, by the detector's key.
 pub(super) struct Incidents {
     store: Arc<Store>,
+    /// Opening and closing are made durable by the flush thread, not on the loop.
+    flush: FlushSoon,
     open: HashMap<IncidentKey, Open>,
 }
 
@@ -25,9 +28,10 @@ struct Open {
 }
 
 impl Incidents {
-    pub(super) fn new(store: Arc<Store>) -> Incidents {
+    pub(super) fn new(store: Arc<Store>, flush: FlushSoon) -> Incidents {
         Incidents {
             store,
+            flush,
             open: HashMap::new(),
         }
     }
@@ -41,8 +45,11 @@ impl Incidents {
             evidence_json: json(&inc),
             stages_json: json(&inc.stage),
         };
-        let record = match self.store.open_incident(&new) {
-            Ok(r) => r,
+        let record = match self.store.open_incident_buffered(&new) {
+            Ok(r) => {
+                self.flush.request();
+                r
+            }
             Err(e) => {
                 tracing::error!(service = %inc.service, error = %e, "incident opened but could not be stored");
                 return None;
@@ -127,11 +134,14 @@ impl Incidents {
         open.record.stages_json = json(&inc.stage);
         open.record.counters.intervals = intervals(inc.opened_at, closed_at);
         let id = open.record.id;
-        if let Err(e) = self
+        match self
             .store
-            .close_incident(&mut open.record, unix_ns(closed_at))
+            .close_incident_buffered(&mut open.record, unix_ns(closed_at))
         {
-            tracing::error!(incident = id, error = %e, "closing the incident in the store failed");
+            Ok(()) => self.flush.request(),
+            Err(e) => {
+                tracing::error!(incident = id, error = %e, "closing the incident in the store failed")
+            }
         }
         let lasted = closed_at.duration_since(inc.opened_at).unwrap_or_default();
         tracing::info!(

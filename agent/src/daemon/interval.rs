@@ -142,9 +142,10 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         now: Instant,
     ) -> Self {
         let capture = CaptureController::start(&mut kernel, &config.capture);
+        let writer = Writer::start(store.clone());
         DaemonCore {
-            incidents: Incidents::new(store.clone()),
-            writer: Writer::start(store.clone()),
+            incidents: Incidents::new(store.clone(), writer.flush_soon()),
+            writer,
             config,
             kernel,
             capture,

@@ -3,8 +3,10 @@
 //! retention and rotation on another. When the writer falls behind, whole intervals of
 //! history are dropped and counted rather than queued without bound.
 //!
-//! Incidents and samples stay in the loop: an incident must exist before its samples, and
-//! the loop counts what was stored with each incident.
+//! Incidents and samples are written on the loop (an incident must exist before its samples,
+//! and the loop counts what was stored with each incident) into sled's memory; the fsync
+//! that makes an opened or closed incident durable runs on a third thread, asked for
+//! without waiting ([`FlushSoon`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -37,10 +39,25 @@ enum Job {
     Barrier(mpsc::Sender<()>),
 }
 
-/// The two storage threads and their queues.
+/// Asks the flush thread to make what was just written durable, without waiting for it.
+#[derive(Clone)]
+pub(super) struct FlushSoon(Option<SyncSender<()>>);
+
+impl FlushSoon {
+    /// Request a flush; one already pending covers this one too (it has not started yet,
+    /// so it will see everything written before now).
+    pub(super) fn request(&self) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.try_send(());
+        }
+    }
+}
+
+/// The storage threads and their queues.
 pub(super) struct Writer {
     jobs: Option<SyncSender<Job>>,
     retention: Option<SyncSender<SystemTime>>,
+    flush: Option<SyncSender<()>>,
     threads: Vec<JoinHandle<()>>,
     dropped: Arc<AtomicU64>,
 }
@@ -61,6 +78,24 @@ impl Writer {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start the storage writer thread"),
         }
+        // Opening and closing incidents ask for a flush here: an fsync can take seconds on
+        // a busy disk, and the interval loop must not wait for it.
+        let (flush, flush_rx) = mpsc::sync_channel::<()>(1);
+        let s = store.clone();
+        // Not joined at finish: the incident records hold handles to it until the loop is
+        // dropped, and the loop's own final flush covers what it would have flushed.
+        if let Err(e) = std::thread::Builder::new()
+            .name("tailtrap-flush".into())
+            .spawn(move || {
+                for () in flush_rx {
+                    if let Err(e) = s.flush_records() {
+                        tracing::error!(error = %e, "flushing the store failed");
+                    }
+                }
+            })
+        {
+            tracing::error!(error = %e, "cannot start the flush thread");
+        }
         match std::thread::Builder::new()
             .name("tailtrap-retention".into())
             .spawn(move || retention_loop(&store, retention_rx))
@@ -71,6 +106,7 @@ impl Writer {
         Writer {
             jobs: Some(jobs),
             retention: Some(retention),
+            flush: Some(flush),
             threads,
             dropped,
         }
@@ -91,6 +127,11 @@ impl Writer {
                 );
             }
         }
+    }
+
+    /// A handle for asking the flush thread to flush.
+    pub(super) fn flush_soon(&self) -> FlushSoon {
+        FlushSoon(self.flush.clone())
     }
 
     /// Intervals of history dropped because the writer was behind.
@@ -152,6 +193,7 @@ impl Writer {
             let _ = tx.send(Job::Baselines(baselines));
         }
         self.retention = None;
+        self.flush = None;
         for t in self.threads.drain(..) {
             if t.join().is_err() {
                 tracing::error!("a storage thread panicked");
