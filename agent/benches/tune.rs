@@ -158,6 +158,7 @@ fn main() {
     let kept = std::env::var_os("TAILTRAP_BENCH_DIR").map(std::path::PathBuf::from);
     let temp = tempfile::tempdir().expect("tempdir");
     let dir = kept.as_deref().unwrap_or(temp.path());
+    std::fs::create_dir_all(dir).expect("TAILTRAP_BENCH_DIR");
     // An empty config file: the built-in defaults (daemon interval 1 s).
     std::fs::write(dir.join("none.toml"), "").expect("config");
     let before = std::env::var_os("TAILTRAP_BENCH_BEFORE").map(std::path::PathBuf::from);
