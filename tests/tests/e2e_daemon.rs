@@ -78,7 +78,6 @@ fn slow_reader_scenario(proto: Proto) {
     let slow = EchoServer::spawn(proto).unwrap();
     let quiet = EchoServer::spawn(proto).unwrap();
     let (slow_port, quiet_port) = (slow.addr().port(), quiet.addr().port());
-    let argv_log = dir.join("pwru-argv");
     let config = dir.join("tailtrap.toml");
     std::fs::write(
         &config,
@@ -136,12 +135,7 @@ cooldown = "1s"
         .unwrap();
     assert!(check.status.success(), "{check:?}");
 
-    let daemon = Daemon::start(
-        &config,
-        dir,
-        &[("FAKE_PWRU_ARGV_LOG", argv_log.as_os_str())],
-    )
-    .unwrap();
+    let daemon = Daemon::start(&config, dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(60));
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert_eq!(status["services"], serde_json::json!(["slow", "quiet"]));
@@ -236,11 +230,16 @@ cooldown = "1s"
             (v["incident"]["pwru"]["state"] == "done").then_some(v)
         },
     );
-    let argv = std::fs::read_to_string(&argv_log).unwrap();
+    // The session's own command (stored with it), not the stand-in's argv log: that log
+    // holds only the latest session, which may be another incident's.
+    let message = pwru_done["incident"]["pwru"]["message"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
-        argv.lines()
-            .any(|a| a.starts_with(&format!("{name} and dst port {slow_port}"))),
-        "{argv}"
+        message.contains(&format!(
+            "--filter-track-skb '{name} and dst port {slow_port}"
+        )),
+        "{message}"
     );
     let stored = pwru_done["incident"]["pwru"]["lines_stored"]
         .as_u64()
@@ -326,12 +325,7 @@ cooldown = "1s"
     assert_eq!(doc["pwru"].as_array().unwrap().len() as u64, stored);
 
     // ... and through a restarted daemon, which stops cleanly on SIGTERM.
-    let mut daemon = Daemon::start(
-        &config,
-        dir,
-        &[("FAKE_PWRU_ARGV_LOG", argv_log.as_os_str())],
-    )
-    .unwrap();
+    let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(60));
     let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
     assert!(how.contains("daemon's API"), "{how}");
