@@ -2,7 +2,6 @@
 //! incident records, capture and pwru requests, status. Time comes in as arguments and the
 //! kernel and pwru sit behind traits, so the loop runs in tests on scripted data.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,7 +16,7 @@ use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
 use super::pwru::{self, Finished, PwruStarter};
-use super::writer::Writer;
+use super::writer::{SamplesWritten, Writer};
 use super::{lock, unix_ns};
 use crate::api::{KernelCounters, LatencyRow};
 use crate::config::Config;
@@ -178,8 +177,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
 
     /// Wait for the storage writer to catch up (tests run intervals back to back).
     #[cfg(test)]
-    pub(super) fn sync_storage(&self) {
+    pub(super) fn sync_storage(&mut self) {
         self.writer.sync();
+        self.count_written_samples();
     }
 
     /// The pwru side.
@@ -228,6 +228,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             .collect();
         let drained = self.capture.drain(&mut self.kernel, now.mono, now.wall);
         phases.mark("capture drain");
+        self.count_written_samples();
         for event in events {
             match event {
                 Event::Opened(inc) => self.opened(inc, now),
@@ -241,11 +242,11 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
         }
         phases.mark("incident writes");
-        self.store_samples(&drained.samples, false);
+        self.store_samples(drained.samples, false);
         for (incident, why) in drained.over {
             self.finish_capture(incident, &why);
         }
-        phases.mark("sample writes");
+        phases.mark("samples queued");
         self.capture.update_flight(
             &mut self.kernel,
             &self.detector,
@@ -354,8 +355,8 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
         };
         self.incidents.update(id, |r| r.capture = status);
-        self.store_samples(&pre, true);
         let flows: Vec<model::Flow> = pre.iter().map(|s| s.flow).collect();
+        self.store_samples(pre, true);
         self.request_pwru(id, &inc, &flows, now.wall);
     }
 
@@ -454,25 +455,32 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
     }
 
-    /// Store samples and count them with their incidents.
-    fn store_samples(&mut self, samples: &[Sample], pre_trigger: bool) {
+    /// Queue samples for the sample writer; a batch it had no room for is counted as a
+    /// store error with its incidents at once.
+    fn store_samples(&mut self, samples: Vec<Sample>, pre_trigger: bool) {
         if samples.is_empty() {
             return;
         }
-        let mut per: HashMap<u64, u64> = HashMap::new();
-        for s in samples {
-            *per.entry(s.incident).or_default() += 1;
+        let n = samples.len();
+        if let Some(dropped) = self.writer.samples(samples, pre_trigger) {
+            tracing::warn!(samples = n, "the sample writer is behind: samples dropped");
+            self.count_samples(dropped);
         }
-        let result = self.store.put_samples(samples);
-        if let Err(e) = &result {
-            tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
+    }
+
+    /// Count the sample batches written since the last interval with their incidents.
+    fn count_written_samples(&mut self) {
+        for written in self.writer.samples_written() {
+            self.count_samples(written);
         }
-        for (id, n) in per {
-            let ok = result.is_ok();
+    }
+
+    fn count_samples(&mut self, w: SamplesWritten) {
+        for (id, n) in w.per_incident {
             self.incidents.update(id, |r| {
-                if ok {
+                if w.stored {
                     r.capture.stored += n;
-                    if pre_trigger {
+                    if w.pre_trigger {
                         r.capture.pre_trigger += n;
                     }
                 } else {
@@ -507,6 +515,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
     /// what the writer has queued and the baselines, and flush.
     pub(super) fn stop(&mut self, now: Now) {
         self.disarm_all("the daemon is stopping");
+        // The last samples' counts belong in the records closed next.
+        self.writer.finish_samples();
+        self.count_written_samples();
         self.incidents.interrupt_open(unix_ns(now.wall));
         self.last_baseline_save = now.mono;
         self.writer.finish(self.detector.save_baselines());

@@ -245,6 +245,13 @@ impl Harness {
 
     /// One interval of `ns` packets at the hot probe (and quiet ones at tcp-start).
     fn tick(&mut self, ns: u64) {
+        self.interval_only(ns);
+        // Intervals here come back to back, not a second apart: let the writer keep up.
+        self.core.sync_storage();
+    }
+
+    /// [`Harness::tick`] without waiting for the storage threads.
+    fn interval_only(&mut self, ns: u64) {
         self.kernel.traffic(Probe::TcpStart, 10_000, PER_INTERVAL);
         self.kernel.traffic(HOT, ns, PER_INTERVAL);
         let start = self.wall;
@@ -257,8 +264,6 @@ impl Harness {
                 mono: self.mono,
             },
         );
-        // Intervals here come back to back, not a second apart: let the writer keep up.
-        self.core.sync_storage();
     }
 
     fn open_ids(&self) -> Vec<u64> {
@@ -539,4 +544,30 @@ fn history_and_baselines_written_off_the_loop_are_all_stored_at_stop() {
     assert_eq!(fine.points.len(), 75);
     assert!(fine.points.iter().all(|(_, p)| p.count() == PER_INTERVAL));
     assert!(h.store.baseline(SERVICE, HOT).unwrap().is_some());
+}
+
+#[test]
+fn samples_still_queued_at_a_stop_are_stored_and_counted_with_the_interrupted_incident() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.warm_up();
+    let id = h.slow_until_open();
+    let before = h.incident(id).capture.stored;
+    for _ in 0..5 {
+        kernel.record(false, sample(h.now_ns(), SLOW_NS, "10.0.0.5"));
+    }
+    // The interval queues the batch; the stop comes before another interval counts it.
+    h.interval_only(SLOW_NS);
+    h.core.stop(Now {
+        wall: h.wall,
+        mono: h.mono,
+    });
+    let rec = h.incident(id);
+    assert_eq!(rec.state, IncidentState::Interrupted);
+    assert_eq!(rec.capture.stored, before + 5);
+    let page = h
+        .store
+        .samples(id, &SampleFilter::default(), None, 100)
+        .unwrap();
+    assert_eq!(page.samples.len() as u64, rec.capture.stored);
 }

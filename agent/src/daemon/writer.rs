@@ -3,10 +3,12 @@
 //! retention and rotation on another. When the writer falls behind, whole intervals of
 //! history are dropped and counted rather than queued without bound.
 //!
-//! Incidents and samples are written on the loop (an incident must exist before its samples,
-//! and the loop counts what was stored with each incident) into sled's memory; the fsync
-//! that makes an opened or closed incident durable runs on a third thread, asked for
-//! without waiting ([`FlushSoon`]).
+//! Sample batches go to a thread of their own, so a burst of captured samples never waits
+//! behind history; what became of each batch comes back to the loop, which counts it with
+//! its incidents (the loop owns the incident records). Incidents themselves are written on
+//! the loop, before their samples are queued, into sled's memory; the fsync that makes an
+//! opened or closed incident durable runs on a fourth thread, asked for without waiting
+//! ([`FlushSoon`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use model::{Histogram, Probe};
+use model::{Histogram, Probe, Sample};
 use storage::{HistoryPoint, Store};
 
 use super::unix_ns;
@@ -22,6 +24,48 @@ use super::unix_ns;
 /// Intervals of history the writer may be behind (each holds every (service, probe)
 /// histogram of one interval: ~1 MiB at 64 services × 7 probes).
 const QUEUE: usize = 4;
+
+/// Sample batches the sample thread may be behind: one per interval with capture armed,
+/// plus an incident's pre-trigger batch; at the rate limit's 2000 samples/s and a 1 s
+/// interval, about a minute of capture.
+const SAMPLE_QUEUE: usize = 64;
+
+/// What became of one batch of samples, for the counts kept with its incidents.
+pub(super) struct SamplesWritten {
+    /// `(incident, samples)` in the batch.
+    pub(super) per_incident: Vec<(u64, u64)>,
+    /// The incidents' pre-trigger samples (taken from the flight recorder at opening).
+    pub(super) pre_trigger: bool,
+    /// Stored; otherwise refused by the store or dropped because the thread was behind.
+    pub(super) stored: bool,
+}
+
+impl SamplesWritten {
+    fn of(samples: &[Sample], pre_trigger: bool, stored: bool) -> SamplesWritten {
+        let mut per_incident: Vec<(u64, u64)> = Vec::new();
+        for s in samples {
+            match per_incident.iter_mut().find(|(id, _)| *id == s.incident) {
+                Some((_, n)) => *n += 1,
+                None => per_incident.push((s.incident, 1)),
+            }
+        }
+        SamplesWritten {
+            per_incident,
+            pre_trigger,
+            stored,
+        }
+    }
+}
+
+enum SampleJob {
+    Batch {
+        samples: Vec<Sample>,
+        pre_trigger: bool,
+    },
+    /// Answered once every earlier batch is written.
+    #[cfg(test)]
+    Barrier(mpsc::Sender<()>),
+}
 
 /// One interval's histograms: `(service, probe, histogram)`.
 pub(super) type Rows = Vec<(String, Probe, Histogram)>;
@@ -60,6 +104,9 @@ pub(super) struct Writer {
     flush: Option<SyncSender<()>>,
     threads: Vec<JoinHandle<()>>,
     dropped: Arc<AtomicU64>,
+    samples: Option<SyncSender<SampleJob>>,
+    sample_thread: Option<JoinHandle<()>>,
+    written: Receiver<SamplesWritten>,
 }
 
 impl Writer {
@@ -96,6 +143,21 @@ impl Writer {
         {
             tracing::error!(error = %e, "cannot start the flush thread");
         }
+        let (samples, samples_rx) = mpsc::sync_channel(SAMPLE_QUEUE);
+        // Unbounded, but never longer than the batches queued: the loop takes every
+        // outcome each interval.
+        let (written_tx, written) = mpsc::channel();
+        let s = store.clone();
+        let sample_thread = match std::thread::Builder::new()
+            .name("tailtrap-samples".into())
+            .spawn(move || sample_loop(&s, samples_rx, &written_tx))
+        {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the sample writer thread");
+                None
+            }
+        };
         match std::thread::Builder::new()
             .name("tailtrap-retention".into())
             .spawn(move || retention_loop(&store, retention_rx))
@@ -109,6 +171,52 @@ impl Writer {
             flush: Some(flush),
             threads,
             dropped,
+            samples: sample_thread.is_some().then_some(samples),
+            sample_thread,
+            written,
+        }
+    }
+
+    /// Queue samples for storing (their incidents are in the store already). When the
+    /// thread is behind, the batch is dropped and its outcome (not stored) is returned at
+    /// once; otherwise it arrives later through [`Writer::samples_written`].
+    pub(super) fn samples(
+        &self,
+        samples: Vec<Sample>,
+        pre_trigger: bool,
+    ) -> Option<SamplesWritten> {
+        let Some(tx) = &self.samples else {
+            return Some(SamplesWritten::of(&samples, pre_trigger, false));
+        };
+        match tx.try_send(SampleJob::Batch {
+            samples,
+            pre_trigger,
+        }) {
+            Ok(()) => None,
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
+                SampleJob::Batch {
+                    samples,
+                    pre_trigger,
+                } => Some(SamplesWritten::of(&samples, pre_trigger, false)),
+                #[cfg(test)]
+                SampleJob::Barrier(_) => None,
+            },
+        }
+    }
+
+    /// The outcomes of the batches written since the last call.
+    pub(super) fn samples_written(&self) -> Vec<SamplesWritten> {
+        self.written.try_iter().collect()
+    }
+
+    /// Write the samples still queued and stop their thread (shutdown: their counts go
+    /// into the incident records before those are closed).
+    pub(super) fn finish_samples(&mut self) {
+        self.samples = None;
+        if let Some(t) = self.sample_thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the sample writer thread panicked");
+            }
         }
     }
 
@@ -185,10 +293,17 @@ impl Writer {
                 let _ = rx.recv();
             }
         }
+        let (tx, rx) = mpsc::channel();
+        if let Some(samples) = &self.samples {
+            if samples.send(SampleJob::Barrier(tx)).is_ok() {
+                let _ = rx.recv();
+            }
+        }
     }
 
     /// Write what is queued (the baselines given included), then stop the threads.
     pub(super) fn finish(&mut self, baselines: Vec<(String, Probe, Vec<u8>)>) {
+        self.finish_samples();
         if let Some(tx) = self.jobs.take() {
             let _ = tx.send(Job::Baselines(baselines));
         }
@@ -206,8 +321,31 @@ impl Drop for Writer {
     fn drop(&mut self) {
         self.jobs = None;
         self.retention = None;
-        for t in self.threads.drain(..) {
+        self.samples = None;
+        for t in self.threads.drain(..).chain(self.sample_thread.take()) {
             let _ = t.join();
+        }
+    }
+}
+
+fn sample_loop(store: &Store, rx: Receiver<SampleJob>, written: &mpsc::Sender<SamplesWritten>) {
+    for job in rx {
+        match job {
+            SampleJob::Batch {
+                samples,
+                pre_trigger,
+            } => {
+                let result = store.put_samples(&samples);
+                if let Err(e) = &result {
+                    tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
+                }
+                // The loop is gone only at shutdown, after this thread was joined.
+                let _ = written.send(SamplesWritten::of(&samples, pre_trigger, result.is_ok()));
+            }
+            #[cfg(test)]
+            SampleJob::Barrier(done) => {
+                let _ = done.send(());
+            }
         }
     }
 }
