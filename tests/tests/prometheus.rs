@@ -507,6 +507,15 @@ fn compare_status_and_scrape(config: &Path, target: SocketAddr) -> bool {
             get("tailtrap_store_write_errors_total", &[]),
             st["write_errors"].as_f64()
         );
+        for (metric, field) in [
+            (
+                "tailtrap_store_dropped_history_intervals_total",
+                "dropped_history_intervals",
+            ),
+            ("tailtrap_store_dropped_samples_total", "dropped_samples"),
+        ] {
+            assert_eq!(get(metric, &[]), st[field].as_f64(), "{metric}");
+        }
         assert_eq!(
             get("tailtrap_store_engine_failed", &[]),
             Some(if st["engine_failed"] == true {

@@ -286,6 +286,12 @@ pub struct StoreReport {
     /// The live-data budget (`storage.max_bytes`).
     #[serde(default)]
     pub max_bytes: u64,
+    /// Intervals of history dropped because the storage writer was behind (a slow disk).
+    #[serde(default)]
+    pub dropped_history_intervals: u64,
+    /// Captured samples dropped because the sample writer was behind.
+    #[serde(default)]
+    pub dropped_samples: u64,
 }
 
 impl From<storage::StoreStats> for StoreReport {
@@ -298,6 +304,8 @@ impl From<storage::StoreStats> for StoreReport {
             undecodable_records: s.undecodable_records,
             engine_failed: s.engine_failed,
             max_bytes: 0,
+            dropped_history_intervals: 0,
+            dropped_samples: 0,
         }
     }
 }

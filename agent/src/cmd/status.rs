@@ -113,11 +113,19 @@ fn print_report(r: &StatusReport) {
     t.add_row([
         "store".to_owned(),
         format!(
-            "{} live, {} on disk, {} write errors ({} disk full){}",
+            "{} live, {} on disk, {} write errors ({} disk full){}{}",
             fmt_bytes(r.store.live_bytes),
             fmt_bytes(r.store.size_on_disk),
             r.store.write_errors,
             r.store.disk_full_errors,
+            if r.store.dropped_history_intervals + r.store.dropped_samples > 0 {
+                format!(
+                    "; writers behind: {} history intervals and {} samples dropped",
+                    r.store.dropped_history_intervals, r.store.dropped_samples
+                )
+            } else {
+                String::new()
+            },
             if r.store.engine_failed {
                 "; ENGINE FAILED: writes refused until it reopens"
             } else {

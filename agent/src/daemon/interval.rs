@@ -267,6 +267,8 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             status.kernel_counters = KernelCounters::from(counters);
             status.open_incidents = self.incidents.open_summaries();
             status.capture = capture;
+            status.dropped_history_intervals = self.writer.dropped();
+            status.dropped_samples = self.writer.dropped_samples();
             if let Some(stats) = prog_stats {
                 status.set_prog_stats(stats);
             }

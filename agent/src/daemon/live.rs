@@ -54,6 +54,10 @@ pub(super) struct LoopStatus {
     opened: BTreeMap<(String, String), u64>,
     /// pwru sessions ended since start by final state.
     pwru_sessions: BTreeMap<String, u64>,
+    /// Intervals of history the storage writer dropped while behind.
+    pub(super) dropped_history_intervals: u64,
+    /// Samples the sample writer dropped while behind.
+    pub(super) dropped_samples: u64,
 }
 
 impl Default for LoopStatus {
@@ -76,6 +80,8 @@ impl Default for LoopStatus {
             worst_interval_ns: 0,
             opened: BTreeMap::new(),
             pwru_sessions: BTreeMap::new(),
+            dropped_history_intervals: 0,
+            dropped_samples: 0,
         }
     }
 }
@@ -202,6 +208,8 @@ impl Live {
             process,
             store: StoreReport {
                 max_bytes: self.store_budget,
+                dropped_history_intervals: status.dropped_history_intervals,
+                dropped_samples: status.dropped_samples,
                 ..StoreReport::from(store)
             },
             incidents_opened: status

@@ -107,6 +107,7 @@ pub(super) struct Writer {
     samples: Option<SyncSender<SampleJob>>,
     sample_thread: Option<JoinHandle<()>>,
     written: Receiver<SamplesWritten>,
+    dropped_samples: AtomicU64,
 }
 
 impl Writer {
@@ -174,6 +175,7 @@ impl Writer {
             samples: sample_thread.is_some().then_some(samples),
             sample_thread,
             written,
+            dropped_samples: AtomicU64::new(0),
         }
     }
 
@@ -185,23 +187,28 @@ impl Writer {
         samples: Vec<Sample>,
         pre_trigger: bool,
     ) -> Option<SamplesWritten> {
-        let Some(tx) = &self.samples else {
-            return Some(SamplesWritten::of(&samples, pre_trigger, false));
-        };
-        match tx.try_send(SampleJob::Batch {
-            samples,
-            pre_trigger,
-        }) {
-            Ok(()) => None,
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
-                SampleJob::Batch {
-                    samples,
-                    pre_trigger,
-                } => Some(SamplesWritten::of(&samples, pre_trigger, false)),
-                #[cfg(test)]
-                SampleJob::Barrier(_) => None,
+        let n = samples.len() as u64;
+        let refused = match &self.samples {
+            None => Some(SamplesWritten::of(&samples, pre_trigger, false)),
+            Some(tx) => match tx.try_send(SampleJob::Batch {
+                samples,
+                pre_trigger,
+            }) {
+                Ok(()) => None,
+                Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
+                    SampleJob::Batch {
+                        samples,
+                        pre_trigger,
+                    } => Some(SamplesWritten::of(&samples, pre_trigger, false)),
+                    #[cfg(test)]
+                    SampleJob::Barrier(_) => None,
+                },
             },
+        };
+        if refused.is_some() {
+            self.dropped_samples.fetch_add(n, Ordering::Relaxed);
         }
+        refused
     }
 
     /// The outcomes of the batches written since the last call.
@@ -245,6 +252,11 @@ impl Writer {
     /// Intervals of history dropped because the writer was behind.
     pub(super) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Samples dropped because the sample thread was behind.
+    pub(super) fn dropped_samples(&self) -> u64 {
+        self.dropped_samples.load(Ordering::Relaxed)
     }
 
     /// Forget the services (after their last history, queued before).

@@ -551,6 +551,22 @@ impl Collector for View {
             ),
             (
                 family(
+                    "tailtrap_store_dropped_history_intervals",
+                    "Intervals of history dropped because the storage writer was behind (a slow disk)",
+                    Counter,
+                ),
+                s.dropped_history_intervals as f64,
+            ),
+            (
+                family(
+                    "tailtrap_store_dropped_samples",
+                    "Captured samples dropped because the sample writer was behind (a slow disk)",
+                    Counter,
+                ),
+                s.dropped_samples as f64,
+            ),
+            (
+                family(
                     "tailtrap_store_disk_full_errors",
                     "Database writes refused or failed for lack of disk space (including below storage.min_free_bytes)",
                     Counter,
