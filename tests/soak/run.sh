@@ -8,6 +8,9 @@
 #                     [--every M]     minutes between slowdowns (default 5)
 #                     [--out DIR]     where series.csv and the daemon's log go
 #                                     (default: a new /tmp/tailtrap-soak-* directory)
+#                     [--cache-bytes N] storage.cache_bytes (default: the built-in one)
+# The daemon inherits the environment, so an allocator arm is e.g. `MALLOC_ARENA_MAX=4
+# tests/soak/run.sh`; two soaks can run at once with distinct --out directories.
 # Prints the series, a terminal chart of RSS and fds, and the targets with their verdicts:
 #   RSS and fds flat: the last sample within 5 % of the 10-minute mark (the middle sample
 #   for runs under 20 min); no interval over 100 ms late after the first minute (start-up);
@@ -20,15 +23,18 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 minutes=120
 every=5
 out=""
+cache_bytes=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
         --every) every=${2:?--every needs a number}; shift 2 ;;
         --out) out=${2:?--out needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --cache-bytes) cache_bytes=${2:?--cache-bytes needs a number}; shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+case "$cache_bytes" in *[!0-9]*) echo "--cache-bytes must be a number of bytes" >&2; exit 2 ;; esac
 for v in "$minutes" "$every"; do
     case "$v" in ''|*[!0-9]*|0) echo "--minutes and --every must be positive numbers" >&2; exit 2 ;; esac
 done
@@ -113,11 +119,12 @@ cooldown = "10s"
 
 [storage]
 max_bytes = $budget
+${cache_bytes:+cache_bytes = $cache_bytes}
 EOF
 "$tt" config check "$out/tailtrap.toml" >/dev/null || exit 1
 
 # At the priority packaging/tailtrap.service gives the daemon (Nice=-5).
-RUST_LOG=info nice -n -5 "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
+RUST_LOG=${SOAK_RUST_LOG:-info} nice -n -5 "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
 daemon=$!
 pids+=($daemon)
 for _ in $(seq 300); do

@@ -21,7 +21,8 @@ use serde_json::Value;
 use tailtrap_tests::{cli, cli_json, vm_kernel, Cgroup, Daemon, ScratchDir, ServerOpts, TcpServer};
 
 /// Waves in CI; `TAILTRAP_CHURN_WAVES=N` runs a longer churn (e.g. 250 for 5 000 cgroups) to
-/// see whether memory levels off.
+/// see whether memory levels off, and `TAILTRAP_CHURN_CACHE_BYTES=N` sets the daemon's
+/// `storage.cache_bytes` (to tell sled's page cache from other growth).
 const WAVES: usize = 25;
 const PER_WAVE: usize = 20;
 const LIMIT: usize = 64;
@@ -110,6 +111,11 @@ fn churning_cgroups_reuse_freed_slots_and_none_land_in_other() {
     let scratch = ScratchDir::new("churn").unwrap();
     let dir = scratch.path();
     let config = dir.join("tailtrap.toml");
+    let storage = std::env::var("TAILTRAP_CHURN_CACHE_BYTES")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(|n| format!("\n[storage]\ncache_bytes = {n}\n"))
+        .unwrap_or_default();
     std::fs::write(
         &config,
         format!(
@@ -123,7 +129,7 @@ socket = "{dir}/api.sock"
 
 [probes]
 auto_service_limit = {LIMIT}
-"#,
+{storage}"#,
             dir = dir.display()
         ),
     )
@@ -240,8 +246,8 @@ auto_service_limit = {LIMIT}
         counter(&status, "auto_freed"),
         rss_after_warmup,
         rss_mid,
-        waves / 2 + 1,
         rss_end,
+        waves / 2 + 1,
     );
 
     // The history of a cgroup long gone stays stored.
