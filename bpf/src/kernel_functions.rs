@@ -122,6 +122,20 @@ impl KernelFunctions {
         })
     }
 
+    /// The table cut down to what judging `names` needs. The whole table holds every
+    /// function of the kernel's BTF and the traceable list: megabytes that a daemon asking
+    /// about a few dozen names would keep for its lifetime.
+    pub fn keep_only<'a>(mut self, names: impl IntoIterator<Item = &'a str>) -> Self {
+        let names: HashSet<&str> = names.into_iter().collect();
+        self.btf.retain(|n, _| names.contains(n.as_str()));
+        self.btf.shrink_to_fit();
+        if let Ok(list) = &mut self.available {
+            list.retain(|n| names.contains(n.as_str()));
+            list.shrink_to_fit();
+        }
+        self
+    }
+
     /// Why `available_filter_functions` could not be read (pwru then selects nothing and
     /// exits "Cannot find a matching kernel function"), or `None` when it was read.
     pub fn available_error(&self) -> Option<&str> {
@@ -270,6 +284,31 @@ mod tests {
         assert_eq!(kept, ["tcp_v4_rcv"]);
         assert_eq!(dropped[0], ("tcp_data_queue", Verdict::NotTraceable));
         assert!(matches!(dropped[1].1, Verdict::NoSkbPointer(_)));
+    }
+
+    #[test]
+    fn a_table_cut_to_some_names_judges_them_as_the_whole_one_did() {
+        let path = Path::new("/sys/kernel/btf/vmlinux");
+        if !path.exists() {
+            eprintln!("skipped: no /sys/kernel/btf/vmlinux");
+            return;
+        }
+        let names = [
+            "tcp_v4_rcv",
+            "tcp_data_queue",
+            "skb_copy_datagram_iter",
+            "no_such_fn",
+        ];
+        let only = HashSet::from(["tcp_v4_rcv".to_owned(), "udp_rcv".to_owned()]);
+        let whole = KernelFunctions::from_parts(path, Ok(only)).unwrap();
+        let cut = whole.clone().keep_only(names);
+        for n in names {
+            assert_eq!(cut.verdict(n), whole.verdict(n), "{n}");
+        }
+        // Only the names asked about are kept.
+        assert_eq!(cut.btf.len(), 3);
+        assert_eq!(cut.traced(), ["tcp_v4_rcv"]);
+        assert!(whole.btf.len() > 1000);
     }
 
     #[test]

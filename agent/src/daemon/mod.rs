@@ -156,6 +156,9 @@ impl Daemon {
                 "pwru prerequisites not met: no sessions until a later check passes"
             );
         }
+        if prereq.is_usable() || ignore {
+            pwru::warm_kernel_functions(&config.pwru);
+        }
         let (pwru_done_tx, pwru_done) = mpsc::channel(16);
         let live = Arc::new(Mutex::new(Live::new(
             &config,

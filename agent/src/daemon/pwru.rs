@@ -1,18 +1,21 @@
 //! pwru sessions for incidents, each run on a worker: its lines go to the store as they
 //! come; its outcome goes back to the interval loop, the only writer of incident records.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bpf::kernel_functions::KernelFunctions;
 
-use capture::pwru::{PwruLine, SessionManager, SessionRequest, SessionState, SessionStatus};
-use model::{Flow, Transport};
+use capture::pwru::{
+    PwruConfig, PwruLine, SessionManager, SessionRequest, SessionState, SessionStatus,
+};
+use model::{Flow, Probe, Transport};
 use storage::{PwruRecord, PwruState, PwruStatus, Store};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::unix_ns;
+use super::{lock, unix_ns};
 
 /// Lines buffered between pwru's reader and the store.
 const LINE_BUFFER: usize = 1024;
@@ -212,11 +215,58 @@ pub(super) fn status_of(s: &SessionStatus, stored: u64) -> PwruStatus {
     }
 }
 
-/// The running kernel's functions as pwru selects them, read once (BTF and tracefs do not
-/// change while the daemon runs; a module loaded later is not worth a re-read).
-fn kernel_functions() -> &'static Result<KernelFunctions, String> {
-    static KERNEL: OnceLock<Result<KernelFunctions, String>> = OnceLock::new();
-    KERNEL.get_or_init(|| KernelFunctions::load().map_err(|e| e.to_string()))
+/// Verdicts for the function names asked about so far. BTF and tracefs do not change while
+/// the daemon runs (a module loaded later is not worth a re-read), so the kernel is read
+/// once for every name the configuration can ask for (ahead, off the loop) and again only
+/// for a name not asked about before; only the asked names are kept.
+struct KnownFunctions {
+    names: BTreeSet<String>,
+    table: Result<KernelFunctions, String>,
+}
+
+static KNOWN: Mutex<Option<KnownFunctions>> = Mutex::new(None);
+
+/// The kernel's verdicts for `names` (and every name asked about before).
+fn kernel_functions(names: &[String]) -> Result<KernelFunctions, String> {
+    let mut known = lock(&KNOWN);
+    if let Some(k) = known.as_ref() {
+        if names.iter().all(|n| k.names.contains(n)) {
+            return k.table.clone();
+        }
+    }
+    let mut all: BTreeSet<String> = known.take().map(|k| k.names).unwrap_or_default();
+    all.extend(names.iter().cloned());
+    let table = KernelFunctions::load()
+        .map(|t| t.keep_only(all.iter().map(String::as_str)))
+        .map_err(|e| e.to_string());
+    let answer = table.clone();
+    *known = Some(KnownFunctions { names: all, table });
+    answer
+}
+
+/// Read the kernel's verdicts for every function `config` can ask pwru for, on a thread of
+/// its own: parsing the kernel's BTF takes a while, and the first incident's request would
+/// otherwise pay it on the interval loop.
+pub(super) fn warm_kernel_functions(config: &PwruConfig) {
+    if !config.enabled() {
+        return;
+    }
+    let mut names: BTreeSet<String> = BTreeSet::new();
+    for probe in Probe::ALL {
+        names.extend(config.filter_funcs(&[probe]).names().iter().cloned());
+    }
+    names.extend(config.filter_funcs(&Probe::ALL).names().iter().cloned());
+    let names: Vec<String> = names.into_iter().collect();
+    if let Err(e) = std::thread::Builder::new()
+        .name("tailtrap-btf".into())
+        .spawn(move || {
+            if let Err(e) = kernel_functions(&names) {
+                tracing::debug!(error = %e, "kernel functions for pwru not read ahead");
+            }
+        })
+    {
+        tracing::debug!(error = %e, "cannot start the thread reading kernel functions");
+    }
 }
 
 /// What the kernel check made of a request's functions, for the incident's message.
@@ -231,7 +281,8 @@ pub(super) struct FunctionChoice {
 /// [`bpf::kernel_functions`]): a function it skips would only make the trace look
 /// complete when it is not. `Err` with why when none is left.
 pub(super) fn choose_functions(request: SessionRequest) -> Result<FunctionChoice, String> {
-    let kernel = match kernel_functions() {
+    let names = request.filter_funcs().names().to_vec();
+    let kernel = match kernel_functions(&names) {
         Ok(k) => k,
         // Without BTF pwru cannot run at all; its own error will say so.
         Err(e) => {
@@ -240,7 +291,6 @@ pub(super) fn choose_functions(request: SessionRequest) -> Result<FunctionChoice
             return Ok(FunctionChoice { request, summary });
         }
     };
-    let names = request.filter_funcs().names().to_vec();
     let (kept, dropped) = kernel.select(names.iter().map(String::as_str));
     let mut summary = format!("functions: {}", kept.join(","));
     if !dropped.is_empty() {
