@@ -369,6 +369,121 @@ struct Pending {
     written: Vec<(String, Probe, u8, u64, usize)>,
 }
 
+/// Histograms of one (service, probe) over a time range, sparse and flat: what
+/// [`Store::history_sparse_at_level`] reads for a long replay. A week of 10 s points of
+/// seven probes held as dense [`Histogram`]s is near a gigabyte (a 2 KiB box each); their
+/// non-empty buckets are a small part of that, and reading them allocates nothing per
+/// point.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SparseSeries {
+    starts: Vec<u64>,
+    counts: Vec<u64>,
+    /// End of each point's buckets in `index` and `n`.
+    ends: Vec<usize>,
+    index: Vec<u16>,
+    n: Vec<u64>,
+}
+
+impl SparseSeries {
+    /// An empty series.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Append a point starting at `start` (after every point held) with `count` samples
+    /// and its non-empty buckets in increasing index order, as [`Histogram::nonzero`]
+    /// yields them.
+    pub fn push(
+        &mut self,
+        start: u64,
+        count: u64,
+        nonzero: impl IntoIterator<Item = (usize, u64)>,
+    ) {
+        for (i, c) in nonzero {
+            // Bucket indices are below NUM_BUCKETS (272): they fit a u16.
+            self.index.push(i as u16);
+            self.n.push(c);
+        }
+        self.starts.push(start);
+        self.counts.push(count);
+        self.ends.push(self.index.len());
+    }
+
+    /// Append a dense histogram.
+    pub fn push_histogram(&mut self, start: u64, hist: &Histogram) {
+        self.push(start, hist.count(), hist.nonzero());
+    }
+
+    /// Number of points.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// True when the series holds no point.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// Start of point `i`, ns since the epoch.
+    pub fn start(&self, i: usize) -> u64 {
+        self.starts[i]
+    }
+
+    /// Sample count of point `i`.
+    pub fn count(&self, i: usize) -> u64 {
+        self.counts[i]
+    }
+
+    /// The non-empty buckets of point `i`, `(index, count)` in increasing index order.
+    pub fn buckets(&self, i: usize) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let from = if i == 0 { 0 } else { self.ends[i - 1] };
+        let to = self.ends[i];
+        self.index[from..to]
+            .iter()
+            .zip(&self.n[from..to])
+            .map(|(&i, &c)| (usize::from(i), c))
+    }
+
+    /// Point `i` as a dense histogram (its sum of latencies is not kept: 0).
+    pub fn histogram(&self, i: usize) -> Histogram {
+        let pairs = self.buckets(i).map(|(b, c)| (b as u64, c));
+        // Pushed from valid histograms: the pairs are in range and add up to the count.
+        Histogram::from_sparse(pairs, self.counts[i], 0).unwrap_or_default()
+    }
+}
+
+/// A point as stored ([`Histogram`]'s sparse serde form), decoded without building the
+/// dense histogram.
+#[derive(serde::Deserialize)]
+struct StoredPoint {
+    buckets: Vec<(u64, u64)>,
+    count: u64,
+    #[allow(dead_code)]
+    sum_ns: u64,
+}
+
+impl StoredPoint {
+    /// Whether [`Histogram`]'s decoding would accept it, and whether its buckets are
+    /// already what [`Histogram::nonzero`] would give back (increasing, none empty).
+    fn check(&self) -> (bool, bool) {
+        let mut total: u64 = 0;
+        let mut canonical = true;
+        let mut prev: Option<u64> = None;
+        for &(i, c) in &self.buckets {
+            if i >= model::hist::NUM_BUCKETS as u64 {
+                return (false, false);
+            }
+            total = match total.checked_add(c) {
+                Some(t) => t,
+                None => return (false, false),
+            };
+            canonical &= c != 0 && prev.is_none_or(|p| p < i);
+            prev = Some(i);
+        }
+        (total == self.count, canonical)
+    }
+}
+
 /// [`Histogram`]'s wire form (`model`'s sparse histogram: `[index, count]` pairs, count,
 /// sum), borrowed; a test checks it encodes to the same bytes.
 #[derive(Serialize)]
@@ -803,6 +918,111 @@ impl Store {
             resolution: l.resolution,
             points: merged,
         })
+    }
+
+    /// [`Store::history_at_level`] in sparse form: the same points, with the same
+    /// non-empty buckets and counts, decoded straight from the chunks. A stream whose
+    /// records need merging (a point in several records, per-point records of an earlier
+    /// build, a chunk still buffered) is read the dense way and converted.
+    pub fn history_sparse_at_level(
+        &self,
+        level: usize,
+        service: &str,
+        probe: Probe,
+        since_ns: u64,
+        until_ns: u64,
+    ) -> Result<SparseSeries> {
+        keys::check_service(service)?;
+        let Some(l) = self.cfg.history.get(level) else {
+            // The dense read names the error.
+            return self
+                .history_at_level(level, service, probe, since_ns, until_ns)
+                .map(|_| SparseSeries::new());
+        };
+        let res = nanos(l.resolution).max(1);
+        let first = since_ns - since_ns % res;
+        let from = first - first % chunk_span(res);
+        let lvl = level as u8;
+        let buffered = self
+            .history_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .points_of(service, probe, lvl, first, until_ns)
+            .is_some();
+        if !buffered {
+            if let Some(series) = self.sparse_chunks(lvl, service, probe, from, first, until_ns)? {
+                return Ok(series);
+            }
+        }
+        let dense = self.history_at_level(level, service, probe, since_ns, until_ns)?;
+        let mut out = SparseSeries::new();
+        for (t, h) in &dense.points {
+            out.push_histogram(*t, h);
+        }
+        Ok(out)
+    }
+
+    /// The stored chunks of a stream, sparse, when every record is a chunk and their points
+    /// come in strictly increasing time (so nothing needs merging); `None` otherwise.
+    fn sparse_chunks(
+        &self,
+        lvl: u8,
+        service: &str,
+        probe: Probe,
+        from: u64,
+        first: u64,
+        until_ns: u64,
+    ) -> Result<Option<SparseSeries>> {
+        let tree = self.engine().tree(T::History).clone();
+        let start = keys::history(lvl, service, probe, from);
+        let end = keys::history(lvl, service, probe, until_ns);
+        let mut out = SparseSeries::new();
+        let mut last: Option<u64> = None;
+        for item in tree.range(start..=end) {
+            let (k, v) = item?;
+            let Some((_, _, _, key_start)) = keys::parse_history(&k) else {
+                continue;
+            };
+            if v.first() != Some(&HISTORY_CHUNK_VERSION) {
+                return Ok(None);
+            }
+            let decoded = codec::decode_as::<Vec<(u64, StoredPoint)>>(HISTORY_CHUNK_VERSION, &v);
+            // A point Histogram would refuse makes the whole record undecodable, as there.
+            let points = decoded.and_then(|ps| match ps.iter().all(|(_, p)| p.check().0) {
+                true => Ok(ps),
+                false => Err(codec::DecodeError::Payload("invalid histogram".into())),
+            });
+            let points = match points {
+                Ok(ps) => ps,
+                Err(e) => {
+                    self.counters
+                        .undecodable
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(tree = "history", key = ?k, error = %e, "skipping undecodable record");
+                    continue;
+                }
+            };
+            for (off, p) in points {
+                let t = key_start.saturating_add(off);
+                if !(first..=until_ns).contains(&t) {
+                    continue;
+                }
+                if last.is_some_and(|l| l >= t) {
+                    return Ok(None);
+                }
+                last = Some(t);
+                if p.check().1 {
+                    out.push(t, p.count, p.buckets.iter().map(|&(i, c)| (i as usize, c)));
+                } else {
+                    // Repeated or empty buckets: as the dense histogram would give them.
+                    match Histogram::from_sparse(p.buckets, p.count, p.sum_ns) {
+                        Ok(h) => out.push_histogram(t, &h),
+                        Err(_) => return Ok(None),
+                    }
+                }
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Every (service, probe) with history at history level `level` (finest first).

@@ -10,8 +10,9 @@ use anyhow::bail;
 use detector::replay::Record;
 use model::{Histogram, Probe};
 use serde::Serialize;
+use storage::SparseSeries;
 
-use crate::api::query::HistoryParams;
+use crate::api::query::{self, HistoryParams};
 use crate::api::HistoryAnswer;
 use crate::cmd::incidents::parse_since;
 use crate::output::{fmt_ns, fmt_time, print_json, table};
@@ -125,6 +126,118 @@ pub fn records(h: HistoryAnswer) -> Vec<Record> {
 /// Read the history `params` names, refusing an answer without a single point.
 pub async fn read(source: &Source, params: &HistoryParams) -> anyhow::Result<HistoryAnswer> {
     let h = source.history(params).await?;
+    if h.series.is_empty() {
+        bail!(
+            "no history for {:?} between {} and {} at {} resolution",
+            h.service,
+            fmt_time(h.from_ns),
+            fmt_time(h.to_ns),
+            humantime::format_duration(h.resolution)
+        );
+    }
+    Ok(h)
+}
+
+/// One service's history for a replay: every probe's points, sparse (what `tailtrap tune`
+/// reads; a week of dense histograms would be most of its cost).
+pub struct SparseHistory {
+    /// The service.
+    pub service: String,
+    /// Width of each point.
+    pub resolution: Duration,
+    /// The range asked for, ns since the epoch (inclusive).
+    pub from_ns: u64,
+    /// End of the range.
+    pub to_ns: u64,
+    /// One series per probe with points in the range, in probe order.
+    pub series: Vec<(Probe, SparseSeries)>,
+}
+
+impl SparseHistory {
+    /// The points of every probe as [`records`] would order them (by time, then probe):
+    /// `f(start ns, probe, series, index)`.
+    pub fn for_each(&self, mut f: impl FnMut(u64, Probe, &SparseSeries, usize)) {
+        let mut next = vec![0usize; self.series.len()];
+        loop {
+            // A handful of probes: a scan finds the earliest next point.
+            let mut best: Option<(usize, u64)> = None;
+            for (k, (_, s)) in self.series.iter().enumerate() {
+                if next[k] < s.len() {
+                    let t = s.start(next[k]);
+                    if best.is_none_or(|(_, bt)| t < bt) {
+                        best = Some((k, t));
+                    }
+                }
+            }
+            let Some((k, t)) = best else { return };
+            let (probe, s) = &self.series[k];
+            f(t, *probe, s, next[k]);
+            next[k] += 1;
+        }
+    }
+
+    /// Number of points, all probes.
+    pub fn points(&self) -> usize {
+        self.series.iter().map(|(_, s)| s.len()).sum()
+    }
+}
+
+impl From<HistoryAnswer> for SparseHistory {
+    fn from(h: HistoryAnswer) -> Self {
+        let series = h
+            .series
+            .into_iter()
+            .map(|s| {
+                let mut out = SparseSeries::new();
+                for (t, hist) in &s.points {
+                    out.push_histogram(*t, hist);
+                }
+                (s.probe, out)
+            })
+            .collect();
+        SparseHistory {
+            service: h.service,
+            resolution: h.resolution,
+            from_ns: h.from_ns,
+            to_ns: h.to_ns,
+            series,
+        }
+    }
+}
+
+/// [`read`] in sparse form. A database opened here is read straight from its chunks;
+/// a daemon's answer is converted.
+pub async fn read_sparse(source: &Source, params: &HistoryParams) -> anyhow::Result<SparseHistory> {
+    let Source::Db(store) = source else {
+        return Ok(read(source, params).await?.into());
+    };
+    let now = crate::daemon::unix_ns(SystemTime::now());
+    let plan = query::history_plan(store, params, now)?;
+    let resolution = store
+        .config()
+        .history
+        .get(plan.level)
+        .map_or(Duration::ZERO, |l| l.resolution);
+    let mut series = Vec::new();
+    for probe in plan.probes {
+        let s = store.history_sparse_at_level(
+            plan.level,
+            &params.service,
+            probe,
+            params.from_ns,
+            plan.to_ns,
+        )?;
+        if !s.is_empty() {
+            series.push((probe, s));
+        }
+    }
+    let h = SparseHistory {
+        service: params.service.clone(),
+        resolution,
+        from_ns: params.from_ns,
+        to_ns: plan.to_ns,
+        series,
+    };
     if h.series.is_empty() {
         bail!(
             "no history for {:?} between {} and {} at {} resolution",

@@ -6,11 +6,10 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use detector::event::Incident as Replayed;
-use detector::replay::Record;
 use detector::sweep::Sweep;
 use detector::{DetectorConfig, Thresholds};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -19,7 +18,7 @@ use serde::Serialize;
 use storage::{Incident, IncidentState, IncidentVerdict, Verdict};
 
 use crate::api::query::IncidentsParams;
-use crate::cmd::history::{self, Range};
+use crate::cmd::history::{self, Range, SparseHistory};
 use crate::output::{fmt_span, fmt_time, print_json, probe_list, table};
 use crate::source::{block_on, Source, Target};
 
@@ -203,35 +202,49 @@ struct Outcome {
     incidents: Vec<Replayed>,
 }
 
-/// Replay `records` (one service's) under every candidate at once: a [`Sweep`] shares the
+/// Replay one service's history under every candidate at once: a [`Sweep`] shares the
 /// windows, baselines and tests among candidates whose settings do not change them.
 fn replay_all(
-    records: &[Record],
+    history: &SparseHistory,
     config: &DetectorConfig,
     cands: &[Candidate],
     interval: Duration,
     resolution: Duration,
     progress: &ProgressBar,
 ) -> anyhow::Result<Vec<Outcome>> {
-    const STEP: usize = 4096;
+    const STEP: u64 = 4096;
     let thresholds: Vec<Thresholds> = cands
         .iter()
         .map(|c| c.thresholds.at_resolution(interval, resolution))
         .collect();
-    let service = records.first().map_or("", |r| r.service.as_str());
-    let mut sweep = Sweep::new(service, config.significance, &config.slo, &thresholds);
-    // One buffer for every record's non-empty buckets: the sweep reads them once per
+    let mut sweep = Sweep::new(
+        &history.service,
+        config.significance,
+        &config.slo,
+        &thresholds,
+    );
+    // One buffer for every point's non-empty buckets: the sweep reads them once per
     // window group.
     let mut buckets: Vec<(usize, u64)> = Vec::new();
-    for chunk in records.chunks(STEP) {
-        for r in chunk {
-            buckets.clear();
-            buckets.extend(r.hist.nonzero());
-            sweep
-                .push(r.ts, r.probe, &buckets, r.hist.count())
-                .context("replaying the stored history")?;
+    let (mut done, mut failed) = (0u64, None);
+    history.for_each(|start, probe, series, i| {
+        if failed.is_some() {
+            return;
         }
-        progress.inc((chunk.len() * cands.len()) as u64);
+        buckets.clear();
+        buckets.extend(series.buckets(i));
+        let ts = point_end(start, history.resolution);
+        if let Err(e) = sweep.push(ts, probe, &buckets, series.count(i)) {
+            failed = Some(e);
+        }
+        done += 1;
+        if done % STEP == 0 {
+            progress.inc(STEP * cands.len() as u64);
+        }
+    });
+    progress.inc(done % STEP * cands.len() as u64);
+    if let Some(e) = failed {
+        return Err(e).context("replaying the stored history");
     }
     Ok(sweep
         .finish()
@@ -285,6 +298,11 @@ struct Row {
 
 fn ns(t: SystemTime) -> u64 {
     crate::daemon::unix_ns(t)
+}
+
+/// The end of the point starting at `start` ns: the time the daemon's detector saw it at.
+fn point_end(start: u64, resolution: Duration) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(start) + resolution
 }
 
 /// Compare one candidate's incidents with the recorded ones. A recorded incident is kept
@@ -440,7 +458,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     let (h, recorded_page) = block_on(async {
         let source = Source::open(&args.target, verbose).await?;
         let params = args.range.params(None, DEFAULT_SPAN);
-        let h = history::read(&source, &params).await?;
+        let h = history::read_sparse(&source, &params).await?;
         let page = source
             .incidents(&IncidentsParams {
                 since_ns: Some(h.from_ns),
@@ -453,12 +471,11 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         Ok((h, page))
     })?;
     let (from_ns, to_ns, resolution, probes) = (h.from_ns, h.to_ns, h.resolution, h.series.len());
-    let records = history::records(h);
-    let end_ns = records
-        .last()
-        .map_or(to_ns, |r| ns(r.ts))
-        .min(to_ns.max(from_ns));
-    let first_ns = records.first().map_or(from_ns, |r| ns(r.ts));
+    // When each point was seen, in replay order.
+    let mut seen: Vec<u64> = Vec::with_capacity(h.points());
+    h.for_each(|start, _, _, _| seen.push(ns(point_end(start, resolution))));
+    let end_ns = seen.last().map_or(to_ns, |&t| t).min(to_ns.max(from_ns));
+    let first_ns = seen.first().map_or(from_ns, |&t| t);
     let recorded = recorded_in(
         &recorded_page.incidents,
         &recorded_page.verdicts,
@@ -466,9 +483,9 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         end_ns,
     );
 
-    let progress = progress_bar((records.len() * cands.len()) as u64);
+    let progress = progress_bar((seen.len() * cands.len()) as u64);
     let evaluated = evaluate(
-        &records,
+        &h,
         &config.detector,
         &cands,
         &recorded,
@@ -500,7 +517,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         incidents: outcomes[n].incidents.iter().map(shown_incident).collect(),
     });
     let emitted = emit.map(|n| emit_block(&service, &cands[n].overrides));
-    let gaps = gaps(&records, slack);
+    let gaps = gaps(&seen, slack);
     let not_reproduced = rows
         .first()
         .map(|row| {
@@ -521,7 +538,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         daemon_interval: interval,
         from: fmt_time(first_ns.saturating_sub(slack)),
         to: fmt_time(end_ns),
-        points: records.len(),
+        points: seen.len(),
         probes,
         baseline: BASELINE,
         scaling,
@@ -545,7 +562,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
 /// Replay every candidate and compare each with the recorded incidents. `times` is the
 /// daemon's interval and the history's resolution.
 fn evaluate(
-    records: &[Record],
+    history: &SparseHistory,
     detector: &DetectorConfig,
     cands: &[Candidate],
     recorded: &[Recorded],
@@ -554,7 +571,7 @@ fn evaluate(
     progress: &ProgressBar,
 ) -> anyhow::Result<(Vec<Outcome>, Vec<Row>)> {
     let (interval, resolution) = times;
-    let outcomes = replay_all(records, detector, cands, interval, resolution, progress)?;
+    let outcomes = replay_all(history, detector, cands, interval, resolution, progress)?;
     let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
     let rows = cands
         .iter()
@@ -706,11 +723,10 @@ fn print_report(r: &Report) {
 
 /// Stretches without any point longer than two points, `(last point before, first after)`
 /// in ns: the daemon was not running (or not recording) then.
-fn gaps(records: &[Record], resolution_ns: u64) -> Vec<(u64, u64)> {
+fn gaps(seen: &[u64], resolution_ns: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut prev: Option<u64> = None;
-    for r in records {
-        let t = ns(r.ts);
+    for &t in seen {
         if let Some(p) = prev.filter(|&p| t > p.saturating_add(2 * resolution_ns)) {
             out.push((p, t));
         }
@@ -753,7 +769,6 @@ mod tests {
     use super::*;
     use crate::api::query::{self, HistoryParams};
     use detector::scenario::Scenario;
-    use std::time::UNIX_EPOCH;
     use storage::{NewIncident, Store, StoreConfig};
 
     /// Three hours of one service at 1 s, its read latency five times slower for ten
@@ -814,13 +829,22 @@ factor = 5
         let h = query::history(store, &p, to).unwrap();
         assert_eq!(h.resolution, Duration::from_secs(resolution_s));
         let resolution = h.resolution;
-        let records = history::records(h);
+        let h = SparseHistory::from(h);
+        // The database's own sparse read gives the same points.
+        let plan = query::history_plan(store, &p, to).unwrap();
+        for (probe, s) in &h.series {
+            let direct = store
+                .history_sparse_at_level(plan.level, "web", *probe, from, to)
+                .unwrap();
+            assert_eq!(direct, *s);
+        }
         let config = DetectorConfig::default();
         let sweep: Vec<String> = sweep.iter().map(|s| s.to_string()).collect();
         let cands = candidates(&config, "web", &[], &sweep).unwrap();
-        let end = records.last().map(|r| ns(r.ts)).unwrap();
+        let mut end = 0;
+        h.for_each(|start, _, _, _| end = ns(point_end(start, resolution)));
         evaluate(
-            &records,
+            &h,
             &config,
             &cands,
             recorded,
@@ -885,15 +909,8 @@ factor = 5
 
     #[test]
     fn a_history_gap_before_a_missed_incident_is_named_as_a_restart() {
-        let rec = |t: u64| Record {
-            ts: UNIX_EPOCH + Duration::from_secs(t),
-            service: "web".into(),
-            probe: model::Probe::IpStart,
-            interval_ms: 1000,
-            hist: model::Histogram::new(),
-        };
-        let records: Vec<Record> = [1, 2, 3, 50, 51].into_iter().map(rec).collect();
-        let g = gaps(&records, SEC);
+        let seen: Vec<u64> = [1, 2, 3, 50, 51].into_iter().map(|t| t * SEC).collect();
+        let g = gaps(&seen, SEC);
         assert_eq!(g, vec![(3 * SEC, 50 * SEC)]);
         let mut r = Recorded {
             id: 1,
