@@ -390,6 +390,15 @@ impl SparseSeries {
         Self::default()
     }
 
+    /// Drop every point, keeping the memory for the next read.
+    pub fn clear(&mut self) {
+        self.starts.clear();
+        self.counts.clear();
+        self.ends.clear();
+        self.index.clear();
+        self.n.clear();
+    }
+
     /// Append a point starting at `start` (after every point held) with `count` samples
     /// and its non-empty buckets in increasing index order, as [`Histogram::nonzero`]
     /// yields them.
@@ -932,12 +941,29 @@ impl Store {
         since_ns: u64,
         until_ns: u64,
     ) -> Result<SparseSeries> {
+        let mut out = SparseSeries::new();
+        self.history_sparse_into(level, service, probe, since_ns, until_ns, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Store::history_sparse_at_level`] into `out` (cleared first), reusing its memory:
+    /// a long range read slice by slice stays in a few megabytes.
+    pub fn history_sparse_into(
+        &self,
+        level: usize,
+        service: &str,
+        probe: Probe,
+        since_ns: u64,
+        until_ns: u64,
+        out: &mut SparseSeries,
+    ) -> Result<()> {
+        out.clear();
         keys::check_service(service)?;
         let Some(l) = self.cfg.history.get(level) else {
             // The dense read names the error.
             return self
                 .history_at_level(level, service, probe, since_ns, until_ns)
-                .map(|_| SparseSeries::new());
+                .map(|_| ());
         };
         let res = nanos(l.resolution).max(1);
         let first = since_ns - since_ns % res;
@@ -949,34 +975,32 @@ impl Store {
             .unwrap_or_else(|e| e.into_inner())
             .points_of(service, probe, lvl, first, until_ns)
             .is_some();
-        if !buffered {
-            if let Some(series) = self.sparse_chunks(lvl, service, probe, from, first, until_ns)? {
-                return Ok(series);
-            }
+        if !buffered && self.sparse_chunks(lvl, service, probe, (from, first, until_ns), out)? {
+            return Ok(());
         }
+        out.clear();
         let dense = self.history_at_level(level, service, probe, since_ns, until_ns)?;
-        let mut out = SparseSeries::new();
         for (t, h) in &dense.points {
             out.push_histogram(*t, h);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The stored chunks of a stream, sparse, when every record is a chunk and their points
-    /// come in strictly increasing time (so nothing needs merging); `None` otherwise.
+    /// come in strictly increasing time (so nothing needs merging), into `out`; false
+    /// otherwise. `range`: the first chunk's start, the first point's, the last point's.
     fn sparse_chunks(
         &self,
         lvl: u8,
         service: &str,
         probe: Probe,
-        from: u64,
-        first: u64,
-        until_ns: u64,
-    ) -> Result<Option<SparseSeries>> {
+        range: (u64, u64, u64),
+        out: &mut SparseSeries,
+    ) -> Result<bool> {
+        let (from, first, until_ns) = range;
         let tree = self.engine().tree(T::History).clone();
         let start = keys::history(lvl, service, probe, from);
         let end = keys::history(lvl, service, probe, until_ns);
-        let mut out = SparseSeries::new();
         let mut last: Option<u64> = None;
         for item in tree.range(start..=end) {
             let (k, v) = item?;
@@ -984,7 +1008,7 @@ impl Store {
                 continue;
             };
             if v.first() != Some(&HISTORY_CHUNK_VERSION) {
-                return Ok(None);
+                return Ok(false);
             }
             let decoded = codec::decode_as::<Vec<(u64, StoredPoint)>>(HISTORY_CHUNK_VERSION, &v);
             // A point Histogram would refuse makes the whole record undecodable, as there.
@@ -1008,7 +1032,7 @@ impl Store {
                     continue;
                 }
                 if last.is_some_and(|l| l >= t) {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 last = Some(t);
                 if p.check().1 {
@@ -1017,12 +1041,12 @@ impl Store {
                     // Repeated or empty buckets: as the dense histogram would give them.
                     match Histogram::from_sparse(p.buckets, p.count, p.sum_ns) {
                         Ok(h) => out.push_histogram(t, &h),
-                        Err(_) => return Ok(None),
+                        Err(_) => return Ok(false),
                     }
                 }
             }
         }
-        Ok(Some(out))
+        Ok(true)
     }
 
     /// Every (service, probe) with history at history level `level` (finest first).

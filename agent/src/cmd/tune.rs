@@ -208,10 +208,10 @@ fn replay_all(
     history: &SparseHistory,
     config: &DetectorConfig,
     cands: &[Candidate],
-    interval: Duration,
-    resolution: Duration,
+    times: (Duration, Duration),
     progress: &ProgressBar,
-) -> anyhow::Result<Vec<Outcome>> {
+) -> anyhow::Result<(Vec<Outcome>, Read)> {
+    let (interval, resolution) = times;
     const STEP: u64 = 4096;
     let thresholds: Vec<Thresholds> = cands
         .iter()
@@ -227,6 +227,11 @@ fn replay_all(
     // window group.
     let mut buckets: Vec<(usize, u64)> = Vec::new();
     let (mut done, mut failed) = (0u64, None);
+    let mut read = Read {
+        seen: Vec::new(),
+        probes: 0,
+    };
+    let mut probes_seen = 0u64;
     history.for_each(|start, probe, series, i| {
         if failed.is_some() {
             return;
@@ -234,6 +239,8 @@ fn replay_all(
         buckets.clear();
         buckets.extend(series.buckets(i));
         let ts = point_end(start, history.resolution);
+        read.seen.push(ns(ts));
+        probes_seen |= 1 << probe.id();
         if let Err(e) = sweep.push(ts, probe, &buckets, series.count(i)) {
             failed = Some(e);
         }
@@ -241,16 +248,42 @@ fn replay_all(
         if done % STEP == 0 {
             progress.inc(STEP * cands.len() as u64);
         }
-    });
+    })?;
     progress.inc(done % STEP * cands.len() as u64);
     if let Some(e) = failed {
         return Err(e).context("replaying the stored history");
     }
-    Ok(sweep
+    read.probes = probes_seen.count_ones() as usize;
+    let outcomes = sweep
         .finish()
         .into_iter()
         .map(|incidents| Outcome { incidents })
-        .collect())
+        .collect();
+    Ok((outcomes, read))
+}
+
+/// What a replay read.
+struct Read {
+    /// When each point was seen (its end, ns), in replay order.
+    seen: Vec<u64>,
+    /// Probes with at least one point.
+    probes: usize,
+}
+
+/// Every candidate's row.
+fn compare_all(
+    cands: &[Candidate],
+    outcomes: &[Outcome],
+    recorded: &[Recorded],
+    slack: u64,
+    end_ns: u64,
+) -> Vec<Row> {
+    cands
+        .iter()
+        .zip(outcomes)
+        .enumerate()
+        .map(|(n, (c, o))| compare(n, c, o, recorded, slack, end_ns))
+        .collect()
 }
 
 /// A recorded incident and its verdict.
@@ -458,22 +491,37 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     let (h, recorded_page) = block_on(async {
         let source = Source::open(&args.target, verbose).await?;
         let params = args.range.params(None, DEFAULT_SPAN);
-        let h = history::read_sparse(&source, &params).await?;
         let page = source
             .incidents(&IncidentsParams {
-                since_ns: Some(h.from_ns),
+                since_ns: Some(params.from_ns),
                 service: Some(service.clone()),
                 state: None,
                 before_id: None,
                 limit: 0,
             })
             .await?;
+        let h = history::read_sparse(source, &params).await?;
         Ok((h, page))
     })?;
-    let (from_ns, to_ns, resolution, probes) = (h.from_ns, h.to_ns, h.resolution, h.series.len());
-    // When each point was seen, in replay order.
-    let mut seen: Vec<u64> = Vec::with_capacity(h.points());
-    h.for_each(|start, _, _, _| seen.push(ns(point_end(start, resolution))));
+    let (from_ns, to_ns, resolution) = (h.from_ns, h.to_ns, h.resolution);
+    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
+    // An estimate: the points are counted as they are read.
+    let span_points = to_ns.saturating_sub(from_ns) / slack.max(1) + 1;
+    let progress = progress_bar(span_points.saturating_mul((h.probes.len() * cands.len()) as u64));
+    let replayed = replay_all(
+        &h,
+        &config.detector,
+        &cands,
+        (interval, resolution),
+        &progress,
+    );
+    progress.finish_and_clear();
+    let (outcomes, read) = replayed?;
+    let seen = read.seen;
+    if seen.is_empty() {
+        return Err(history::no_history(&h));
+    }
+    let probes = read.probes;
     let end_ns = seen.last().map_or(to_ns, |&t| t).min(to_ns.max(from_ns));
     let first_ns = seen.first().map_or(from_ns, |&t| t);
     let recorded = recorded_in(
@@ -482,20 +530,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         first_ns,
         end_ns,
     );
-
-    let progress = progress_bar((seen.len() * cands.len()) as u64);
-    let evaluated = evaluate(
-        &h,
-        &config.detector,
-        &cands,
-        &recorded,
-        (interval, resolution),
-        end_ns,
-        &progress,
-    );
-    progress.finish_and_clear();
-    let (outcomes, rows) = evaluated?;
-    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
+    let rows = compare_all(&cands, &outcomes, &recorded, slack, end_ns);
     let scaled = cands[0].thresholds.at_resolution(interval, resolution);
     let scaling = if resolution > interval {
         format!(
@@ -561,6 +596,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
 
 /// Replay every candidate and compare each with the recorded incidents. `times` is the
 /// daemon's interval and the history's resolution.
+#[cfg(test)]
 fn evaluate(
     history: &SparseHistory,
     detector: &DetectorConfig,
@@ -570,15 +606,9 @@ fn evaluate(
     end_ns: u64,
     progress: &ProgressBar,
 ) -> anyhow::Result<(Vec<Outcome>, Vec<Row>)> {
-    let (interval, resolution) = times;
-    let outcomes = replay_all(history, detector, cands, interval, resolution, progress)?;
-    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
-    let rows = cands
-        .iter()
-        .zip(&outcomes)
-        .enumerate()
-        .map(|(n, (c, o))| compare(n, c, o, recorded, slack, end_ns))
-        .collect();
+    let (outcomes, _) = replay_all(history, detector, cands, times, progress)?;
+    let slack = u64::try_from(times.1.as_nanos()).unwrap_or(u64::MAX);
+    let rows = compare_all(cands, &outcomes, recorded, slack, end_ns);
     Ok((outcomes, rows))
 }
 
@@ -811,8 +841,9 @@ factor = 5
         (store, start, start + 3 * 3600 * SEC)
     }
 
+    /// Tune over the database at `db` (opened here, closed after).
     fn tune_at(
-        store: &Store,
+        db: &std::path::Path,
         from: u64,
         to: u64,
         resolution_s: u64,
@@ -826,23 +857,32 @@ factor = 5
             to_ns: to,
             resolution_ms: Some(resolution_s * 1000),
         };
-        let h = query::history(store, &p, to).unwrap();
+        let store = Store::open(db, StoreConfig::default()).unwrap();
+        let h = query::history(&store, &p, to).unwrap();
         assert_eq!(h.resolution, Duration::from_secs(resolution_s));
         let resolution = h.resolution;
         let h = SparseHistory::from(h);
-        // The database's own sparse read gives the same points.
-        let plan = query::history_plan(store, &p, to).unwrap();
-        for (probe, s) in &h.series {
-            let direct = store
-                .history_sparse_at_level(plan.level, "web", *probe, from, to)
-                .unwrap();
-            assert_eq!(direct, *s);
-        }
         let config = DetectorConfig::default();
         let sweep: Vec<String> = sweep.iter().map(|s| s.to_string()).collect();
         let cands = candidates(&config, "web", &[], &sweep).unwrap();
         let mut end = 0;
-        h.for_each(|start, _, _, _| end = ns(point_end(start, resolution)));
+        h.for_each(|start, _, _, _| end = ns(point_end(start, resolution)))
+            .unwrap();
+        // Read from the database as `tune` does (slice by slice), the same points.
+        let source = crate::source::Source::Db(Box::new(store));
+        let direct = block_on(history::read_sparse(source, &p)).unwrap();
+        let mut a = Vec::new();
+        h.for_each(|t, probe, s, i| {
+            a.push((t, probe, s.count(i), s.buckets(i).collect::<Vec<_>>()))
+        })
+        .unwrap();
+        let mut b = Vec::new();
+        direct
+            .for_each(|t, probe, s, i| {
+                b.push((t, probe, s.count(i), s.buckets(i).collect::<Vec<_>>()))
+            })
+            .unwrap();
+        assert_eq!(a, b);
         evaluate(
             &h,
             &config,
@@ -882,9 +922,11 @@ factor = 5
             opened_ns: inc.opened_ns,
             closed_ns: closed.closed_ns,
         }];
+        // Reopened, the history is read from its stored chunks (not a buffered one).
+        drop(store);
         for res in [1, 10, 60] {
-            let (outcomes, rows) =
-                tune_at(&store, from, to, res, &["min_ratio=1.25,50"], &recorded);
+            let db = dir.path().join("db");
+            let (outcomes, rows) = tune_at(&db, from, to, res, &["min_ratio=1.25,50"], &recorded);
             assert_eq!(rows.len(), 3, "in force, then two candidates");
             let found = &outcomes[0].incidents;
             assert_eq!(found.len(), 1, "at {res}s: {found:#?}");
