@@ -33,7 +33,7 @@ use crate::baseline::{Baseline, Cumulative, DecayMemo};
 use crate::config::{Slo, Thresholds};
 use crate::engine::{
     applies, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView, Machine, Shift,
-    Verdict,
+    Verdict, HOLD_P_VALUE,
 };
 use crate::event::{Event, Evidence, Incident};
 use crate::replay::{format_time, RecordError};
@@ -401,6 +401,10 @@ impl Sweep {
             let mut hot: Vec<Evidence> = Vec::new();
             let mut holding = false;
             for (&(probe, at, p), &sig) in s.tests.iter().zip(&s.significant) {
+                // Neither significant nor holding: `judge` says cool (most tests).
+                if !sig && p > HOLD_P_VALUE {
+                    continue;
+                }
                 let Some(stats) = group.stats.get(&probe) else {
                     continue;
                 };

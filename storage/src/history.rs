@@ -461,24 +461,34 @@ impl SparseSeries {
     }
 }
 
-/// A point as stored ([`Histogram`]'s sparse serde form), decoded without building the
-/// dense histogram.
-#[derive(serde::Deserialize)]
-struct StoredPoint {
-    buckets: Vec<(u64, u64)>,
-    count: u64,
-    #[allow(dead_code)]
-    sum_ns: u64,
+/// A chunk's points as decoded by [`ChunkSeed`]: each point's bucket pairs are a range of
+/// one shared buffer.
+#[derive(Default)]
+struct Decoded {
+    /// Offset from the chunk's start, count, sum, end of its pairs in `pairs`.
+    points: Vec<(u64, u64, u64, usize)>,
+    pairs: Vec<(u64, u64)>,
 }
 
-impl StoredPoint {
-    /// Whether [`Histogram`]'s decoding would accept it, and whether its buckets are
+impl Decoded {
+    fn clear(&mut self) {
+        self.points.clear();
+        self.pairs.clear();
+    }
+
+    /// Point `k`'s pairs.
+    fn pairs(&self, k: usize) -> &[(u64, u64)] {
+        let from = if k == 0 { 0 } else { self.points[k - 1].3 };
+        &self.pairs[from..self.points[k].3]
+    }
+
+    /// Whether [`Histogram`]'s decoding would accept point `k`, and whether its pairs are
     /// already what [`Histogram::nonzero`] would give back (increasing, none empty).
-    fn check(&self) -> (bool, bool) {
+    fn check(&self, k: usize) -> (bool, bool) {
         let mut total: u64 = 0;
         let mut canonical = true;
         let mut prev: Option<u64> = None;
-        for &(i, c) in &self.buckets {
+        for &(i, c) in self.pairs(k) {
             if i >= model::hist::NUM_BUCKETS as u64 {
                 return (false, false);
             }
@@ -489,7 +499,122 @@ impl StoredPoint {
             canonical &= c != 0 && prev.is_none_or(|p| p < i);
             prev = Some(i);
         }
-        (total == self.count, canonical)
+        (total == self.points[k].1, canonical)
+    }
+}
+
+/// Decodes a chunk's payload (what `Vec<(u64, Histogram)>` decodes, through the same serde
+/// calls) into a reused [`Decoded`], without a vector or a dense histogram per point.
+struct ChunkSeed<'a>(&'a mut Decoded);
+
+impl<'de> serde::de::DeserializeSeed<'de> for ChunkSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ChunkSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a history chunk")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while seq.next_element_seed(PointSeed(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One `(offset, histogram)` of a chunk.
+struct PointSeed<'a>(&'a mut Decoded);
+
+impl<'de> serde::de::DeserializeSeed<'de> for PointSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_tuple(2, self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PointSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a history point")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        use serde::de::Error;
+        let off: u64 = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(0, &"an offset and a histogram"))?;
+        let (count, sum) = seq
+            .next_element_seed(HistSeed(&mut self.0.pairs))?
+            .ok_or_else(|| A::Error::invalid_length(1, &"an offset and a histogram"))?;
+        let end = self.0.pairs.len();
+        self.0.points.push((off, count, sum, end));
+        Ok(())
+    }
+}
+
+/// A histogram's sparse form: its pairs appended to the shared buffer; gives count, sum.
+struct HistSeed<'a>(&'a mut Vec<(u64, u64)>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for HistSeed<'_> {
+    type Value = (u64, u64);
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<(u64, u64), D::Error> {
+        d.deserialize_struct("SparseHistogram", &["buckets", "count", "sum_ns"], self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for HistSeed<'_> {
+    type Value = (u64, u64);
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a sparse histogram")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(u64, u64), A::Error> {
+        use serde::de::Error;
+        let missing = |i| A::Error::invalid_length(i, &"buckets, count and sum");
+        seq.next_element_seed(PairsSeed(self.0))?
+            .ok_or_else(|| missing(0))?;
+        let count: u64 = seq.next_element()?.ok_or_else(|| missing(1))?;
+        let sum: u64 = seq.next_element()?.ok_or_else(|| missing(2))?;
+        Ok((count, sum))
+    }
+}
+
+/// A histogram's `[index, count]` pairs, appended.
+struct PairsSeed<'a>(&'a mut Vec<(u64, u64)>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for PairsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PairsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("bucket pairs")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while let Some(pair) = seq.next_element::<(u64, u64)>()? {
+            self.0.push(pair);
+        }
+        Ok(())
     }
 }
 
@@ -1002,6 +1127,7 @@ impl Store {
         let start = keys::history(lvl, service, probe, from);
         let end = keys::history(lvl, service, probe, until_ns);
         let mut last: Option<u64> = None;
+        let mut chunk = Decoded::default();
         for item in tree.range(start..=end) {
             let (k, v) = item?;
             let Some((_, _, _, key_start)) = keys::parse_history(&k) else {
@@ -1010,23 +1136,27 @@ impl Store {
             if v.first() != Some(&HISTORY_CHUNK_VERSION) {
                 return Ok(false);
             }
-            let decoded = codec::decode_as::<Vec<(u64, StoredPoint)>>(HISTORY_CHUNK_VERSION, &v);
-            // A point Histogram would refuse makes the whole record undecodable, as there.
-            let points = decoded.and_then(|ps| match ps.iter().all(|(_, p)| p.check().0) {
-                true => Ok(ps),
-                false => Err(codec::DecodeError::Payload("invalid histogram".into())),
-            });
-            let points = match points {
-                Ok(ps) => ps,
-                Err(e) => {
-                    self.counters
-                        .undecodable
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(tree = "history", key = ?k, error = %e, "skipping undecodable record");
-                    continue;
+            let decoded = codec::verify_as(HISTORY_CHUNK_VERSION, &v).and_then(|payload| {
+                chunk.clear();
+                let mut de = postcard::Deserializer::from_bytes(payload);
+                serde::de::DeserializeSeed::deserialize(ChunkSeed(&mut chunk), &mut de)
+                    .map_err(|e| codec::DecodeError::Payload(e.to_string()))?;
+                // A point Histogram would refuse makes the whole record undecodable, as
+                // there.
+                match (0..chunk.points.len()).all(|k| chunk.check(k).0) {
+                    true => Ok(()),
+                    false => Err(codec::DecodeError::Payload("invalid histogram".into())),
                 }
-            };
-            for (off, p) in points {
+            });
+            if let Err(e) = decoded {
+                self.counters
+                    .undecodable
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(tree = "history", key = ?k, error = %e, "skipping undecodable record");
+                continue;
+            }
+            for k in 0..chunk.points.len() {
+                let (off, count, sum, _) = chunk.points[k];
                 let t = key_start.saturating_add(off);
                 if !(first..=until_ns).contains(&t) {
                     continue;
@@ -1035,11 +1165,12 @@ impl Store {
                     return Ok(false);
                 }
                 last = Some(t);
-                if p.check().1 {
-                    out.push(t, p.count, p.buckets.iter().map(|&(i, c)| (i as usize, c)));
+                let pairs = chunk.pairs(k);
+                if chunk.check(k).1 {
+                    out.push(t, count, pairs.iter().map(|&(i, c)| (i as usize, c)));
                 } else {
                     // Repeated or empty buckets: as the dense histogram would give them.
-                    match Histogram::from_sparse(p.buckets, p.count, p.sum_ns) {
+                    match Histogram::from_sparse(pairs.iter().copied(), count, sum) {
                         Ok(h) => out.push_histogram(t, &h),
                         Err(_) => return Ok(false),
                     }
