@@ -259,8 +259,8 @@ impl From<HistoryAnswer> for SparseHistory {
 }
 
 /// [`read`] for a replay. A database opened here is read when replayed; a daemon's answer
-/// is read now. With no point at all in the range, the error [`read`] gives, after one
-/// pass over the database's points.
+/// is read now. A range without a single point is found replaying it: [`no_history`] is
+/// then the error [`read`] gives.
 pub async fn read_sparse(source: Source, params: &HistoryParams) -> anyhow::Result<SparseHistory> {
     let store = match source {
         Source::Db(store) => store,
