@@ -34,6 +34,10 @@ pub(crate) struct Baseline {
 }
 
 /// On-disk form: sparse weights and times as seconds since the epoch.
+/// The last decay factor computed: (step, half-life, factor), as bits of their f64.
+#[derive(Debug, Default)]
+pub(crate) struct DecayMemo(Option<(u64, u64, f64)>);
+
 #[derive(Serialize, Deserialize)]
 struct Saved {
     weights: Vec<(u16, f64)>,
@@ -60,12 +64,33 @@ impl Baseline {
         interval: impl Iterator<Item = (usize, u64)>,
         half_life: Duration,
     ) {
+        self.learn_memo(now, interval, half_life, &mut DecayMemo::default());
+    }
+
+    /// [`Self::learn`], taking the decay factor from `memo` when it was computed for the
+    /// same step and half-life (a sweep's baselines mostly decay alike each interval, and
+    /// `powf` is a good part of learning).
+    pub(crate) fn learn_memo(
+        &mut self,
+        now: SystemTime,
+        interval: impl Iterator<Item = (usize, u64)>,
+        half_life: Duration,
+        memo: &mut DecayMemo,
+    ) {
         let dt = now
             .duration_since(self.last_update)
             .unwrap_or(Duration::ZERO)
             .as_secs_f64();
         if dt > 0.0 && self.total > 0.0 {
-            let keep = 0.5f64.powf(dt / half_life.as_secs_f64());
+            let hl = half_life.as_secs_f64();
+            let keep = match memo.0 {
+                Some((d, h, k)) if d == dt.to_bits() && h == hl.to_bits() => k,
+                _ => {
+                    let k = 0.5f64.powf(dt / hl);
+                    memo.0 = Some((dt.to_bits(), hl.to_bits(), k));
+                    k
+                }
+            };
             for w in &mut self.weights[self.span.0..self.span.1] {
                 *w *= keep;
             }
@@ -110,15 +135,25 @@ impl Baseline {
 
     /// Cumulative weights, for repeated quantile look-ups in one evaluation.
     pub(crate) fn cumulative(&self) -> Cumulative {
+        let mut out = Cumulative {
+            cum: [0.0; NUM_BUCKETS],
+        };
+        self.cumulative_into(&mut out);
+        out
+    }
+
+    /// [`Self::cumulative`] written over `out`: the same sums, without a 2 KiB array
+    /// zeroed and copied each time (a sweep does this per probe and group every interval).
+    pub(crate) fn cumulative_into(&self, out: &mut Cumulative) {
         let (lo, hi) = self.span;
-        let mut cum = [0.0; NUM_BUCKETS];
+        let cum = &mut out.cum;
+        cum[..lo].fill(0.0);
         let mut acc = 0.0;
         for (slot, &w) in cum[lo..hi].iter_mut().zip(&self.weights[lo..hi]) {
             acc += w;
             *slot = acc;
         }
         cum[hi..].fill(acc);
-        Cumulative { cum }
     }
 
     /// Quantile as the daemon wants it for capture thresholds.
@@ -202,17 +237,25 @@ impl Cumulative {
     /// order, so this equals `new` over the counts as f64 while adding integers (fast) and
     /// skipping the empty buckets at both ends.
     pub(crate) fn from_counts(counts: &[u64; NUM_BUCKETS]) -> Self {
+        let mut out = Cumulative {
+            cum: [0.0; NUM_BUCKETS],
+        };
+        out.set_counts(counts);
+        out
+    }
+
+    /// [`Self::from_counts`] written over `self`, in place.
+    pub(crate) fn set_counts(&mut self, counts: &[u64; NUM_BUCKETS]) {
         let lo = counts.iter().position(|&c| c != 0).unwrap_or(NUM_BUCKETS);
-        let mut cum = [0.0; NUM_BUCKETS];
+        self.cum[..lo].fill(0.0);
         let mut acc = 0u64;
-        for (slot, &c) in cum[lo..].iter_mut().zip(&counts[lo..]) {
+        for (slot, &c) in self.cum[lo..].iter_mut().zip(&counts[lo..]) {
             acc = acc.saturating_add(c);
             *slot = acc as f64;
         }
         if acc >= 1 << 53 {
-            return Cumulative::new(counts.iter().map(|&c| c as f64));
+            *self = Cumulative::new(counts.iter().map(|&c| c as f64));
         }
-        Cumulative { cum }
     }
 
     pub(crate) fn new(weights: impl Iterator<Item = f64>) -> Self {

@@ -606,8 +606,20 @@ impl Shift {
         window: &Cumulative,
         base: &Cumulative,
     ) -> Option<Shift> {
+        Shift::with_window_quantile(q, snap, window, window.quantile(q), base)
+    }
+
+    /// [`Shift::new`] with the window's quantile `q` already looked up (`observed`, what
+    /// `window.quantile(q)` gives): a sweep shares it among baseline groups.
+    pub(crate) fn with_window_quantile(
+        q: f64,
+        snap: &Snapshot,
+        window: &Cumulative,
+        observed: Option<(usize, f64)>,
+        base: &Cumulative,
+    ) -> Option<Shift> {
         let (b_bucket, b_value) = base.quantile(q)?;
-        let (o_bucket, o_value) = window.quantile(q)?;
+        let (o_bucket, o_value) = observed?;
         // Add-half smoothing so an empty tail in the baseline does not make any exceedance
         // infinitely surprising.
         let p0 = (base.above(b_bucket) + 0.5) / (base.total() + 1.0);

@@ -29,11 +29,11 @@ use std::time::{Duration, SystemTime};
 
 use model::Probe;
 
-use crate::baseline::{Baseline, Cumulative};
+use crate::baseline::{Baseline, Cumulative, DecayMemo};
 use crate::config::{Slo, Thresholds};
 use crate::engine::{
     applies, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView, Machine, Shift,
-    Verdict,
+    Verdict, HOLD_P_VALUE,
 };
 use crate::event::{Event, Evidence, Incident};
 use crate::replay::{format_time, RecordError};
@@ -50,6 +50,8 @@ pub struct Sweep {
     significance: f64,
     slo: Vec<Slo>,
     cands: Vec<Cand>,
+    /// Every quantile some candidate tests, each once.
+    quantiles: Vec<f64>,
     windows: Vec<WindowGroup>,
     bases: Vec<BaseGroup>,
     last_end: Option<SystemTime>,
@@ -106,6 +108,8 @@ struct WindowKey {
     fresh: bool,
     /// Running sums of the evaluated window.
     cum: Box<Cumulative>,
+    /// The evaluated window's quantiles, in the order of [`Sweep::quantiles`].
+    observed: Vec<Option<(usize, f64)>>,
 }
 
 /// Baselines shared by candidates with the same learning settings and, so far, the same
@@ -127,6 +131,9 @@ struct BaseStats {
     tested: bool,
     weight: f64,
     cum: Box<Cumulative>,
+    /// `cum` holds the baseline's running sums as they are now: a baseline that only held
+    /// since is not summed again.
+    cum_current: bool,
     /// The tests asked for so far this interval, by quantile.
     shifts: Vec<ShiftSlot>,
 }
@@ -188,7 +195,14 @@ impl Sweep {
                 incidents: Vec::new(),
             });
         }
+        let mut quantiles: Vec<f64> = Vec::new();
+        for q in candidates.iter().flat_map(|t| &t.quantiles) {
+            if !quantiles.iter().any(|u| u.to_bits() == q.to_bits()) {
+                quantiles.push(*q);
+            }
+        }
         Sweep {
+            quantiles,
             service: service.to_string(),
             significance,
             slo: slo
@@ -248,6 +262,7 @@ impl Sweep {
                 evaluated: false,
                 fresh: false,
                 cum: Box::new(Cumulative::new(std::iter::empty())),
+                observed: Vec::new(),
             });
             key.window
                 .push_buckets(start, ts, nonzero.iter().copied(), count);
@@ -284,7 +299,10 @@ impl Sweep {
             for key in g.keys.values_mut() {
                 key.evaluated = match key.window.evaluate(ts, g.reach) {
                     Some(snap) => {
-                        *key.cum = Cumulative::from_counts(&snap.buckets);
+                        key.cum.set_counts(&snap.buckets);
+                        key.observed.clear();
+                        key.observed
+                            .extend(self.quantiles.iter().map(|&q| key.cum.quantile(q)));
                         true
                     }
                     None => false,
@@ -300,14 +318,16 @@ impl Sweep {
                     tested: false,
                     weight: 0.0,
                     cum: Box::new(Cumulative::new(std::iter::empty())),
+                    cum_current: false,
                     shifts: Vec::new(),
                 });
                 stats.shifts.clear();
                 stats.weight = baseline.weight();
                 stats.tested = windows.get(&probe).is_some_and(|k| k.evaluated)
                     && baseline.is_warm(ts, g.warmup_samples, g.warmup_time);
-                if stats.tested {
-                    *stats.cum = baseline.cumulative();
+                if stats.tested && !stats.cum_current {
+                    baseline.cumulative_into(&mut stats.cum);
+                    stats.cum_current = true;
                 }
             }
         }
@@ -346,7 +366,13 @@ impl Sweep {
                         None => {
                             stats.shifts.push(ShiftSlot {
                                 q,
-                                shift: Shift::new(q, snap, &key.cum, &stats.cum),
+                                shift: Shift::with_window_quantile(
+                                    q,
+                                    snap,
+                                    &key.cum,
+                                    observed(&self.quantiles, &key.observed, q),
+                                    &stats.cum,
+                                ),
                                 exact: None,
                             });
                             stats.shifts.len() - 1
@@ -375,6 +401,10 @@ impl Sweep {
             let mut hot: Vec<Evidence> = Vec::new();
             let mut holding = false;
             for (&(probe, at, p), &sig) in s.tests.iter().zip(&s.significant) {
+                // Neither significant nor holding: `judge` says cool (most tests).
+                if !sig && p > HOLD_P_VALUE {
+                    continue;
+                }
                 let Some(stats) = group.stats.get(&probe) else {
                     continue;
                 };
@@ -452,6 +482,14 @@ impl Sweep {
     }
 }
 
+/// The window's quantile `q` among those looked up at its evaluation.
+fn observed(quantiles: &[f64], observed: &[Option<(usize, f64)>], q: f64) -> Option<(usize, f64)> {
+    quantiles
+        .iter()
+        .position(|u| u.to_bits() == q.to_bits())
+        .and_then(|i| observed.get(i).copied().flatten())
+}
+
 /// The end of an interval for one baseline group: what the detector does after its state
 /// machine steps.
 fn learn(group: &mut BaseGroup, keys: &BTreeMap<Probe, WindowKey>, how: Learning, ts: SystemTime) {
@@ -459,11 +497,21 @@ fn learn(group: &mut BaseGroup, keys: &BTreeMap<Probe, WindowKey>, how: Learning
         for b in group.baselines.values_mut() {
             *b = Baseline::new(ts);
         }
+        for stats in group.stats.values_mut() {
+            stats.cum_current = false;
+        }
     }
+    let mut memo = DecayMemo::default();
     for (probe, b) in group.baselines.iter_mut() {
         let key = keys.get(probe);
         match key.and_then(|k| k.window.newest().filter(|_| k.fresh)) {
-            Some(buckets) if how != Learning::Hold => b.learn(ts, buckets, group.half_life),
+            Some(buckets) if how != Learning::Hold => {
+                b.learn_memo(ts, buckets, group.half_life, &mut memo);
+                if let Some(stats) = group.stats.get_mut(probe) {
+                    stats.cum_current = false;
+                }
+            }
+            // Holding changes no weight: the running sums stay valid.
             _ => b.hold(ts),
         }
     }

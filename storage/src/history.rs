@@ -369,6 +369,255 @@ struct Pending {
     written: Vec<(String, Probe, u8, u64, usize)>,
 }
 
+/// Histograms of one (service, probe) over a time range, sparse and flat: what
+/// [`Store::history_sparse_at_level`] reads for a long replay. A week of 10 s points of
+/// seven probes held as dense [`Histogram`]s is near a gigabyte (a 2 KiB box each); their
+/// non-empty buckets are a small part of that, and reading them allocates nothing per
+/// point.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SparseSeries {
+    starts: Vec<u64>,
+    counts: Vec<u64>,
+    /// End of each point's buckets in `index` and `n`.
+    ends: Vec<usize>,
+    index: Vec<u16>,
+    n: Vec<u64>,
+}
+
+impl SparseSeries {
+    /// An empty series.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Drop every point, keeping the memory for the next read.
+    pub fn clear(&mut self) {
+        self.starts.clear();
+        self.counts.clear();
+        self.ends.clear();
+        self.index.clear();
+        self.n.clear();
+    }
+
+    /// Append a point starting at `start` (after every point held) with `count` samples
+    /// and its non-empty buckets in increasing index order, as [`Histogram::nonzero`]
+    /// yields them.
+    pub fn push(
+        &mut self,
+        start: u64,
+        count: u64,
+        nonzero: impl IntoIterator<Item = (usize, u64)>,
+    ) {
+        for (i, c) in nonzero {
+            // Bucket indices are below NUM_BUCKETS (272): they fit a u16.
+            self.index.push(i as u16);
+            self.n.push(c);
+        }
+        self.starts.push(start);
+        self.counts.push(count);
+        self.ends.push(self.index.len());
+    }
+
+    /// Append a dense histogram.
+    pub fn push_histogram(&mut self, start: u64, hist: &Histogram) {
+        self.push(start, hist.count(), hist.nonzero());
+    }
+
+    /// Number of points.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// True when the series holds no point.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// Start of point `i`, ns since the epoch.
+    pub fn start(&self, i: usize) -> u64 {
+        self.starts[i]
+    }
+
+    /// Sample count of point `i`.
+    pub fn count(&self, i: usize) -> u64 {
+        self.counts[i]
+    }
+
+    /// The non-empty buckets of point `i`, `(index, count)` in increasing index order.
+    pub fn buckets(&self, i: usize) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let from = if i == 0 { 0 } else { self.ends[i - 1] };
+        let to = self.ends[i];
+        self.index[from..to]
+            .iter()
+            .zip(&self.n[from..to])
+            .map(|(&i, &c)| (usize::from(i), c))
+    }
+
+    /// Point `i` as a dense histogram (its sum of latencies is not kept: 0).
+    pub fn histogram(&self, i: usize) -> Histogram {
+        let pairs = self.buckets(i).map(|(b, c)| (b as u64, c));
+        // Pushed from valid histograms: the pairs are in range and add up to the count.
+        Histogram::from_sparse(pairs, self.counts[i], 0).unwrap_or_default()
+    }
+}
+
+/// A chunk's points as decoded by [`ChunkSeed`]: each point's bucket pairs are a range of
+/// one shared buffer.
+#[derive(Default)]
+struct Decoded {
+    /// Offset from the chunk's start, count, sum, end of its pairs in `pairs`.
+    points: Vec<(u64, u64, u64, usize)>,
+    pairs: Vec<(u64, u64)>,
+}
+
+impl Decoded {
+    fn clear(&mut self) {
+        self.points.clear();
+        self.pairs.clear();
+    }
+
+    /// Point `k`'s pairs.
+    fn pairs(&self, k: usize) -> &[(u64, u64)] {
+        let from = if k == 0 { 0 } else { self.points[k - 1].3 };
+        &self.pairs[from..self.points[k].3]
+    }
+
+    /// Whether [`Histogram`]'s decoding would accept point `k`, and whether its pairs are
+    /// already what [`Histogram::nonzero`] would give back (increasing, none empty).
+    fn check(&self, k: usize) -> (bool, bool) {
+        let mut total: u64 = 0;
+        let mut canonical = true;
+        let mut prev: Option<u64> = None;
+        for &(i, c) in self.pairs(k) {
+            if i >= model::hist::NUM_BUCKETS as u64 {
+                return (false, false);
+            }
+            total = match total.checked_add(c) {
+                Some(t) => t,
+                None => return (false, false),
+            };
+            canonical &= c != 0 && prev.is_none_or(|p| p < i);
+            prev = Some(i);
+        }
+        (total == self.points[k].1, canonical)
+    }
+}
+
+/// Decodes a chunk's payload (what `Vec<(u64, Histogram)>` decodes, through the same serde
+/// calls) into a reused [`Decoded`], without a vector or a dense histogram per point.
+struct ChunkSeed<'a>(&'a mut Decoded);
+
+impl<'de> serde::de::DeserializeSeed<'de> for ChunkSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ChunkSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a history chunk")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while seq.next_element_seed(PointSeed(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// One `(offset, histogram)` of a chunk.
+struct PointSeed<'a>(&'a mut Decoded);
+
+impl<'de> serde::de::DeserializeSeed<'de> for PointSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_tuple(2, self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PointSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a history point")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        use serde::de::Error;
+        let off: u64 = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(0, &"an offset and a histogram"))?;
+        let (count, sum) = seq
+            .next_element_seed(HistSeed(&mut self.0.pairs))?
+            .ok_or_else(|| A::Error::invalid_length(1, &"an offset and a histogram"))?;
+        let end = self.0.pairs.len();
+        self.0.points.push((off, count, sum, end));
+        Ok(())
+    }
+}
+
+/// A histogram's sparse form: its pairs appended to the shared buffer; gives count, sum.
+struct HistSeed<'a>(&'a mut Vec<(u64, u64)>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for HistSeed<'_> {
+    type Value = (u64, u64);
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<(u64, u64), D::Error> {
+        d.deserialize_struct("SparseHistogram", &["buckets", "count", "sum_ns"], self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for HistSeed<'_> {
+    type Value = (u64, u64);
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a sparse histogram")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(u64, u64), A::Error> {
+        use serde::de::Error;
+        let missing = |i| A::Error::invalid_length(i, &"buckets, count and sum");
+        seq.next_element_seed(PairsSeed(self.0))?
+            .ok_or_else(|| missing(0))?;
+        let count: u64 = seq.next_element()?.ok_or_else(|| missing(1))?;
+        let sum: u64 = seq.next_element()?.ok_or_else(|| missing(2))?;
+        Ok((count, sum))
+    }
+}
+
+/// A histogram's `[index, count]` pairs, appended.
+struct PairsSeed<'a>(&'a mut Vec<(u64, u64)>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for PairsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for PairsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("bucket pairs")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<(), A::Error> {
+        while let Some(pair) = seq.next_element::<(u64, u64)>()? {
+            self.0.push(pair);
+        }
+        Ok(())
+    }
+}
+
 /// [`Histogram`]'s wire form (`model`'s sparse histogram: `[index, count]` pairs, count,
 /// sum), borrowed; a test checks it encodes to the same bytes.
 #[derive(Serialize)]
@@ -805,6 +1054,132 @@ impl Store {
         })
     }
 
+    /// [`Store::history_at_level`] in sparse form: the same points, with the same
+    /// non-empty buckets and counts, decoded straight from the chunks. A stream whose
+    /// records need merging (a point in several records, per-point records of an earlier
+    /// build, a chunk still buffered) is read the dense way and converted.
+    pub fn history_sparse_at_level(
+        &self,
+        level: usize,
+        service: &str,
+        probe: Probe,
+        since_ns: u64,
+        until_ns: u64,
+    ) -> Result<SparseSeries> {
+        let mut out = SparseSeries::new();
+        self.history_sparse_into(level, service, probe, since_ns, until_ns, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Store::history_sparse_at_level`] into `out` (cleared first), reusing its memory:
+    /// a long range read slice by slice stays in a few megabytes.
+    pub fn history_sparse_into(
+        &self,
+        level: usize,
+        service: &str,
+        probe: Probe,
+        since_ns: u64,
+        until_ns: u64,
+        out: &mut SparseSeries,
+    ) -> Result<()> {
+        out.clear();
+        keys::check_service(service)?;
+        let Some(l) = self.cfg.history.get(level) else {
+            // The dense read names the error.
+            return self
+                .history_at_level(level, service, probe, since_ns, until_ns)
+                .map(|_| ());
+        };
+        let res = nanos(l.resolution).max(1);
+        let first = since_ns - since_ns % res;
+        let from = first - first % chunk_span(res);
+        let lvl = level as u8;
+        let buffered = self
+            .history_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .points_of(service, probe, lvl, first, until_ns)
+            .is_some();
+        if !buffered && self.sparse_chunks(lvl, service, probe, (from, first, until_ns), out)? {
+            return Ok(());
+        }
+        out.clear();
+        let dense = self.history_at_level(level, service, probe, since_ns, until_ns)?;
+        for (t, h) in &dense.points {
+            out.push_histogram(*t, h);
+        }
+        Ok(())
+    }
+
+    /// The stored chunks of a stream, sparse, when every record is a chunk and their points
+    /// come in strictly increasing time (so nothing needs merging), into `out`; false
+    /// otherwise. `range`: the first chunk's start, the first point's, the last point's.
+    fn sparse_chunks(
+        &self,
+        lvl: u8,
+        service: &str,
+        probe: Probe,
+        range: (u64, u64, u64),
+        out: &mut SparseSeries,
+    ) -> Result<bool> {
+        let (from, first, until_ns) = range;
+        let tree = self.engine().tree(T::History).clone();
+        let start = keys::history(lvl, service, probe, from);
+        let end = keys::history(lvl, service, probe, until_ns);
+        let mut last: Option<u64> = None;
+        let mut chunk = Decoded::default();
+        for item in tree.range(start..=end) {
+            let (k, v) = item?;
+            let Some((_, _, _, key_start)) = keys::parse_history(&k) else {
+                continue;
+            };
+            if v.first() != Some(&HISTORY_CHUNK_VERSION) {
+                return Ok(false);
+            }
+            let decoded = codec::verify_as(HISTORY_CHUNK_VERSION, &v).and_then(|payload| {
+                chunk.clear();
+                let mut de = postcard::Deserializer::from_bytes(payload);
+                serde::de::DeserializeSeed::deserialize(ChunkSeed(&mut chunk), &mut de)
+                    .map_err(|e| codec::DecodeError::Payload(e.to_string()))?;
+                // A point Histogram would refuse makes the whole record undecodable, as
+                // there.
+                match (0..chunk.points.len()).all(|k| chunk.check(k).0) {
+                    true => Ok(()),
+                    false => Err(codec::DecodeError::Payload("invalid histogram".into())),
+                }
+            });
+            if let Err(e) = decoded {
+                self.counters
+                    .undecodable
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(tree = "history", key = ?k, error = %e, "skipping undecodable record");
+                continue;
+            }
+            for k in 0..chunk.points.len() {
+                let (off, count, sum, _) = chunk.points[k];
+                let t = key_start.saturating_add(off);
+                if !(first..=until_ns).contains(&t) {
+                    continue;
+                }
+                if last.is_some_and(|l| l >= t) {
+                    return Ok(false);
+                }
+                last = Some(t);
+                let pairs = chunk.pairs(k);
+                if chunk.check(k).1 {
+                    out.push(t, count, pairs.iter().map(|&(i, c)| (i as usize, c)));
+                } else {
+                    // Repeated or empty buckets: as the dense histogram would give them.
+                    match Histogram::from_sparse(pairs.iter().copied(), count, sum) {
+                        Ok(h) => out.push_histogram(t, &h),
+                        Err(_) => return Ok(false),
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// Every (service, probe) with history at history level `level` (finest first).
     pub fn history_streams_at(&self, level: usize) -> Result<Vec<(String, Probe)>> {
         let Ok(level) = u8::try_from(level) else {
@@ -970,5 +1345,86 @@ mod tests {
         let one = codec::encode("history", &h(5), 1024).unwrap();
         assert_eq!(record_points(&one), 1);
         assert_eq!(decode_record(77, &one).unwrap(), vec![(77, h(5))]);
+    }
+
+    /// Every level's sparse read, over the whole range and over slices, gives the dense
+    /// read's points: buffered, after reopening (from the chunks), and around a point
+    /// stored twice (one record per point beside its chunk) or an undecodable record.
+    #[test]
+    fn sparse_reads_give_the_dense_points() {
+        use crate::{Store, StoreConfig};
+        const SEC: u64 = 1_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = 1_700_000_000 * SEC;
+        let hist = |i: u64| {
+            let mut h = Histogram::new();
+            h.record_n(50_000 + i * 1000, 100 + i % 7);
+            h.record_n(3_000_000, i % 3);
+            h.record_n(u64::MAX, u64::from(i % 50 == 0) * (1 << 40));
+            h
+        };
+        let write = |store: &Store| {
+            for i in 0..2000 {
+                // A gap: the daemon was down.
+                if (700..760).contains(&i) {
+                    continue;
+                }
+                store
+                    .record_history("web", Probe::IpStart, t0 + i * SEC, &hist(i))
+                    .unwrap();
+            }
+        };
+        let same = |store: &Store| {
+            for level in 0..store.config().history.len() {
+                for (since, until) in [
+                    (t0, t0 + 2000 * SEC),
+                    (t0 + 333 * SEC + 5, t0 + 1234 * SEC),
+                    (t0 + 1999 * SEC, t0 + 5000 * SEC),
+                ] {
+                    let dense = store
+                        .history_at_level(level, "web", Probe::IpStart, since, until)
+                        .unwrap();
+                    let mut want = SparseSeries::new();
+                    for (t, h) in &dense.points {
+                        want.push_histogram(*t, h);
+                    }
+                    let got = store
+                        .history_sparse_at_level(level, "web", Probe::IpStart, since, until)
+                        .unwrap();
+                    assert_eq!(got, want, "level {level} from {since} to {until}");
+                    assert!(!got.is_empty());
+                    for i in 0..got.len() {
+                        assert_eq!(
+                            got.histogram(i).nonzero().collect::<Vec<_>>(),
+                            dense.points[i].1.nonzero().collect::<Vec<_>>()
+                        );
+                    }
+                }
+            }
+        };
+        {
+            let store = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+            write(&store);
+            same(&store);
+        }
+        let store = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+        same(&store);
+        // A point also stored as a record of its own (an earlier build's) adds up.
+        let tree = store.engine().tree(T::History).clone();
+        let at = t0 + 1500 * SEC;
+        tree.insert(
+            keys::history(0, "web", Probe::IpStart, at),
+            codec::encode("history", &hist(1), 1 << 16).unwrap(),
+        )
+        .unwrap();
+        same(&store);
+        // A damaged chunk is skipped by both.
+        let t = t0 + 600 * SEC;
+        let key = keys::history(0, "web", Probe::IpStart, t - t % chunk_span(SEC));
+        let mut bad = tree.get(&key).unwrap().unwrap().to_vec();
+        let last = bad.len() - 1;
+        bad[last] ^= 0x55;
+        tree.insert(key, bad).unwrap();
+        same(&store);
     }
 }

@@ -34,7 +34,7 @@ pub use crate::model::{
 pub use check::{CheckReport, TreeCheck};
 pub use config::{HistoryLevel, StoreConfig, DEFAULTS_TOML, MAX_HISTORY_LEVELS};
 pub use error::{LockHolder, Result, StoreError};
-pub use history::{HistoryPoint, HistorySeries};
+pub use history::{HistoryPoint, HistorySeries, SparseSeries};
 pub use keys::MAX_SERVICE_LEN;
 pub use query::{
     FlowCount, FlowFilter, IncidentBundle, IncidentPage, IncidentQuery, LatencyQuantiles,

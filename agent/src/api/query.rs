@@ -181,6 +181,45 @@ fn nanos(d: Duration) -> u64 {
 
 /// One service's history, every probe (or one), at one resolution.
 pub fn history(store: &Store, p: &HistoryParams, now_ns: u64) -> Result<HistoryAnswer, QueryError> {
+    let plan = history_plan(store, p, now_ns)?;
+    let mut series = Vec::new();
+    let mut resolution = Duration::ZERO;
+    for probe in plan.probes {
+        let s = store.history_at_level(plan.level, &p.service, probe, p.from_ns, plan.to_ns)?;
+        resolution = s.resolution;
+        if !s.points.is_empty() {
+            series.push(ProbeHistory {
+                probe,
+                points: s.points,
+            });
+        }
+    }
+    Ok(HistoryAnswer {
+        service: p.service.clone(),
+        resolution,
+        from_ns: p.from_ns,
+        to_ns: plan.to_ns,
+        series,
+    })
+}
+
+/// What a history read of `p` covers: checked, before any point is read.
+pub struct HistoryPlan {
+    /// Index of the history level read (finest first).
+    pub level: usize,
+    /// The service's probes with history at that level, in probe order.
+    pub probes: Vec<Probe>,
+    /// End of the range (`p.to_ns`, or now when 0).
+    pub to_ns: u64,
+}
+
+/// The level and probes [`history`] reads for `p`, or why it cannot (`tailtrap tune`
+/// reads the same points its own way).
+pub fn history_plan(
+    store: &Store,
+    p: &HistoryParams,
+    now_ns: u64,
+) -> Result<HistoryPlan, QueryError> {
     let to_ns = if p.to_ns == 0 { now_ns } else { p.to_ns };
     if p.service.is_empty() {
         return Err(QueryError::BadRequest("service is required".into()));
@@ -238,24 +277,10 @@ pub fn history(store: &Store, p: &HistoryParams, now_ns: u64) -> Result<HistoryA
             services.join(", ")
         )));
     }
-    let mut series = Vec::new();
-    let mut resolution = Duration::ZERO;
-    for probe in probes {
-        let s = store.history_at_level(level, &p.service, probe, p.from_ns, to_ns)?;
-        resolution = s.resolution;
-        if !s.points.is_empty() {
-            series.push(ProbeHistory {
-                probe,
-                points: s.points,
-            });
-        }
-    }
-    Ok(HistoryAnswer {
-        service: p.service.clone(),
-        resolution,
-        from_ns: p.from_ns,
+    Ok(HistoryPlan {
+        level,
+        probes,
         to_ns,
-        series,
     })
 }
 

@@ -6,11 +6,10 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use detector::event::Incident as Replayed;
-use detector::replay::Record;
 use detector::sweep::Sweep;
 use detector::{DetectorConfig, Thresholds};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -19,7 +18,7 @@ use serde::Serialize;
 use storage::{Incident, IncidentState, IncidentVerdict, Verdict};
 
 use crate::api::query::IncidentsParams;
-use crate::cmd::history::{self, Range};
+use crate::cmd::history::{self, Range, SparseHistory};
 use crate::output::{fmt_span, fmt_time, print_json, probe_list, table};
 use crate::source::{block_on, Source, Target};
 
@@ -203,41 +202,88 @@ struct Outcome {
     incidents: Vec<Replayed>,
 }
 
-/// Replay `records` (one service's) under every candidate at once: a [`Sweep`] shares the
+/// Replay one service's history under every candidate at once: a [`Sweep`] shares the
 /// windows, baselines and tests among candidates whose settings do not change them.
 fn replay_all(
-    records: &[Record],
+    history: &SparseHistory,
     config: &DetectorConfig,
     cands: &[Candidate],
-    interval: Duration,
-    resolution: Duration,
+    times: (Duration, Duration),
     progress: &ProgressBar,
-) -> anyhow::Result<Vec<Outcome>> {
-    const STEP: usize = 4096;
+) -> anyhow::Result<(Vec<Outcome>, Read)> {
+    let (interval, resolution) = times;
+    const STEP: u64 = 4096;
     let thresholds: Vec<Thresholds> = cands
         .iter()
         .map(|c| c.thresholds.at_resolution(interval, resolution))
         .collect();
-    let service = records.first().map_or("", |r| r.service.as_str());
-    let mut sweep = Sweep::new(service, config.significance, &config.slo, &thresholds);
-    // One buffer for every record's non-empty buckets: the sweep reads them once per
+    let mut sweep = Sweep::new(
+        &history.service,
+        config.significance,
+        &config.slo,
+        &thresholds,
+    );
+    // One buffer for every point's non-empty buckets: the sweep reads them once per
     // window group.
     let mut buckets: Vec<(usize, u64)> = Vec::new();
-    for chunk in records.chunks(STEP) {
-        for r in chunk {
-            buckets.clear();
-            buckets.extend(r.hist.nonzero());
-            sweep
-                .push(r.ts, r.probe, &buckets, r.hist.count())
-                .context("replaying the stored history")?;
+    let (mut done, mut failed) = (0u64, None);
+    let mut read = Read {
+        seen: Vec::new(),
+        probes: 0,
+    };
+    let mut probes_seen = 0u64;
+    history.for_each(|start, probe, series, i| {
+        if failed.is_some() {
+            return;
         }
-        progress.inc((chunk.len() * cands.len()) as u64);
+        buckets.clear();
+        buckets.extend(series.buckets(i));
+        let ts = point_end(start, history.resolution);
+        read.seen.push(ns(ts));
+        probes_seen |= 1 << probe.id();
+        if let Err(e) = sweep.push(ts, probe, &buckets, series.count(i)) {
+            failed = Some(e);
+        }
+        done += 1;
+        if done % STEP == 0 {
+            progress.inc(STEP * cands.len() as u64);
+        }
+    })?;
+    progress.inc(done % STEP * cands.len() as u64);
+    if let Some(e) = failed {
+        return Err(e).context("replaying the stored history");
     }
-    Ok(sweep
+    read.probes = probes_seen.count_ones() as usize;
+    let outcomes = sweep
         .finish()
         .into_iter()
         .map(|incidents| Outcome { incidents })
-        .collect())
+        .collect();
+    Ok((outcomes, read))
+}
+
+/// What a replay read.
+struct Read {
+    /// When each point was seen (its end, ns), in replay order.
+    seen: Vec<u64>,
+    /// Probes with at least one point.
+    probes: usize,
+}
+
+/// Every candidate's row.
+fn compare_all(
+    cands: &[Candidate],
+    outcomes: &[Outcome],
+    recorded: &[Recorded],
+    slack: u64,
+    end_ns: u64,
+) -> Vec<Row> {
+    cands
+        .iter()
+        .zip(outcomes)
+        .enumerate()
+        .map(|(n, (c, o))| compare(n, c, o, recorded, slack, end_ns))
+        .collect()
 }
 
 /// A recorded incident and its verdict.
@@ -285,6 +331,11 @@ struct Row {
 
 fn ns(t: SystemTime) -> u64 {
     crate::daemon::unix_ns(t)
+}
+
+/// The end of the point starting at `start` ns: the time the daemon's detector saw it at.
+fn point_end(start: u64, resolution: Duration) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(start) + resolution
 }
 
 /// Compare one candidate's incidents with the recorded ones. A recorded incident is kept
@@ -440,45 +491,46 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     let (h, recorded_page) = block_on(async {
         let source = Source::open(&args.target, verbose).await?;
         let params = args.range.params(None, DEFAULT_SPAN);
-        let h = history::read(&source, &params).await?;
         let page = source
             .incidents(&IncidentsParams {
-                since_ns: Some(h.from_ns),
+                since_ns: Some(params.from_ns),
                 service: Some(service.clone()),
                 state: None,
                 before_id: None,
                 limit: 0,
             })
             .await?;
+        let h = history::read_sparse(source, &params).await?;
         Ok((h, page))
     })?;
-    let (from_ns, to_ns, resolution, probes) = (h.from_ns, h.to_ns, h.resolution, h.series.len());
-    let records = history::records(h);
-    let end_ns = records
-        .last()
-        .map_or(to_ns, |r| ns(r.ts))
-        .min(to_ns.max(from_ns));
-    let first_ns = records.first().map_or(from_ns, |r| ns(r.ts));
+    let (from_ns, to_ns, resolution) = (h.from_ns, h.to_ns, h.resolution);
+    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
+    // An estimate: the points are counted as they are read.
+    let span_points = to_ns.saturating_sub(from_ns) / slack.max(1) + 1;
+    let progress = progress_bar(span_points.saturating_mul((h.probes.len() * cands.len()) as u64));
+    let replayed = replay_all(
+        &h,
+        &config.detector,
+        &cands,
+        (interval, resolution),
+        &progress,
+    );
+    progress.finish_and_clear();
+    let (outcomes, read) = replayed?;
+    let seen = read.seen;
+    if seen.is_empty() {
+        return Err(history::no_history(&h));
+    }
+    let probes = read.probes;
+    let end_ns = seen.last().map_or(to_ns, |&t| t).min(to_ns.max(from_ns));
+    let first_ns = seen.first().map_or(from_ns, |&t| t);
     let recorded = recorded_in(
         &recorded_page.incidents,
         &recorded_page.verdicts,
         first_ns,
         end_ns,
     );
-
-    let progress = progress_bar((records.len() * cands.len()) as u64);
-    let evaluated = evaluate(
-        &records,
-        &config.detector,
-        &cands,
-        &recorded,
-        (interval, resolution),
-        end_ns,
-        &progress,
-    );
-    progress.finish_and_clear();
-    let (outcomes, rows) = evaluated?;
-    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
+    let rows = compare_all(&cands, &outcomes, &recorded, slack, end_ns);
     let scaled = cands[0].thresholds.at_resolution(interval, resolution);
     let scaling = if resolution > interval {
         format!(
@@ -500,7 +552,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         incidents: outcomes[n].incidents.iter().map(shown_incident).collect(),
     });
     let emitted = emit.map(|n| emit_block(&service, &cands[n].overrides));
-    let gaps = gaps(&records, slack);
+    let gaps = gaps(&seen, slack);
     let not_reproduced = rows
         .first()
         .map(|row| {
@@ -521,7 +573,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         daemon_interval: interval,
         from: fmt_time(first_ns.saturating_sub(slack)),
         to: fmt_time(end_ns),
-        points: records.len(),
+        points: seen.len(),
         probes,
         baseline: BASELINE,
         scaling,
@@ -544,8 +596,9 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
 
 /// Replay every candidate and compare each with the recorded incidents. `times` is the
 /// daemon's interval and the history's resolution.
+#[cfg(test)]
 fn evaluate(
-    records: &[Record],
+    history: &SparseHistory,
     detector: &DetectorConfig,
     cands: &[Candidate],
     recorded: &[Recorded],
@@ -553,15 +606,9 @@ fn evaluate(
     end_ns: u64,
     progress: &ProgressBar,
 ) -> anyhow::Result<(Vec<Outcome>, Vec<Row>)> {
-    let (interval, resolution) = times;
-    let outcomes = replay_all(records, detector, cands, interval, resolution, progress)?;
-    let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
-    let rows = cands
-        .iter()
-        .zip(&outcomes)
-        .enumerate()
-        .map(|(n, (c, o))| compare(n, c, o, recorded, slack, end_ns))
-        .collect();
+    let (outcomes, _) = replay_all(history, detector, cands, times, progress)?;
+    let slack = u64::try_from(times.1.as_nanos()).unwrap_or(u64::MAX);
+    let rows = compare_all(cands, &outcomes, recorded, slack, end_ns);
     Ok((outcomes, rows))
 }
 
@@ -706,11 +753,10 @@ fn print_report(r: &Report) {
 
 /// Stretches without any point longer than two points, `(last point before, first after)`
 /// in ns: the daemon was not running (or not recording) then.
-fn gaps(records: &[Record], resolution_ns: u64) -> Vec<(u64, u64)> {
+fn gaps(seen: &[u64], resolution_ns: u64) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut prev: Option<u64> = None;
-    for r in records {
-        let t = ns(r.ts);
+    for &t in seen {
         if let Some(p) = prev.filter(|&p| t > p.saturating_add(2 * resolution_ns)) {
             out.push((p, t));
         }
@@ -753,7 +799,6 @@ mod tests {
     use super::*;
     use crate::api::query::{self, HistoryParams};
     use detector::scenario::Scenario;
-    use std::time::UNIX_EPOCH;
     use storage::{NewIncident, Store, StoreConfig};
 
     /// Three hours of one service at 1 s, its read latency five times slower for ten
@@ -796,8 +841,9 @@ factor = 5
         (store, start, start + 3 * 3600 * SEC)
     }
 
+    /// Tune over the database at `db` (opened here, closed after).
     fn tune_at(
-        store: &Store,
+        db: &std::path::Path,
         from: u64,
         to: u64,
         resolution_s: u64,
@@ -811,16 +857,34 @@ factor = 5
             to_ns: to,
             resolution_ms: Some(resolution_s * 1000),
         };
-        let h = query::history(store, &p, to).unwrap();
+        let store = Store::open(db, StoreConfig::default()).unwrap();
+        let h = query::history(&store, &p, to).unwrap();
         assert_eq!(h.resolution, Duration::from_secs(resolution_s));
         let resolution = h.resolution;
-        let records = history::records(h);
+        let h = SparseHistory::from(h);
         let config = DetectorConfig::default();
         let sweep: Vec<String> = sweep.iter().map(|s| s.to_string()).collect();
         let cands = candidates(&config, "web", &[], &sweep).unwrap();
-        let end = records.last().map(|r| ns(r.ts)).unwrap();
+        let mut end = 0;
+        h.for_each(|start, _, _, _| end = ns(point_end(start, resolution)))
+            .unwrap();
+        // Read from the database as `tune` does (slice by slice), the same points.
+        let source = crate::source::Source::Db(Box::new(store));
+        let direct = block_on(history::read_sparse(source, &p)).unwrap();
+        let mut a = Vec::new();
+        h.for_each(|t, probe, s, i| {
+            a.push((t, probe, s.count(i), s.buckets(i).collect::<Vec<_>>()))
+        })
+        .unwrap();
+        let mut b = Vec::new();
+        direct
+            .for_each(|t, probe, s, i| {
+                b.push((t, probe, s.count(i), s.buckets(i).collect::<Vec<_>>()))
+            })
+            .unwrap();
+        assert_eq!(a, b);
         evaluate(
-            &records,
+            &h,
             &config,
             &cands,
             recorded,
@@ -858,9 +922,11 @@ factor = 5
             opened_ns: inc.opened_ns,
             closed_ns: closed.closed_ns,
         }];
+        // Reopened, the history is read from its stored chunks (not a buffered one).
+        drop(store);
         for res in [1, 10, 60] {
-            let (outcomes, rows) =
-                tune_at(&store, from, to, res, &["min_ratio=1.25,50"], &recorded);
+            let db = dir.path().join("db");
+            let (outcomes, rows) = tune_at(&db, from, to, res, &["min_ratio=1.25,50"], &recorded);
             assert_eq!(rows.len(), 3, "in force, then two candidates");
             let found = &outcomes[0].incidents;
             assert_eq!(found.len(), 1, "at {res}s: {found:#?}");
@@ -885,15 +951,8 @@ factor = 5
 
     #[test]
     fn a_history_gap_before_a_missed_incident_is_named_as_a_restart() {
-        let rec = |t: u64| Record {
-            ts: UNIX_EPOCH + Duration::from_secs(t),
-            service: "web".into(),
-            probe: model::Probe::IpStart,
-            interval_ms: 1000,
-            hist: model::Histogram::new(),
-        };
-        let records: Vec<Record> = [1, 2, 3, 50, 51].into_iter().map(rec).collect();
-        let g = gaps(&records, SEC);
+        let seen: Vec<u64> = [1, 2, 3, 50, 51].into_iter().map(|t| t * SEC).collect();
+        let g = gaps(&seen, SEC);
         assert_eq!(g, vec![(3 * SEC, 50 * SEC)]);
         let mut r = Recorded {
             id: 1,
