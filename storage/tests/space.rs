@@ -237,10 +237,12 @@ fn rotation_keeps_every_record_and_shrinks_the_files() {
         .maybe_rotate()
         .unwrap()
         .expect("amplified enough to rotate");
-    // sled's own background work may still add to its files between the two readings;
-    // they never shrink by themselves.
-    assert!(rep.size_before >= before.size_on_disk, "{rep:?} {before:?}");
+    // sled's background flusher may grow its file or truncate freed tail segments
+    // between the two readings, so only the rotation's own before/after are compared;
+    // the stats reading just has to show bloat worth rotating.
+    assert!(before.size_on_disk > 2 << 20, "{before:?}");
     assert!(rep.size_after < rep.size_before, "{rep:?}");
+    assert!(rep.size_after < before.size_on_disk, "{rep:?} {before:?}");
     assert_eq!(rep.dropped_records, 0);
     assert_eq!(s.stats().rotations, 1);
     assert_eq!(count(&s, keep.id), 500);
