@@ -99,9 +99,13 @@ fi
 OUT=${OUT:-/tmp/tailtrap-overhead}
 WORK=$(mktemp -d /tmp/tailtrap-overhead.XXXXXX) || die "mktemp failed"
 mkdir -p "$OUT" "$WORK/www" "$WORK/logs"
+# mktemp -d makes a 0700 directory, which nginx's unprivileged worker cannot enter: every
+# request would be a 403 and the bench would time error pages, not the files.
+chmod 755 "$WORK" "$WORK/www"
 PORT=18080
 head -c 1024 /dev/urandom > "$WORK/www/1k.bin"
 head -c 10240 /dev/urandom > "$WORK/www/10k.bin"
+chmod 644 "$WORK/www/1k.bin" "$WORK/www/10k.bin"
 cat > "$WORK/nginx.conf" <<EOF
 worker_processes 1;
 pid $WORK/nginx.pid;
@@ -124,11 +128,11 @@ http {
 EOF
 cat > "$WORK/report.lua" <<'EOF'
 done = function(summary, latency, requests)
-    io.write(string.format("TT rps=%.1f p50=%d p99=%d p999=%d errors=%d\n",
+    io.write(string.format("TT rps=%.1f p50=%d p99=%d p999=%d errors=%d bad_status=%d\n",
         summary.requests / (summary.duration / 1e6),
         latency:percentile(50), latency:percentile(99), latency:percentile(99.9),
         summary.errors.connect + summary.errors.read + summary.errors.write +
-        summary.errors.status + summary.errors.timeout))
+        summary.errors.timeout, summary.errors.status))
 end
 EOF
 
@@ -143,6 +147,16 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 nginx -c "$WORK/nginx.conf" || die "nginx did not start (see $WORK/logs/error.log)"
+# Each file must come back whole with a 200 before anything is timed.
+for f in 1k:1024 10k:10240; do
+    python3 - "$PORT" "${f%%:*}" "${f##*:}" <<'PY' || die "nginx does not serve ${f%%:*}.bin (see $WORK/logs/error.log)"
+import sys, urllib.request
+port, name, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with urllib.request.urlopen(f"http://127.0.0.1:{port}/{name}.bin", timeout=5) as r:
+    body = r.read()
+    sys.exit(0 if r.status == 200 and len(body) == size else 1)
+PY
+done
 STATS_BEFORE=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -q -w kernel.bpf_stats_enabled=1 || die "cannot enable kernel.bpf_stats_enabled"
 if [ $STRESS = 1 ]; then
@@ -243,6 +257,10 @@ for size in 1k 10k; do
                 stop_config
                 [ -n "$line" ] || die "wrk printed no result for $cfg $size $conns"
                 eval "$(sed 's/^TT //' <<<"$line")"
+                # A non-2xx answer means nginx served something else than the file: the
+                # figures would not be what the bench says they are.
+                [ "$bad_status" = 0 ] ||
+                    die "$cfg $size c=$conns: $bad_status of the responses were not 2xx (see $WORK/logs/error.log)"
                 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$size" "$conns" "$run" "$cfg" \
                     "$rps" "$p50" "$p99" "$p999" "$errors" >> "$RESULTS"
                 # Files, not <(...): a guest's /dev may have no /dev/fd.
