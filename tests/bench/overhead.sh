@@ -307,6 +307,28 @@ for size in ("1k", "10k"):
             none = f"{statistics.median(base):.0f}" if base else "-"
             print(f"{size:<5} {conns:>5} {cfg:<7} {none:>13} {cell(ratios['rps']):>20} {cell(ratios['p50_us']):>20} {cell(ratios['p99_us']):>20} {cell(ratios['p999_us']):>20}")
 print()
+# One figure per configuration: every (file, conns, run) ratio pooled, as a geometric mean
+# with a 95 % interval (normal approximation on the log ratios). The interval is what
+# says whether a 1 % target can be judged from this run at all.
+import math
+print("all files and connection counts pooled: geometric mean of the per-run ratios [95 % interval], n ratios")
+print(f"{'config':<7} {'req/s':>24} {'p99':>24} {'n':>4}")
+def pooled(vals):
+    logs = [math.log(v) for v in vals if v > 0]
+    if len(logs) < 2:
+        return "-"
+    m, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    return f"{math.exp(m):.3f} [{math.exp(m - 1.96 * se):.3f}-{math.exp(m + 1.96 * se):.3f}]"
+for cfg in configs:
+    rps, p99 = [], []
+    for (size, conns, n, c), r in by.items():
+        base = by.get((size, conns, n, "none"))
+        if c != cfg or not base or float(base["rps"]) <= 0 or float(base["p99_us"]) <= 0:
+            continue
+        rps.append(float(r["rps"]) / float(base["rps"]))
+        p99.append(float(r["p99_us"]) / float(base["p99_us"]))
+    print(f"{cfg:<7} {pooled(rps):>24} {pooled(p99):>24} {len(rps):>4}")
+print()
 b = list(csv.DictReader(open(bpf), delimiter="\t"))
 share = defaultdict(list)   # (config, program) -> % of one CPU per run
 calls = defaultdict(list)
