@@ -91,6 +91,11 @@ if [ -n "$VMSERIES" ]; then
         inner+=("$a")
     done
     export VM_TIMEOUT=${VM_TIMEOUT:-$(( RUNS * 16 * (SECS + 15) + 600 ))}
+    # The guest's writes land in a discarded tmpfs: share $OUT read-write so the raw
+    # figures outlive the guest.
+    OUT=${OUT:-/tmp/tailtrap-overhead}; mkdir -p "$OUT" || die "cannot create $OUT"
+    export OUT VM_ENV="${VM_ENV:+$VM_ENV }OUT"
+    export VM_RW="${VM_RW:+$VM_RW }$(readlink -f "$OUT")"
     say "running in ${KDIR[$VMSERIES]} (timeout ${VM_TIMEOUT}s)"
     exec "$ROOT/tests/vm/run-in-vm.sh" "${KDIR[$VMSERIES]}" -- "$0" --tailtrap "$TAILTRAP" "${inner[@]}"
 fi
