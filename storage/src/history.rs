@@ -999,9 +999,9 @@ impl Store {
         let res = nanos(l.resolution).max(1);
         // The point containing `since_ns` starts before it, and its chunk before that.
         let first = since_ns - since_ns % res;
-        let from = first - first % chunk_span(res);
         // The level index fits a byte: config validation caps the number of levels.
         let lvl = level as u8;
+        let from = self.first_record_start(lvl, service, probe, first, res)?;
         // The buffered chunk supersedes its stored record (it was read in when started).
         let buffered = self
             .history_write
@@ -1092,8 +1092,8 @@ impl Store {
         };
         let res = nanos(l.resolution).max(1);
         let first = since_ns - since_ns % res;
-        let from = first - first % chunk_span(res);
         let lvl = level as u8;
+        let from = self.first_record_start(lvl, service, probe, first, res)?;
         let buffered = self
             .history_write
             .lock()
@@ -1109,6 +1109,29 @@ impl Store {
             out.push_histogram(*t, h);
         }
         Ok(())
+    }
+
+    /// Where a read of a stream from `first` must start: the aligned start of the chunk
+    /// holding `first` at today's resolution, or the key of the record at or before
+    /// `first` when that is earlier. Chunks written under a longer resolution (the config
+    /// changed since) start before today's aligned start and would be missed otherwise.
+    fn first_record_start(
+        &self,
+        lvl: u8,
+        service: &str,
+        probe: Probe,
+        first: u64,
+        res: u64,
+    ) -> Result<u64> {
+        let aligned = first - first % chunk_span(res);
+        let tree = self.engine().tree(T::History).clone();
+        let lo = keys::history(lvl, service, probe, 0);
+        let hi = keys::history(lvl, service, probe, first);
+        let before = match tree.range(lo..=hi).next_back() {
+            Some(item) => keys::parse_history(&item?.0).map(|(_, _, _, t)| t),
+            None => None,
+        };
+        Ok(before.map_or(aligned, |t| t.min(aligned)))
     }
 
     /// The stored chunks of a stream, sparse, when every record is a chunk and their points

@@ -155,3 +155,49 @@ fn points_written_before_a_reopen_or_out_of_order_are_merged_not_replaced() {
     s.record_history("web", Probe::IpStart, at(7), &h).unwrap();
     assert_eq!(every_level(&s, "web", Probe::IpStart)[2][0].1.count(), 11);
 }
+
+/// Chunks written under one resolution stay readable after the config changes it: a chunk
+/// of the old (longer) span that starts before the read's aligned chunk start is still found.
+#[test]
+fn a_resolution_changed_in_the_config_still_reads_the_old_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let level = |secs| StoreConfig {
+        history: vec![storage::HistoryLevel {
+            resolution: std::time::Duration::from_secs(secs),
+            keep: std::time::Duration::from_secs(30 * 86_400),
+        }],
+        ..StoreConfig::default()
+    };
+    // 10 s points: one chunk spans 600 s.
+    let start = T0 - T0 % (600 * SEC);
+    {
+        let s = Store::open(dir.path(), level(10)).unwrap();
+        for i in 0..60u64 {
+            s.record_history(
+                "web",
+                Probe::TcpSocketRead,
+                start + i * 10 * SEC,
+                &hist(&[1000 + i]),
+            )
+            .unwrap();
+        }
+        s.flush().unwrap();
+    }
+    // Now 1 s points: a chunk spans 60 s, so the read's aligned start for a point late in
+    // the old chunk lies after the old chunk's key.
+    let s = Store::open(dir.path(), level(1)).unwrap();
+    let since = start + 500 * SEC;
+    let until = start + 600 * SEC - 1;
+    let dense = s
+        .history_at_level(0, "web", Probe::TcpSocketRead, since, until)
+        .unwrap();
+    let want: Vec<u64> = (50..60u64).map(|i| start + i * 10 * SEC).collect();
+    assert_eq!(
+        dense.points.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+        want
+    );
+    let sparse = s
+        .history_sparse_at_level(0, "web", Probe::TcpSocketRead, since, until)
+        .unwrap();
+    assert_eq!(sparse.len(), want.len());
+}
