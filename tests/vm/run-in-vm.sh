@@ -24,7 +24,8 @@
 #                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
 #   VM_QEMU=qemu-system-x86_64  VM_CPU=max
 # Exit status: COMMAND's; 124 on timeout; 125 when the VM could not be set up or died; 126
-# when the guest kernel died of an unhandled int3 at a code-patching site (see below).
+# when the guest kernel died of an unhandled int3 at a code-patching site, or panicked while
+# booting, before the command ran (see below).
 #
 # Acceleration is TCG (software emulation, ~10-30x slower guest code): the nested /dev/kvm of
 # the development hosts cannot run an unmodified kernel.  Boot takes ~3 s because the bzImage's
@@ -131,6 +132,7 @@ done
 echo /bin/modprobe-guest > /proc/sys/kernel/modprobe
 hostname vm; ip link set lo up
 stty -F /dev/ttyS1 raw -echo; stty -F /dev/ttyS2 raw -echo   # else \n turns into \r\n
+: > "$R$RUNDIR/started"   # the host tells a death during boot from one of the command's
 chroot $R /bin/bash "$RUNDIR/cmd.sh" </dev/null >/dev/ttyS1 2>/dev/ttyS2
 echo $? > "$R$RUNDIR/rc"
 sync
@@ -220,6 +222,12 @@ elif grep -q 'Oops: int3' "$RUN/console.log"; then
     # software emulation, with any set of fentry programs. Its own status, so the caller can
     # tell it from a crash of the code under test.
     echo "$PROG: guest kernel oops: int3 at a code-patching site (kernel $kver): $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
+    rc=126
+elif [ ! -e "$SHARE/started" ] && grep -q 'Kernel panic' "$RUN/console.log"; then
+    # The kernel died while booting, before the command existed (seen on 6.12 under
+    # emulation: text_poke_early patching a static call). Nothing of the command ran, so it
+    # gets the same status as the int3 death: the caller may run it again.
+    echo "$PROG: guest kernel panicked while booting, before the command ran (kernel $kver): $(grep -m1 -o 'Kernel panic.*' "$RUN/console.log") $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
     rc=126
 else
     echo "$PROG: the VM ended without the command's exit status (kernel $kver, qemu status $qrc)" >&2; rc=125

@@ -105,8 +105,9 @@ for s in "${series[@]}"; do
         echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
         start=$(date +%s)
         # One rerun, said in the summary, when the guest kernel died of an unhandled int3 at a
-        # call site it was patching (run-in-vm.sh status 126): an artefact of the guest kernel
-        # under software emulation that no test can prevent; any other failure stands.
+        # call site it was patching, or panicked while booting (run-in-vm.sh status 126): an
+        # artefact of the guest kernel under software emulation that no test can prevent; any
+        # other failure stands.
         rerun=""
         for attempt in 1 2; do
             # cargo runs integration tests from the package directory; do the same.
@@ -114,10 +115,10 @@ for s in "${series[@]}"; do
                 tee "$log"
             rc=${PIPESTATUS[0]}
             [ "$rc" = 126 ] && [ "$attempt" = 1 ] || break
-            cp "$log" "$log.int3-oops"
-            rerun=" (rerun after a guest int3 oops, first log: $name.log.int3-oops)"
+            cp "$log" "$log.guest-died"
+            rerun=" (rerun after the guest kernel died, first log: $name.log.guest-died)"
             reruns=$((reruns + 1))
-            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died of an int3 oops; running it once more" >&2
+            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died (int3 oops or a panic while booting); running it once more" >&2
         done
         secs=$(( $(date +%s) - start ))
         # libtest's own count: "test result: ok. 8 passed; 0 failed; 1 ignored; ..."
@@ -144,6 +145,6 @@ done
 echo
 echo "VM test summary (logs in $target_dir/vmtest-logs):"
 printf '  %s\n' "${summary[@]}"
-[ "$reruns" = 0 ] || echo "run-vm-tests: $reruns executable(s) rerun after a guest kernel int3 oops (see above)"
+[ "$reruns" = 0 ] || echo "run-vm-tests: $reruns executable(s) rerun after the guest kernel died (see above)"
 echo "$total_pass passed, $total_fail failed"
 exit $bad
