@@ -17,6 +17,7 @@ mod capture;
 mod cgroup;
 mod clock;
 mod config;
+mod hist_read;
 pub mod kernel_functions;
 mod loader;
 mod probes;

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
 use crate::config::{ProbeConfig, ServiceSpec};
+use crate::hist_read::HistReader;
 use crate::probes::{variants, Variant, SK_DATA_READY_PROG};
 use crate::skel::types;
 use crate::skel::{OpenProbesSkel, ProbesSkel, ProbesSkelBuilder};
@@ -181,85 +182,6 @@ pub enum ReadError {
     Clock(std::io::Error),
 }
 
-/// Every value of a per-CPU array, read with one batched lookup: per entry, one value per
-/// possible CPU, each padded to 8 bytes as the kernel hands them over.
-struct PerCpuTable {
-    entries: u32,
-    cpus: usize,
-    stride: usize,
-    value_size: usize,
-    bytes: Vec<u8>,
-}
-
-impl PerCpuTable {
-    /// The per-CPU values of entry `index`.
-    fn values(&self, index: u32) -> impl Iterator<Item = &[u8]> {
-        let start = index as usize * self.cpus * self.stride;
-        (0..self.cpus).map(move |cpu| {
-            let at = start + cpu * self.stride;
-            &self.bytes[at..at + self.value_size]
-        })
-    }
-}
-
-/// Read a whole per-CPU array in one `BPF_MAP_LOOKUP_BATCH` (one syscall instead of a key
-/// walk and a lookup per entry, and no allocation per entry and CPU): the interval loop
-/// reads (services + 2) x 7 histograms every second.
-fn read_percpu_array(
-    map: &libbpf_rs::MapMut<'_>,
-    value_size: usize,
-) -> Result<PerCpuTable, ReadError> {
-    use libbpf_rs::libbpf_sys;
-    use std::os::fd::AsRawFd;
-
-    let map_err = |source| ReadError::Map {
-        map: "hists",
-        source,
-    };
-    let cpus = libbpf_rs::num_possible_cpus().map_err(map_err)?;
-    let entries = map.max_entries();
-    let stride = value_size.next_multiple_of(8);
-    let mut bytes = vec![0u8; entries as usize * cpus * stride];
-    let mut keys = vec![0u32; entries as usize];
-    let mut out_batch = 0u32;
-    let mut count = entries;
-    let opts = libbpf_sys::bpf_map_batch_opts {
-        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
-        ..Default::default()
-    };
-    // SAFETY: keys holds `entries` u32 keys and bytes `entries` per-CPU values, the most
-    // the kernel writes for `count` = entries; out_batch is a u32 like the array's key.
-    let ret = unsafe {
-        libbpf_sys::bpf_map_lookup_batch(
-            map.as_fd().as_raw_fd(),
-            std::ptr::null_mut(),
-            (&mut out_batch as *mut u32).cast(),
-            keys.as_mut_ptr().cast(),
-            bytes.as_mut_ptr().cast(),
-            &mut count,
-            &opts,
-        )
-    };
-    // ENOENT: the batch reached the end of the map, which is what reading all of it means.
-    if ret < 0 && ret != -libc::ENOENT {
-        return Err(map_err(libbpf_rs::Error::from_raw_os_error(-ret)));
-    }
-    // An array hands its entries over in index order; fewer than asked only if it ended.
-    Ok(PerCpuTable {
-        entries: count.min(entries),
-        cpus,
-        stride,
-        value_size,
-        bytes,
-    })
-}
-
-/// The (service slot, probe) of a histogram map index.
-struct HistKey {
-    service: u32,
-    probe: u32,
-}
-
 /// How service slots get their names.
 #[derive(Debug)]
 enum SlotNames {
@@ -280,6 +202,8 @@ pub struct ProbeSet {
     quarantine: Vec<u32>,
     /// Auto slots freed since load.
     auto_freed: u64,
+    /// The histogram map's read buffer and what the last snapshot saw.
+    hist_reader: HistReader,
     _rx_timestamping: OwnedFd,
 }
 
@@ -392,6 +316,7 @@ impl ProbeSet {
         } else {
             SlotNames::Configured(config.services.iter().map(|s| s.name.clone()).collect())
         };
+        let cpus = libbpf_rs::num_possible_cpus().map_err(bpf_err("counting the CPUs"))?;
         Ok(ProbeSet {
             links,
             skel,
@@ -399,6 +324,7 @@ impl ProbeSet {
             slot_names,
             quarantine: Vec::new(),
             auto_freed: 0,
+            hist_reader: HistReader::new(cpus),
             _rx_timestamping: rx_timestamping,
         })
     }
@@ -450,51 +376,66 @@ impl ProbeSet {
     /// auto-grouping, it also frees the slots of cgroups that are gone (see
     /// [`Snapshot::retired`]).
     pub fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
+        self.read_snapshot(false)
+    }
+
+    /// [`ProbeSet::snapshot`] with the histograms of only those (service, probe) whose
+    /// counts changed since the previous snapshot of either kind (at the first, every one
+    /// that has seen samples): the caller keeps the others as they were. The interval loop
+    /// reads hundreds of histograms every second, and those of idle services stay put.
+    pub fn snapshot_changed(&mut self) -> Result<Snapshot, ReadError> {
+        self.read_snapshot(true)
+    }
+
+    fn read_snapshot(&mut self, only_changed: bool) -> Result<Snapshot, ReadError> {
+        let snapshot = self.read_snapshot_once(only_changed);
+        if snapshot.is_err() {
+            // The caller got none of what this read saw: the next one reports every
+            // histogram again rather than leave it the ones that changed now.
+            self.hist_reader.forget();
+        }
+        snapshot
+    }
+
+    fn read_snapshot_once(&mut self, only_changed: bool) -> Result<Snapshot, ReadError> {
         let mut counters = self.counters()?;
-        let maps = &self.skel.maps;
         let auto_slots = match &self.slot_names {
-            SlotNames::Auto(_) => read_auto_slots(&maps.auto_cgroups)?,
+            SlotNames::Auto(_) => read_auto_slots(&self.skel.maps.auto_cgroups)?,
             SlotNames::Configured(_) => HashMap::new(),
         };
-        let mut hists = Vec::new();
+        let entries = self.entries_in_use(&auto_slots);
         let probes = types::tt_probe::TT_NUM_PROBES.0;
-        let value_size = std::mem::size_of::<types::tt_hist>();
-        let table = read_percpu_array(&maps.hists, value_size)?;
-        for index in 0..table.entries {
-            let key = HistKey {
-                service: index / probes,
-                probe: index % probes,
-            };
-            let Some(probe) = Probe::from_id(key.probe) else {
-                continue;
-            };
-            let mut buckets = [0u64; model::hist::NUM_BUCKETS];
-            let mut sum_ns = 0u64;
-            for cpu in table.values(index) {
-                let h: types::tt_hist = decode("hists", cpu)?;
-                for (total, n) in buckets.iter_mut().zip(h.buckets.iter()) {
-                    *total = total.saturating_add(*n);
+        let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
+        let auto = matches!(self.slot_names, SlotNames::Auto(_));
+        let slot_names = &mut self.slot_names;
+        let mut hists = Vec::new();
+        self.hist_reader
+            .read(&self.skel.maps.hists, entries, |index, sums, changed| {
+                let (service, probe) = (index / probes, index % probes);
+                if only_changed && !changed {
+                    return Ok(true); // the caller has it from before
                 }
-                sum_ns = sum_ns.saturating_add(h.sum_ns);
-            }
-            if sum_ns == 0 && buckets.iter().all(|&n| n == 0) {
-                continue; // never touched: most entries of a large map
-            }
-            let auto = matches!(self.slot_names, SlotNames::Auto(_));
-            if auto
-                && key.service >= types::tt_service_slot::TT_SERVICE_FIRST.0
-                && !auto_slots.contains_key(&key.service)
-            {
-                continue; // a freed slot in quarantine: stragglers of a cgroup that is gone
-            }
-            let hist = Histogram::from_dense(&buckets, sum_ns)?;
-            let service = slot_name(&mut self.slot_names, key.service, &auto_slots);
-            hists.push(ServiceHist {
-                service,
-                probe,
-                hist,
-            });
-        }
+                let Some(probe) = Probe::from_id(probe) else {
+                    return Ok(true);
+                };
+                if sums.iter().all(|&n| n == 0) {
+                    return Ok(true); // never touched
+                }
+                if auto && service >= first && !auto_slots.contains_key(&service) {
+                    // A freed slot in quarantine (stragglers of a cgroup gone), or one
+                    // handed out after the names were read: not taken, so a new owner's
+                    // counts still come as a change once it has a name.
+                    return Ok(false);
+                }
+                let n = model::hist::NUM_BUCKETS;
+                let hist = Histogram::from_dense(&sums[..n], sums[n])?;
+                hists.push(ServiceHist {
+                    service: slot_name(slot_names, service, &auto_slots),
+                    probe,
+                    hist,
+                });
+                Ok(true)
+            })?;
         hists.sort_by(|a, b| (&a.service, a.probe).cmp(&(&b.service, b.probe)));
         let retired = match self.slot_names {
             SlotNames::Auto(_) => self.free_gone_slots(&auto_slots)?,
@@ -506,6 +447,25 @@ impl ProbeSet {
             counters,
             retired,
         })
+    }
+
+    /// Histogram entries that can hold data: those of the slots handed out (`host`,
+    /// `other` and the configured services, or the auto slots in use), not the whole map,
+    /// which with auto-grouping is sized for the limit.
+    fn entries_in_use(&self, auto_slots: &HashMap<u32, u64>) -> u32 {
+        let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
+        let slots = match &self.slot_names {
+            SlotNames::Configured(names) => {
+                first.saturating_add(u32::try_from(names.len()).unwrap_or(u32::MAX))
+            }
+            SlotNames::Auto(_) => auto_slots
+                .keys()
+                .max()
+                .map_or(first, |&s| s.saturating_add(1).max(first)),
+        };
+        slots
+            .saturating_mul(types::tt_probe::TT_NUM_PROBES.0)
+            .min(self.skel.maps.hists.max_entries())
     }
 
     /// Free the auto slots of cgroups that are gone, in two steps one snapshot apart.
@@ -533,6 +493,7 @@ impl ProbeSet {
                     maps.hists
                         .update_percpu(&index.to_ne_bytes(), &zero, MapFlags::ANY)
                         .map_err(map_err("hists"))?;
+                    self.hist_reader.zeroed(index);
                 }
             }
             let rel = slot.saturating_sub(first);

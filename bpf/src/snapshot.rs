@@ -7,7 +7,8 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
     /// One cumulative histogram per (service, probe) that has seen samples, sorted by
-    /// service name, then probe.
+    /// service name, then probe ([`crate::ProbeSet::snapshot_changed`]: only those whose
+    /// counts changed since the previous snapshot).
     pub hists: Vec<ServiceHist>,
     /// Event counters, cumulative since load.
     pub counters: Counters,

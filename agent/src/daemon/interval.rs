@@ -213,7 +213,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 self.detector.observe(now.wall, &key.0, key.1, &delta);
                 rows.push((key.0.clone(), key.1, delta));
             }
-            cumulative.insert(key, sh.hist);
+            cumulative.insert(key, Arc::new(sh.hist));
         }
         self.deltas.replace(cumulative, &retired);
         phases.mark("deltas");
@@ -548,8 +548,9 @@ impl Deltas {
     }
 
     /// This interval's cumulative histograms become the previous ones. Keys the snapshot
-    /// lacks keep their last histogram, so a key that comes back counts from there; the
-    /// `retired` services' keys go (their slots restart from zero for the next owner).
+    /// lacks (unchanged since the last read) keep their last histogram, shared rather
+    /// than copied, so a key that moves again counts from there; the `retired` services'
+    /// keys go (their slots restart from zero for the next owner).
     fn replace(&mut self, mut next: Cumulative, retired: &[String]) {
         for (key, h) in self.prev.iter() {
             if !next.contains_key(key) {

@@ -9,8 +9,9 @@ use model::Probe;
 
 /// The probes and their capture, as the interval loop uses them.
 pub(super) trait Kernel {
-    /// Refresh the clock the probes compare timestamps with, then read the cumulative
-    /// histograms and counters.
+    /// Refresh the clock the probes compare timestamps with, then read the counters and
+    /// the cumulative histograms, or only those that changed since the previous read (the
+    /// loop keeps the rest from before).
     fn snapshot(&mut self) -> Result<Snapshot, ReadError>;
     /// The slot of a service in the probes' maps (None: the probes do not know it).
     fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError>;
@@ -57,7 +58,7 @@ impl BpfKernel {
 impl Kernel for BpfKernel {
     fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
         self.probes.refresh_clock()?;
-        self.probes.snapshot()
+        self.probes.snapshot_changed()
     }
 
     fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {

@@ -38,6 +38,10 @@ struct KernelState {
     /// Services the next snapshot reports as retired (their cgroup is gone).
     retire_next: Vec<String>,
     fail_next_snapshot: bool,
+    /// Report only the histograms that changed since the last snapshot, as the real
+    /// kernel side does (`ProbeSet::snapshot_changed`); `reported` is what it saw then.
+    only_changed: bool,
+    reported: BTreeMap<(String, Probe), Histogram>,
     capture_fails: bool,
     armed: HashMap<u32, Vec<(Probe, u64)>>,
     disarmed: Vec<u32>,
@@ -87,16 +91,19 @@ impl Kernel for FakeKernel {
         if std::mem::take(&mut st.fail_next_snapshot) {
             return Err(ReadError::Clock(std::io::Error::other("scripted failure")));
         }
+        let hists = st
+            .cumulative
+            .iter()
+            .filter(|(key, hist)| !st.only_changed || st.reported.get(*key) != Some(*hist))
+            .map(|((service, probe), hist)| ServiceHist {
+                service: service.clone(),
+                probe: *probe,
+                hist: hist.clone(),
+            })
+            .collect();
+        st.reported = st.cumulative.clone();
         Ok(Snapshot {
-            hists: st
-                .cumulative
-                .iter()
-                .map(|((service, probe), hist)| ServiceHist {
-                    service: service.clone(),
-                    probe: *probe,
-                    hist: hist.clone(),
-                })
-                .collect(),
+            hists,
             counters: Counters::default(),
             retired: std::mem::take(&mut st.retire_next),
         })
@@ -254,6 +261,11 @@ impl Harness {
     fn interval_only(&mut self, ns: u64) {
         self.kernel.traffic(Probe::TcpStart, 10_000, PER_INTERVAL);
         self.kernel.traffic(HOT, ns, PER_INTERVAL);
+        self.run_interval();
+    }
+
+    /// One interval of whatever traffic the kernel holds.
+    fn run_interval(&mut self) {
         let start = self.wall;
         self.wall += Duration::from_secs(1);
         self.mono += Duration::from_secs(1);
@@ -503,6 +515,43 @@ fn a_retired_service_keeps_its_last_interval_and_is_forgotten() {
 }
 
 #[test]
+fn histograms_left_out_of_a_snapshot_as_unchanged_keep_their_totals() {
+    let kernel = FakeKernel::default();
+    kernel.state().only_changed = true;
+    let mut h = Harness::new(kernel.clone());
+    h.tick(QUIET_NS);
+    let status = h.core.status();
+    let rows = |status: &Arc<Mutex<super::live::LoopStatus>>| {
+        let mut rows: Vec<(Probe, u64)> = lock(status)
+            .latency
+            .iter()
+            .map(|r| (r.probe, r.count))
+            .collect();
+        rows.sort();
+        rows
+    };
+    assert_eq!(rows(&status), [(Probe::TcpStart, PER_INTERVAL), (HOT, PER_INTERVAL)]);
+    // An interval where only tcp-start moved: the hot probe's histogram is not read, it
+    // has no row, and its total stays published.
+    kernel.traffic(Probe::TcpStart, 10_000, 1);
+    h.run_interval();
+    assert_eq!(rows(&status), [(Probe::TcpStart, 1)]);
+    let published = h.core.cumulative();
+    assert_eq!(published[&(SERVICE.to_owned(), HOT)].count(), PER_INTERVAL);
+    // Nothing moved: no rows, nothing lost.
+    h.run_interval();
+    assert!(rows(&status).is_empty());
+    assert_eq!(h.core.cumulative().len(), 2);
+    // When it moves again its interval counts from the total kept.
+    h.tick(QUIET_NS);
+    assert_eq!(rows(&status), [(Probe::TcpStart, PER_INTERVAL), (HOT, PER_INTERVAL)]);
+    assert_eq!(
+        h.core.cumulative()[&(SERVICE.to_owned(), HOT)].count(),
+        2 * PER_INTERVAL
+    );
+}
+
+#[test]
 fn the_published_cumulative_histograms_are_the_last_snapshot() {
     let kernel = FakeKernel::default();
     let mut h = Harness::new(kernel.clone());
@@ -513,7 +562,7 @@ fn the_published_cumulative_histograms_are_the_last_snapshot() {
     let expected: BTreeMap<_, _> = kernel.state().cumulative.clone();
     let got: BTreeMap<_, _> = published
         .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| (k.clone(), (**v).clone()))
         .collect();
     assert_eq!(got, expected);
     // A reader's earlier Arc is left as it was: the loop swaps maps, it does not write.

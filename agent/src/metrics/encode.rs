@@ -179,7 +179,7 @@ impl Collector for View {
             let mut rows: Vec<(&str, &Histogram)> = hists
                 .iter()
                 .filter(|((_, p), _)| *p == probe)
-                .map(|((s, _), h)| (s.as_str(), h))
+                .map(|((s, _), h)| (s.as_str(), &**h))
                 .collect();
             if rows.is_empty() {
                 continue;

@@ -71,8 +71,9 @@ pub fn bind(config: &MetricsConfig, origin: &str) -> anyhow::Result<Option<TcpLi
     Ok(Some(listener))
 }
 
-/// The cumulative histograms by (service, probe), as the interval loop keeps them.
-pub type Cumulative = HashMap<(String, Probe), Histogram>;
+/// The cumulative histograms by (service, probe), as the interval loop keeps them (shared:
+/// one that did not change in an interval passes to the next map without a copy).
+pub type Cumulative = HashMap<(String, Probe), Arc<Histogram>>;
 
 /// What the interval loop hands to scrapers.
 #[derive(Debug)]
@@ -279,7 +280,7 @@ mod tests {
         let mut h = Histogram::new();
         h.record_n(3_000, 4); // in (2^11, 2^12] ns
         h.record(20_000_000);
-        let hists: Cumulative = [(("web".to_owned(), Probe::TcpSocketRead), h)]
+        let hists: Cumulative = [(("web".to_owned(), Probe::TcpSocketRead), Arc::new(h))]
             .into_iter()
             .collect();
         let shared = Shared::default();

@@ -1,0 +1,268 @@
+//! Reading the per-CPU histogram map every interval at the least cost: one buffer kept
+//! between reads, only the entries in use, CPUs summed straight from the kernel's bytes,
+//! and each entry compared with what the previous read saw, so that a histogram that did
+//! not move costs nothing further.
+
+use model::hist::NUM_BUCKETS;
+
+use crate::loader::ReadError;
+
+/// Words of one histogram value: the bucket counts, then the sum of latencies.
+pub(crate) const WORDS: usize = NUM_BUCKETS + 1;
+/// Bytes of one CPU's value. A multiple of 8, so also the kernel's per-CPU stride.
+const VALUE_BYTES: usize = WORDS * 8;
+
+/// Most bytes of values one batched lookup fills. The buffer lives as long as the probes,
+/// so it is bounded: with many CPUs one entry alone is `CPUs x 2 KiB`, and the whole map
+/// would be tens of MiB.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// The CPU-summed words of one entry.
+pub(crate) type Sums = [u64; WORDS];
+
+/// What reading the histogram map needs to keep between reads.
+pub(crate) struct HistReader {
+    cpus: usize,
+    /// Filled by the kernel; reused, since allocating (and faulting in) megabytes every
+    /// interval was a good part of the read's cost.
+    values: Vec<u8>,
+    keys: Vec<u32>,
+    /// Per entry read so far, its sums as the last read saw them (zero before).
+    last: Vec<Sums>,
+}
+
+impl HistReader {
+    pub(crate) fn new(cpus: usize) -> HistReader {
+        HistReader {
+            cpus: cpus.max(1),
+            values: Vec::new(),
+            keys: Vec::new(),
+            last: Vec::new(),
+        }
+    }
+
+    /// Read entries `0..entries` of the per-CPU histogram `map` and call `each` with every
+    /// entry's index, its sums over CPUs and whether they differ from the sums kept. `each`
+    /// returns whether it took the entry: only then are its sums kept for the next read
+    /// (an entry passed over, say of a slot not named yet, is still changed next time).
+    pub(crate) fn read(
+        &mut self,
+        map: &libbpf_rs::MapMut<'_>,
+        entries: u32,
+        mut each: impl FnMut(u32, &Sums, bool) -> Result<bool, ReadError>,
+    ) -> Result<(), ReadError> {
+        let per_entry = self.cpus * VALUE_BYTES;
+        let batch = (BATCH_BYTES / per_entry).clamp(1, (entries as usize).max(1));
+        if self.keys.len() < batch {
+            self.keys.resize(batch, 0);
+            self.values.resize(batch * per_entry, 0);
+        }
+        if self.last.len() < entries as usize {
+            // Never shrunk: the entries past a smaller prefix keep their last sums.
+            self.last.resize(entries as usize, [0; WORDS]);
+        }
+        let mut done = 0u32;
+        let mut after: Option<u32> = None;
+        while done < entries {
+            // `batch` is at most `entries`, a u32.
+            let want = (entries - done).min(batch as u32);
+            let (got, last_key) = lookup_batch(
+                map,
+                after,
+                &mut self.keys,
+                &mut self.values,
+                want,
+                per_entry,
+            )?;
+            for (key, bytes) in self
+                .keys
+                .iter()
+                .zip(self.values.chunks_exact(per_entry))
+                .take(got as usize)
+            {
+                visit(&mut self.last, *key, bytes, &mut each)?;
+            }
+            done += got;
+            if got < want {
+                break; // the map ended
+            }
+            after = Some(last_key);
+        }
+        Ok(())
+    }
+
+    /// Forget what was read: the next read finds every entry with data changed.
+    pub(crate) fn forget(&mut self) {
+        self.last.clear();
+    }
+
+    /// The kernel's entry `index` was set to zero (a freed slot): the next read compares
+    /// with that.
+    pub(crate) fn zeroed(&mut self, index: u32) {
+        if let Some(last) = self.last.get_mut(index as usize) {
+            *last = [0; WORDS];
+        }
+    }
+}
+
+/// Sum entry `key`'s per-CPU `bytes`, hand the sums to `each` with whether they differ from
+/// those in `last`, and keep them there if `each` took them. A `key` past `last` is not an
+/// entry of this read.
+fn visit(
+    last: &mut [Sums],
+    key: u32,
+    bytes: &[u8],
+    each: &mut impl FnMut(u32, &Sums, bool) -> Result<bool, ReadError>,
+) -> Result<(), ReadError> {
+    let Some(kept) = last.get_mut(key as usize) else {
+        return Ok(());
+    };
+    let mut sums = [0u64; WORDS];
+    sum_cpus(bytes, &mut sums);
+    let changed = sums != *kept;
+    if each(key, &sums, changed)? && changed {
+        *kept = sums;
+    }
+    Ok(())
+}
+
+/// Add up the per-CPU values of one entry (`CPUs x VALUE_BYTES` bytes, as the kernel hands
+/// them over) word by word, saturating like the histograms themselves.
+fn sum_cpus(bytes: &[u8], sums: &mut Sums) {
+    for cpu in bytes.chunks_exact(VALUE_BYTES) {
+        for (total, word) in sums.iter_mut().zip(cpu.chunks_exact(8)) {
+            // chunks_exact(8) yields 8 bytes: the default never happens.
+            let word: [u8; 8] = word.try_into().unwrap_or_default();
+            *total = total.saturating_add(u64::from_ne_bytes(word));
+        }
+    }
+}
+
+/// One `BPF_MAP_LOOKUP_BATCH` of up to `count` entries, starting after key `after` (from
+/// the first without one). Returns how many entries it filled and the last key read.
+fn lookup_batch(
+    map: &libbpf_rs::MapMut<'_>,
+    after: Option<u32>,
+    keys: &mut [u32],
+    values: &mut [u8],
+    count: u32,
+    per_entry: usize,
+) -> Result<(u32, u32), ReadError> {
+    use libbpf_rs::libbpf_sys;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    let map_err = |source| ReadError::Map {
+        map: "hists",
+        source,
+    };
+    if keys.len() < count as usize || values.len() < count as usize * per_entry {
+        return Err(ReadError::Size {
+            map: "hists",
+            got: values.len(),
+            expected: count as usize * per_entry,
+        });
+    }
+    let mut in_batch = after.unwrap_or(0);
+    let mut out_batch = 0u32;
+    let mut filled = count;
+    let opts = libbpf_sys::bpf_map_batch_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+        ..Default::default()
+    };
+    let in_ptr: *mut u32 = match after {
+        Some(_) => &raw mut in_batch,
+        None => std::ptr::null_mut(),
+    };
+    // SAFETY: keys holds at least `count` u32 keys and values at least `count` per-CPU
+    // values of `per_entry` bytes (checked above), the most the kernel writes for `count`;
+    // in_batch and out_batch are u32 like the array's key.
+    let ret = unsafe {
+        libbpf_sys::bpf_map_lookup_batch(
+            map.as_fd().as_raw_fd(),
+            in_ptr.cast(),
+            (&raw mut out_batch).cast(),
+            keys.as_mut_ptr().cast(),
+            values.as_mut_ptr().cast(),
+            &mut filled,
+            &opts,
+        )
+    };
+    // ENOENT: the batch reached the end of the map.
+    if ret < 0 && ret != -libc::ENOENT {
+        return Err(map_err(libbpf_rs::Error::from_raw_os_error(-ret)));
+    }
+    Ok((filled.min(count), out_batch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per-CPU values as the kernel hands them over, from (bucket, count) per CPU and sums.
+    fn values(cpus: &[(&[(usize, u64)], u64)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (buckets, sum) in cpus {
+            let mut words = [0u64; WORDS];
+            for &(i, n) in *buckets {
+                words[i] = n;
+            }
+            words[NUM_BUCKETS] = *sum;
+            out.extend(words.iter().flat_map(|w| w.to_ne_bytes()));
+        }
+        out
+    }
+
+    #[test]
+    fn cpus_are_summed_word_by_word_and_saturate() {
+        let bytes = values(&[
+            (&[(0, 1), (5, 2), (271, u64::MAX)], 10),
+            (&[(5, 3), (271, 7)], 20),
+        ]);
+        let mut sums = [0u64; WORDS];
+        sum_cpus(&bytes, &mut sums);
+        assert_eq!(sums[0], 1);
+        assert_eq!(sums[5], 5);
+        assert_eq!(sums[271], u64::MAX);
+        assert_eq!(sums[NUM_BUCKETS], 30);
+        assert_eq!(sums.iter().filter(|&&w| w != 0).count(), 4);
+    }
+
+    /// Visit entry `key` with `bytes`, taking it or not: (changed, count in bucket 0).
+    fn seen(last: &mut [Sums], key: u32, bytes: &[u8], take: bool) -> Option<(bool, u64)> {
+        let mut out = None;
+        visit(last, key, bytes, &mut |_, sums, changed| {
+            out = Some((changed, sums[0]));
+            Ok(take)
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn an_entry_is_changed_only_when_a_sum_moved_since_it_was_taken() {
+        let mut last = vec![[0u64; WORDS]; 2];
+        let untouched = values(&[(&[], 0), (&[], 0)]);
+        assert_eq!(seen(&mut last, 0, &untouched, true), Some((false, 0)));
+        // A sample of 0 ns moves a count but not the sum of latencies.
+        let one = values(&[(&[(0, 1)], 0), (&[], 0)]);
+        // Passed over: still a change at the next read.
+        assert_eq!(seen(&mut last, 1, &one, false), Some((true, 1)));
+        assert_eq!(seen(&mut last, 1, &one, true), Some((true, 1)));
+        assert_eq!(seen(&mut last, 1, &one, true), Some((false, 1)));
+        // The same total from the other CPU is no change either.
+        let moved = values(&[(&[], 0), (&[(0, 1)], 0)]);
+        assert_eq!(seen(&mut last, 1, &moved, true), Some((false, 1)));
+        let more = values(&[(&[(0, 1)], 0), (&[(9, 1)], 20)]);
+        assert_eq!(seen(&mut last, 1, &more, true), Some((true, 1)));
+        assert_eq!(last[1][9], 1);
+        assert_eq!(last[1][NUM_BUCKETS], 20);
+        // Past the entries kept: not an entry of the read.
+        assert_eq!(seen(&mut last, 2, &more, true), None);
+    }
+
+    #[test]
+    fn the_layout_is_the_kernels() {
+        assert_eq!(VALUE_BYTES, crate::HIST_VALUE_BYTES);
+        assert_eq!(VALUE_BYTES % 8, 0);
+    }
+}
