@@ -156,6 +156,11 @@ impl Baseline {
         cum[hi..].fill(acc);
     }
 
+    /// The buckets that may hold weight (outside it every weight is exactly 0).
+    fn span(&self) -> (usize, usize) {
+        self.span
+    }
+
     /// Quantile as the daemon wants it for capture thresholds.
     pub(crate) fn quantile(&self, q: f64) -> Option<QuantileEstimate> {
         let c = self.cumulative();
@@ -226,6 +231,87 @@ fn from_epoch_secs(s: f64) -> Result<SystemTime, BaselineError> {
         .map_err(|_| BaselineError::Corrupt(format!("time {s}")))
 }
 
+/// [`Baseline::cumulative_into`] for several baselines, up to [`SIDE_BY_SIDE`] at a time:
+/// each running sum still adds its weights one by one in bucket order (the same sums, bit
+/// for bit), but the sums advance side by side. One sum alone waits on each addition's
+/// latency; a sweep does one per baseline group and probe every interval.
+#[derive(Default)]
+pub(crate) struct CumulativeBatch<'a> {
+    jobs: [Option<(&'a Baseline, &'a mut Cumulative)>; SIDE_BY_SIDE],
+    held: usize,
+}
+
+/// Running sums advanced together by [`CumulativeBatch`].
+const SIDE_BY_SIDE: usize = 4;
+
+impl<'a> CumulativeBatch<'a> {
+    /// Sum `baseline`'s weights into `out` (now or at [`Self::finish`]).
+    pub(crate) fn push(&mut self, baseline: &'a Baseline, out: &'a mut Cumulative) {
+        self.jobs[self.held] = Some((baseline, out));
+        self.held += 1;
+        if self.held == SIDE_BY_SIDE {
+            self.run();
+        }
+    }
+
+    /// Sum what is left.
+    pub(crate) fn finish(mut self) {
+        self.run();
+    }
+
+    fn run(&mut self) {
+        self.held = 0;
+        match std::mem::take(&mut self.jobs) {
+            [Some((b0, o0)), Some((b1, o1)), Some((b2, o2)), Some((b3, o3))] => sums(
+                [b0, b1, b2, b3],
+                [&mut o0.cum, &mut o1.cum, &mut o2.cum, &mut o3.cum],
+            ),
+            [Some((b0, o0)), Some((b1, o1)), Some((b2, o2)), None] => {
+                sums([b0, b1, b2], [&mut o0.cum, &mut o1.cum, &mut o2.cum])
+            }
+            [Some((b0, o0)), Some((b1, o1)), None, None] => {
+                sums([b0, b1], [&mut o0.cum, &mut o1.cum])
+            }
+            [Some((b0, o0)), None, None, None] => b0.cumulative_into(o0),
+            // Filled in order, so this is all empty; any other shape one by one.
+            other => {
+                for (b, o) in other.into_iter().flatten() {
+                    b.cumulative_into(o);
+                }
+            }
+        }
+    }
+}
+
+/// `N` running sums side by side over the union of their spans. Outside its own span a
+/// baseline's weights are exactly 0: adding them leaves a sum as it is (0 before the span,
+/// the total after it), which is what `cumulative_into` writes there.
+fn sums<const N: usize>(bases: [&Baseline; N], outs: [&mut [f64; NUM_BUCKETS]; N]) {
+    let spans = bases.map(Baseline::span);
+    let lo = spans
+        .iter()
+        .filter(|s| s.0 < s.1)
+        .map(|s| s.0)
+        .min()
+        .unwrap_or(0);
+    let hi = spans.iter().map(|s| s.1).max().unwrap_or(0).min(NUM_BUCKETS);
+    let weights = bases.map(|b| &*b.weights);
+    let mut outs = outs;
+    let mut acc = [0.0f64; N];
+    for out in outs.iter_mut() {
+        out[..lo].fill(0.0);
+    }
+    for i in lo..hi {
+        for k in 0..N {
+            acc[k] += weights[k][i];
+            outs[k][i] = acc[k];
+        }
+    }
+    for (out, a) in outs.iter_mut().zip(acc) {
+        out[hi..].fill(a);
+    }
+}
+
 /// Running sums over the buckets of a distribution (counts or decayed weights).
 #[derive(Debug, Clone)]
 pub(crate) struct Cumulative {
@@ -280,12 +366,29 @@ impl Cumulative {
     /// Bucket holding quantile `q` and a value interpolated linearly inside it (finer than
     /// the bucket midpoint, which matters for ratios close to 1). `None` when empty.
     pub(crate) fn quantile(&self, q: f64) -> Option<(usize, f64)> {
+        let mut no_hint = NUM_BUCKETS;
+        self.quantile_near(q, &mut no_hint)
+    }
+
+    /// [`Self::quantile`], looking at bucket `*hint` first and leaving there the bucket
+    /// found. The running sums never decrease, so the first bucket whose sum reaches the
+    /// rank is one bucket: when the hint's sum reaches it and the one before does not, the
+    /// search would end there too. A quantile moves little from one interval to the next,
+    /// so a sweep keeps its last bucket as the hint and mostly skips the search.
+    pub(crate) fn quantile_near(&self, q: f64, hint: &mut usize) -> Option<(usize, f64)> {
         let total = self.total();
         if total <= 0.0 {
             return None;
         }
         let rank = q.clamp(0.0, 1.0) * total;
-        let bucket = self.cum.partition_point(|&c| c < rank).min(MAX_BUCKET);
+        let h = *hint;
+        let bucket = if h <= MAX_BUCKET && self.cum[h] >= rank && (h == 0 || self.cum[h - 1] < rank)
+        {
+            h
+        } else {
+            self.cum.partition_point(|&c| c < rank).min(MAX_BUCKET)
+        };
+        *hint = bucket;
         let before = if bucket == 0 {
             0.0
         } else {
@@ -442,5 +545,49 @@ mod tests {
         }
         let back = Baseline::from_bytes(&b.to_bytes()).unwrap();
         assert_eq!(back.cumulative().cum, full(&back.weights[..]));
+    }
+
+    #[test]
+    fn sums_side_by_side_equal_the_sums_one_by_one() {
+        // Spans apart, overlapping, nested, empty; weights with fractions (decayed).
+        let mut bases = vec![Baseline::new(t(0))];
+        for (k, (lo, hi)) in [
+            (1_000u64, 9_000u64),
+            (40_000, 3_000_000),
+            (500_000, 600_000),
+            (7, 8),
+            (90_000, 90_001),
+            (1 << 30, 1 << 40),
+            (2_000, 2_000_000_000),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut b = Baseline::new(t(0));
+            for step in 0..5u64 {
+                let mut h = hist_at(lo, 3 + k as u64);
+                h.record_n(hi, 1 + step);
+                h.record_n((lo + hi) / 2, 17 * step);
+                b.learn(t(step * 13), h.nonzero(), Duration::from_secs(7));
+            }
+            bases.push(b);
+        }
+        for n in 1..=bases.len() {
+            for first in 0..bases.len() {
+                let picked: Vec<&Baseline> = bases.iter().cycle().skip(first).take(n).collect();
+                let mut outs: Vec<Cumulative> = (0..n)
+                    .map(|_| Cumulative::new([7.0; NUM_BUCKETS].into_iter()))
+                    .collect();
+                let mut batch = CumulativeBatch::default();
+                for (b, out) in picked.iter().zip(outs.iter_mut()) {
+                    batch.push(b, out);
+                }
+                batch.finish();
+                for (b, out) in picked.iter().zip(&outs) {
+                    let bits = |c: &[f64]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&out.cum), bits(&b.cumulative().cum), "{n} from {first}");
+                }
+            }
+        }
     }
 }

@@ -606,19 +606,21 @@ impl Shift {
         window: &Cumulative,
         base: &Cumulative,
     ) -> Option<Shift> {
-        Shift::with_window_quantile(q, snap, window, window.quantile(q), base)
+        Shift::with_window_quantile(q, snap, window, window.quantile(q), base, &mut usize::MAX)
     }
 
     /// [`Shift::new`] with the window's quantile `q` already looked up (`observed`, what
-    /// `window.quantile(q)` gives): a sweep shares it among baseline groups.
+    /// `window.quantile(q)` gives): a sweep shares it among baseline groups. The baseline's
+    /// is looked up from bucket `base_hint` ([`Cumulative::quantile_near`]).
     pub(crate) fn with_window_quantile(
         q: f64,
         snap: &Snapshot,
         window: &Cumulative,
         observed: Option<(usize, f64)>,
         base: &Cumulative,
+        base_hint: &mut usize,
     ) -> Option<Shift> {
-        let (b_bucket, b_value) = base.quantile(q)?;
+        let (b_bucket, b_value) = base.quantile_near(q, base_hint)?;
         let (o_bucket, o_value) = observed?;
         // Add-half smoothing so an empty tail in the baseline does not make any exceedance
         // infinitely surprising.

@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use model::Probe;
 
-use crate::baseline::{Baseline, Cumulative, DecayMemo};
+use crate::baseline::{Baseline, Cumulative, CumulativeBatch, DecayMemo};
 use crate::config::{Slo, Thresholds};
 use crate::engine::{
     applies, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView, Machine, Shift,
@@ -110,6 +110,8 @@ struct WindowKey {
     cum: Box<Cumulative>,
     /// The evaluated window's quantiles, in the order of [`Sweep::quantiles`].
     observed: Vec<Option<(usize, f64)>>,
+    /// Their buckets, where the next look-ups start.
+    hints: Vec<usize>,
 }
 
 /// Baselines shared by candidates with the same learning settings and, so far, the same
@@ -136,6 +138,9 @@ struct BaseStats {
     cum_current: bool,
     /// The tests asked for so far this interval, by quantile.
     shifts: Vec<ShiftSlot>,
+    /// Per quantile of [`Sweep::quantiles`], the baseline's bucket at the last look-up:
+    /// where the next one starts ([`Cumulative::quantile_near`]).
+    hints: Vec<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -263,6 +268,7 @@ impl Sweep {
                 fresh: false,
                 cum: Box::new(Cumulative::new(std::iter::empty())),
                 observed: Vec::new(),
+                hints: Vec::new(),
             });
             key.window
                 .push_buckets(start, ts, nonzero.iter().copied(), count);
@@ -301,8 +307,10 @@ impl Sweep {
                     Some(snap) => {
                         key.cum.set_counts(&snap.buckets);
                         key.observed.clear();
-                        key.observed
-                            .extend(self.quantiles.iter().map(|&q| key.cum.quantile(q)));
+                        key.hints.resize(self.quantiles.len(), usize::MAX);
+                        for (&q, hint) in self.quantiles.iter().zip(&mut key.hints) {
+                            key.observed.push(key.cum.quantile_near(q, hint));
+                        }
                         true
                     }
                     None => false,
@@ -311,6 +319,7 @@ impl Sweep {
         }
 
         // 2. Baseline running sums, once per baseline group; the tests are filled lazily.
+        let mut sums = CumulativeBatch::default();
         for g in &mut self.bases {
             let windows = &self.windows[g.window].keys;
             for (&probe, baseline) in &g.baselines {
@@ -320,17 +329,25 @@ impl Sweep {
                     cum: Box::new(Cumulative::new(std::iter::empty())),
                     cum_current: false,
                     shifts: Vec::new(),
+                    hints: Vec::new(),
                 });
                 stats.shifts.clear();
                 stats.weight = baseline.weight();
                 stats.tested = windows.get(&probe).is_some_and(|k| k.evaluated)
                     && baseline.is_warm(ts, g.warmup_samples, g.warmup_time);
+            }
+            // The running sums of every probe (and group) side by side; done before any
+            // candidate reads them (`finish` below).
+            for (probe, stats) in g.stats.iter_mut() {
                 if stats.tested && !stats.cum_current {
-                    baseline.cumulative_into(&mut stats.cum);
-                    stats.cum_current = true;
+                    if let Some(baseline) = g.baselines.get(probe) {
+                        sums.push(baseline, &mut stats.cum);
+                        stats.cum_current = true;
+                    }
                 }
             }
         }
+        sums.finish();
 
         // 3. Each candidate's tests, verdicts and state machine.
         let s = &mut self.scratch;
@@ -364,15 +381,21 @@ impl Sweep {
                     {
                         Some(at) => at,
                         None => {
+                            let qi = quantile_index(&self.quantiles, q);
+                            if stats.hints.len() < self.quantiles.len() {
+                                stats.hints.resize(self.quantiles.len(), usize::MAX);
+                            }
+                            let shift = Shift::with_window_quantile(
+                                q,
+                                snap,
+                                &key.cum,
+                                qi.and_then(|i| key.observed.get(i).copied().flatten()),
+                                &stats.cum,
+                                qi.map_or(&mut usize::MAX, |i| &mut stats.hints[i]),
+                            );
                             stats.shifts.push(ShiftSlot {
                                 q,
-                                shift: Shift::with_window_quantile(
-                                    q,
-                                    snap,
-                                    &key.cum,
-                                    observed(&self.quantiles, &key.observed, q),
-                                    &stats.cum,
-                                ),
+                                shift,
                                 exact: None,
                             });
                             stats.shifts.len() - 1
@@ -482,12 +505,9 @@ impl Sweep {
     }
 }
 
-/// The window's quantile `q` among those looked up at its evaluation.
-fn observed(quantiles: &[f64], observed: &[Option<(usize, f64)>], q: f64) -> Option<(usize, f64)> {
-    quantiles
-        .iter()
-        .position(|u| u.to_bits() == q.to_bits())
-        .and_then(|i| observed.get(i).copied().flatten())
+/// Where `q` is among the quantiles some candidate tests.
+fn quantile_index(quantiles: &[f64], q: f64) -> Option<usize> {
+    quantiles.iter().position(|u| u.to_bits() == q.to_bits())
 }
 
 /// The end of an interval for one baseline group: what the detector does after its state
