@@ -294,7 +294,12 @@ fn sums<const N: usize>(bases: [&Baseline; N], outs: [&mut [f64; NUM_BUCKETS]; N
         .map(|s| s.0)
         .min()
         .unwrap_or(0);
-    let hi = spans.iter().map(|s| s.1).max().unwrap_or(0).min(NUM_BUCKETS);
+    let hi = spans
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0)
+        .min(NUM_BUCKETS);
     let weights = bases.map(|b| &*b.weights);
     let mut outs = outs;
     let mut acc = [0.0f64; N];
@@ -585,7 +590,11 @@ mod tests {
                 batch.finish();
                 for (b, out) in picked.iter().zip(&outs) {
                     let bits = |c: &[f64]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&out.cum), bits(&b.cumulative().cum), "{n} from {first}");
+                    assert_eq!(
+                        bits(&out.cum),
+                        bits(&b.cumulative().cum),
+                        "{n} from {first}"
+                    );
                 }
             }
         }

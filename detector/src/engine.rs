@@ -606,7 +606,8 @@ impl Shift {
         window: &Cumulative,
         base: &Cumulative,
     ) -> Option<Shift> {
-        Shift::with_window_quantile(q, snap, window, window.quantile(q), base, &mut usize::MAX)
+        let mut no_hint = usize::MAX;
+        Shift::with_window_quantile(q, snap, window, window.quantile(q), base, &mut no_hint)
     }
 
     /// [`Shift::new`] with the window's quantile `q` already looked up (`observed`, what

@@ -382,6 +382,8 @@ impl Sweep {
                         Some(at) => at,
                         None => {
                             let qi = quantile_index(&self.quantiles, q);
+                            // A quantile no window looked up has no hint kept.
+                            let mut no_hint = usize::MAX;
                             if stats.hints.len() < self.quantiles.len() {
                                 stats.hints.resize(self.quantiles.len(), usize::MAX);
                             }
@@ -391,7 +393,7 @@ impl Sweep {
                                 &key.cum,
                                 qi.and_then(|i| key.observed.get(i).copied().flatten()),
                                 &stats.cum,
-                                qi.map_or(&mut usize::MAX, |i| &mut stats.hints[i]),
+                                qi.map_or(&mut no_hint, |i| &mut stats.hints[i]),
                             );
                             stats.shifts.push(ShiftSlot {
                                 q,

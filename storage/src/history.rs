@@ -536,25 +536,20 @@ fn decode_chunk_fast(payload: &[u8], out: &mut Decoded) -> bool {
         return false;
     };
     for _ in 0..n {
-        let (Some(off), Some(pairs)) = (
-            take_varint(payload, &mut at),
-            take_varint(payload, &mut at),
-        ) else {
+        let (Some(off), Some(pairs)) =
+            (take_varint(payload, &mut at), take_varint(payload, &mut at))
+        else {
             return false;
         };
         for _ in 0..pairs {
-            match (
-                take_varint(payload, &mut at),
-                take_varint(payload, &mut at),
-            ) {
+            match (take_varint(payload, &mut at), take_varint(payload, &mut at)) {
                 (Some(i), Some(c)) => out.pairs.push((i, c)),
                 _ => return false,
             }
         }
-        let (Some(count), Some(sum)) = (
-            take_varint(payload, &mut at),
-            take_varint(payload, &mut at),
-        ) else {
+        let (Some(count), Some(sum)) =
+            (take_varint(payload, &mut at), take_varint(payload, &mut at))
+        else {
             return false;
         };
         out.points.push((off, count, sum, out.pairs.len()));
@@ -1464,7 +1459,10 @@ mod tests {
         let mut checked = 0;
         for cut in 0..payload.len() {
             let fast = fast_way(&payload[..cut]);
-            assert!(fast.is_none() || fast == serde_way(&payload[..cut]), "cut {cut}");
+            assert!(
+                fast.is_none() || fast == serde_way(&payload[..cut]),
+                "cut {cut}"
+            );
         }
         for at in 0..payload.len() {
             for flip in [0x01u8, 0x7f, 0x80, 0xff] {
@@ -1476,7 +1474,10 @@ mod tests {
                 }
             }
         }
-        assert!(checked > payload.len(), "most changes still decode: {checked}");
+        assert!(
+            checked > payload.len(),
+            "most changes still decode: {checked}"
+        );
         // One point, offset and pair written overlong, the count at u64::MAX (10 bytes),
         // then the same with a 10th byte too large.
         let max = [0xffu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
