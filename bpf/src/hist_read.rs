@@ -1,7 +1,7 @@
 //! Reading the per-CPU histogram map every interval at the least cost: one buffer kept
-//! between reads, only the entries in use, CPUs summed straight from the kernel's bytes,
-//! and each entry compared with what the previous read saw, so that a histogram that did
-//! not move costs nothing further.
+//! between reads, only the entries in use, CPUs summed straight from the kernel's words,
+//! and each entry's total count and sum compared with what the previous read saw, so that a
+//! histogram that did not move costs nothing further.
 
 use model::hist::NUM_BUCKETS;
 
@@ -23,12 +23,26 @@ pub(crate) type Sums = [u64; WORDS];
 /// What reading the histogram map needs to keep between reads.
 pub(crate) struct HistReader {
     cpus: usize,
-    /// Filled by the kernel; reused, since allocating (and faulting in) megabytes every
-    /// interval was a good part of the read's cost.
-    values: Vec<u8>,
+    /// Filled by the kernel (words, so they are summed without a copy); reused, since
+    /// allocating (and faulting in) megabytes every interval was a good part of the read's
+    /// cost.
+    values: Vec<u64>,
     keys: Vec<u32>,
-    /// Per entry read so far, its sums as the last read saw them (zero before).
-    last: Vec<Sums>,
+    /// Per entry read so far, its total count and sum of latencies as the last read took
+    /// them (zero before). Counts only grow (a slot is zeroed only through
+    /// [`HistReader::zeroed`]), so equal totals mean equal buckets: comparing two words
+    /// instead of 273 was a tenth of the daemon's CPU.
+    last: Vec<Totals>,
+}
+
+/// An entry's total count over its buckets and its sum of latencies.
+type Totals = (u64, u64);
+
+fn totals(sums: &Sums) -> Totals {
+    let count = sums[..NUM_BUCKETS]
+        .iter()
+        .fold(0u64, |acc, &n| acc.saturating_add(n));
+    (count, sums[NUM_BUCKETS])
 }
 
 impl HistReader {
@@ -51,15 +65,15 @@ impl HistReader {
         entries: u32,
         mut each: impl FnMut(u32, &Sums, bool) -> Result<bool, ReadError>,
     ) -> Result<(), ReadError> {
-        let per_entry = self.cpus * VALUE_BYTES;
-        let batch = (BATCH_BYTES / per_entry).clamp(1, (entries as usize).max(1));
+        let per_entry = self.cpus * WORDS;
+        let batch = (BATCH_BYTES / (self.cpus * VALUE_BYTES)).clamp(1, (entries as usize).max(1));
         if self.keys.len() < batch {
             self.keys.resize(batch, 0);
             self.values.resize(batch * per_entry, 0);
         }
         if self.last.len() < entries as usize {
-            // Never shrunk: the entries past a smaller prefix keep their last sums.
-            self.last.resize(entries as usize, [0; WORDS]);
+            // Never shrunk: the entries past a smaller prefix keep their last totals.
+            self.last.resize(entries as usize, (0, 0));
         }
         let mut done = 0u32;
         let mut after: Option<u32> = None;
@@ -100,40 +114,39 @@ impl HistReader {
     /// with that.
     pub(crate) fn zeroed(&mut self, index: u32) {
         if let Some(last) = self.last.get_mut(index as usize) {
-            *last = [0; WORDS];
+            *last = (0, 0);
         }
     }
 }
 
-/// Sum entry `key`'s per-CPU `bytes`, hand the sums to `each` with whether they differ from
-/// those in `last`, and keep them there if `each` took them. A `key` past `last` is not an
-/// entry of this read.
+/// Sum entry `key`'s per-CPU `words`, hand the sums to `each` with whether their totals
+/// differ from those in `last`, and keep the totals there if `each` took them. A `key` past
+/// `last` is not an entry of this read.
 fn visit(
-    last: &mut [Sums],
+    last: &mut [Totals],
     key: u32,
-    bytes: &[u8],
+    words: &[u64],
     each: &mut impl FnMut(u32, &Sums, bool) -> Result<bool, ReadError>,
 ) -> Result<(), ReadError> {
     let Some(kept) = last.get_mut(key as usize) else {
         return Ok(());
     };
     let mut sums = [0u64; WORDS];
-    sum_cpus(bytes, &mut sums);
-    let changed = sums != *kept;
+    sum_cpus(words, &mut sums);
+    let now = totals(&sums);
+    let changed = now != *kept;
     if each(key, &sums, changed)? && changed {
-        *kept = sums;
+        *kept = now;
     }
     Ok(())
 }
 
-/// Add up the per-CPU values of one entry (`CPUs x VALUE_BYTES` bytes, as the kernel hands
-/// them over) word by word, saturating like the histograms themselves.
-fn sum_cpus(bytes: &[u8], sums: &mut Sums) {
-    for cpu in bytes.chunks_exact(VALUE_BYTES) {
-        for (total, word) in sums.iter_mut().zip(cpu.chunks_exact(8)) {
-            // chunks_exact(8) yields 8 bytes: the default never happens.
-            let word: [u8; 8] = word.try_into().unwrap_or_default();
-            *total = total.saturating_add(u64::from_ne_bytes(word));
+/// Add up the per-CPU values of one entry (`CPUs x WORDS` words, as the kernel hands them
+/// over) word by word, saturating like the histograms themselves.
+fn sum_cpus(words: &[u64], sums: &mut Sums) {
+    for cpu in words.chunks_exact(WORDS) {
+        for (total, &word) in sums.iter_mut().zip(cpu) {
+            *total = total.saturating_add(word);
         }
     }
 }
@@ -144,7 +157,7 @@ fn lookup_batch(
     map: &libbpf_rs::MapMut<'_>,
     after: Option<u32>,
     keys: &mut [u32],
-    values: &mut [u8],
+    values: &mut [u64],
     count: u32,
     per_entry: usize,
 ) -> Result<(u32, u32), ReadError> {
@@ -158,8 +171,8 @@ fn lookup_batch(
     if keys.len() < count as usize || values.len() < count as usize * per_entry {
         return Err(ReadError::Size {
             map: "hists",
-            got: values.len(),
-            expected: count as usize * per_entry,
+            got: values.len() * 8,
+            expected: count as usize * per_entry * 8,
         });
     }
     let mut in_batch = after.unwrap_or(0);
@@ -174,7 +187,7 @@ fn lookup_batch(
         None => std::ptr::null_mut(),
     };
     // SAFETY: keys holds at least `count` u32 keys and values at least `count` per-CPU
-    // values of `per_entry` bytes (checked above), the most the kernel writes for `count`;
+    // values of `per_entry` words (checked above), the most the kernel writes for `count`;
     // in_batch and out_batch are u32 like the array's key.
     let ret = unsafe {
         libbpf_sys::bpf_map_lookup_batch(
@@ -199,7 +212,7 @@ mod tests {
     use super::*;
 
     /// Per-CPU values as the kernel hands them over, from (bucket, count) per CPU and sums.
-    fn values(cpus: &[(&[(usize, u64)], u64)]) -> Vec<u8> {
+    fn values(cpus: &[(&[(usize, u64)], u64)]) -> Vec<u64> {
         let mut out = Vec::new();
         for (buckets, sum) in cpus {
             let mut words = [0u64; WORDS];
@@ -207,7 +220,7 @@ mod tests {
                 words[i] = n;
             }
             words[NUM_BUCKETS] = *sum;
-            out.extend(words.iter().flat_map(|w| w.to_ne_bytes()));
+            out.extend(words);
         }
         out
     }
@@ -228,7 +241,7 @@ mod tests {
     }
 
     /// Visit entry `key` with `bytes`, taking it or not: (changed, count in bucket 0).
-    fn seen(last: &mut [Sums], key: u32, bytes: &[u8], take: bool) -> Option<(bool, u64)> {
+    fn seen(last: &mut [Totals], key: u32, bytes: &[u64], take: bool) -> Option<(bool, u64)> {
         let mut out = None;
         visit(last, key, bytes, &mut |_, sums, changed| {
             out = Some((changed, sums[0]));
@@ -240,7 +253,7 @@ mod tests {
 
     #[test]
     fn an_entry_is_changed_only_when_a_sum_moved_since_it_was_taken() {
-        let mut last = vec![[0u64; WORDS]; 2];
+        let mut last = vec![(0, 0); 2];
         let untouched = values(&[(&[], 0), (&[], 0)]);
         assert_eq!(seen(&mut last, 0, &untouched, true), Some((false, 0)));
         // A sample of 0 ns moves a count but not the sum of latencies.
@@ -254,8 +267,7 @@ mod tests {
         assert_eq!(seen(&mut last, 1, &moved, true), Some((false, 1)));
         let more = values(&[(&[(0, 1)], 0), (&[(9, 1)], 20)]);
         assert_eq!(seen(&mut last, 1, &more, true), Some((true, 1)));
-        assert_eq!(last[1][9], 1);
-        assert_eq!(last[1][NUM_BUCKETS], 20);
+        assert_eq!(last[1], (2, 20));
         // Past the entries kept: not an entry of the read.
         assert_eq!(seen(&mut last, 2, &more, true), None);
     }
