@@ -1,0 +1,243 @@
+//! How the process's memory follows what the store writes (issue 13, "RSS flat"): writes
+//! what the daemon writes in the soak (`tests/soak/run.sh`), compressed in time, and prints
+//! RSS once a simulated minute.
+//!
+//! `cargo run --release -p storage --example sled_rss -- [--minutes N] [--every M]
+//!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--services N] [--dir PATH]`
+//!
+//! Each simulated second writes one interval of history (every service × every probe); in
+//! the first minute of every `--every` minutes an incident is open and each second also
+//! writes a batch of `--rate` samples, as capture does. Retention and rotation run once a
+//! simulated minute, and the heap is trimmed before each reading, as in the daemon. At the
+//! end the store is dropped and opened again, to show what of the growth was the engine's.
+//!
+//! `--raw MIB [--value-bytes N] [--touch K] [--cache-bytes N]` instead drives sled alone:
+//! `MIB` MiB of `N`-byte values under increasing keys (as sample chunks are), each read
+//! back `K` times after it is written, RSS printed after each MiB; then the engine is
+//! dropped and reopened.
+#![allow(clippy::unwrap_used)] // an experiment aborts on any failure
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use model::{Histogram, Probe, Sample};
+use storage::{HistoryPoint, NewIncident, Store, StoreConfig};
+
+const T0: u64 = 1_790_000_000_000_000_000;
+const SEC: u64 = 1_000_000_000;
+
+struct Args {
+    minutes: u64,
+    every: u64,
+    rate: u64,
+    cache_bytes: Option<u64>,
+    services: usize,
+    dir: Option<PathBuf>,
+    raw_mib: Option<u64>,
+    value_bytes: usize,
+    touch: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        minutes: 30,
+        every: 5,
+        rate: 1000,
+        cache_bytes: None,
+        services: 1,
+        dir: None,
+        raw_mib: None,
+        value_bytes: 28 << 10,
+        touch: 0,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_default();
+        match flag.as_str() {
+            "--minutes" => a.minutes = value.parse().unwrap(),
+            "--every" => a.every = value.parse().unwrap(),
+            "--rate" => a.rate = value.parse().unwrap(),
+            "--cache-bytes" => a.cache_bytes = Some(value.parse().unwrap()),
+            "--services" => a.services = value.parse().unwrap(),
+            "--dir" => a.dir = Some(PathBuf::from(value)),
+            "--raw" => a.raw_mib = Some(value.parse().unwrap()),
+            "--value-bytes" => a.value_bytes = value.parse().unwrap(),
+            "--touch" => a.touch = value.parse().unwrap(),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+/// Resident memory after giving freed heap back, as the daemon's trim thread does.
+fn rss_mib() -> f64 {
+    // SAFETY: malloc_trim only returns free pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    kib / 1024.0
+}
+
+fn histogram(second: u64, probe: usize) -> Histogram {
+    let mut h = Histogram::new();
+    for i in 0..50 {
+        h.record(10_000 + (second * 7 + probe as u64 * 13 + i * 1_000) % 2_000_000);
+    }
+    h
+}
+
+fn new_incident(opened_ns: u64) -> NewIncident {
+    NewIncident {
+        service: "web".into(),
+        probes: vec![Probe::TcpSocketRead],
+        opened_ns,
+        evidence_json: r#"{"quantile":0.99,"baseline_ns":900000,"observed_ns":21000000}"#.into(),
+        stages_json: r#"{"stage":"application-read"}"#.into(),
+    }
+}
+
+/// sled alone, configured as the store configures it.
+fn raw(a: &Args, dir: &std::path::Path) {
+    let cache = a.cache_bytes.unwrap_or(StoreConfig::default().cache_bytes);
+    let open = || {
+        sled::Config::new()
+            .path(dir)
+            .mode(sled::Mode::HighThroughput)
+            .cache_capacity(cache)
+            .flush_every_ms(Some(500))
+            .open()
+            .unwrap()
+    };
+    println!(
+        "raw sled: cache_capacity {cache}, {} B values, each read back {} times",
+        a.value_bytes, a.touch
+    );
+    println!("mib_written,rss_mib");
+    let db = open();
+    let tree = db.open_tree("samples").unwrap();
+    let per_mib = ((1u64 << 20) / a.value_bytes as u64).max(1);
+    let mut key = 0u64;
+    println!("0,{:.1}", rss_mib());
+    for mib in 1..=a.raw_mib.unwrap_or(0) {
+        for _ in 0..per_mib {
+            key += 1;
+            tree.insert(key.to_be_bytes(), vec![(key % 251) as u8; a.value_bytes])
+                .unwrap();
+            for _ in 0..a.touch {
+                tree.get(key.to_be_bytes()).unwrap();
+            }
+        }
+        println!("{mib},{:.1}", rss_mib());
+    }
+    drop(tree);
+    drop(db);
+    println!("dropped: RSS {:.1} MiB", rss_mib());
+    let started = Instant::now();
+    let db = open();
+    println!("reopened in {:?}: RSS {:.1} MiB", started.elapsed(), rss_mib());
+    drop(db);
+}
+
+fn main() {
+    let a = args();
+    let tmp = tempfile::tempdir().unwrap();
+    if a.raw_mib.is_some() {
+        let dir = a.dir.clone().unwrap_or_else(|| tmp.path().join("raw"));
+        raw(&a, &dir);
+        return;
+    }
+    let dir = a.dir.clone().unwrap_or_else(|| tmp.path().join("db"));
+    let mut cfg = StoreConfig::default();
+    if let Some(c) = a.cache_bytes {
+        cfg.cache_bytes = c;
+    }
+    println!(
+        "cache_bytes {} rate {} samples/s services {} dir {}",
+        cfg.cache_bytes,
+        a.rate,
+        a.services,
+        dir.display()
+    );
+    println!("before open: RSS {:.1} MiB", rss_mib());
+    let started = Instant::now();
+    let store = Store::open(&dir, cfg.clone()).unwrap();
+    println!(
+        "opened in {:?}: RSS {:.1} MiB, live {} B, disk {} B",
+        started.elapsed(),
+        rss_mib(),
+        store.stats().live_bytes,
+        store.size_on_disk().unwrap()
+    );
+    let services: Vec<String> = (0..a.services).map(|i| format!("svc-{i}")).collect();
+    let mut open: Option<storage::Incident> = None;
+    let mut seq = 0u64;
+    let wall = Instant::now();
+    println!("minute,rss_mib,live_bytes,disk_bytes,wall_s");
+    for minute in 1..=a.minutes {
+        for s in 0..60 {
+            let second = (minute - 1) * 60 + s;
+            let now = T0 + second * SEC;
+            let hists: Vec<(usize, Probe, Histogram)> = (0..services.len())
+                .flat_map(|i| {
+                    Probe::ALL
+                        .iter()
+                        .enumerate()
+                        .map(move |(p, probe)| (i, *probe, histogram(second, p)))
+                })
+                .collect();
+            let points: Vec<HistoryPoint<'_>> = hists
+                .iter()
+                .map(|(i, probe, hist)| HistoryPoint {
+                    service: &services[*i],
+                    probe: *probe,
+                    hist,
+                })
+                .collect();
+            store.record_history_batch(now, &points).unwrap();
+
+            let in_incident = (minute - 1) % a.every == 1;
+            if in_incident && open.is_none() {
+                open = Some(store.open_incident(&new_incident(now)).unwrap());
+            }
+            if !in_incident {
+                if let Some(mut inc) = open.take() {
+                    store.close_incident(&mut inc, now).unwrap();
+                }
+            }
+            if let Some(inc) = &open {
+                let batch: Vec<Sample> = (0..a.rate)
+                    .map(|i| {
+                        seq += 1;
+                        model::fixtures::sample(inc.id, seq, now + i * (SEC / a.rate.max(1)))
+                    })
+                    .collect();
+                store.put_samples(&batch).unwrap();
+            }
+        }
+        store.enforce_retention(T0 + minute * 60 * SEC).unwrap();
+        store.maybe_rotate().unwrap();
+        println!(
+            "{minute},{:.1},{},{},{:.1}",
+            rss_mib(),
+            store.stats().live_bytes,
+            store.size_on_disk().unwrap(),
+            wall.elapsed().as_secs_f64()
+        );
+    }
+    drop(store);
+    println!("store dropped: RSS {:.1} MiB", rss_mib());
+    let started = Instant::now();
+    let store = Store::open(&dir, cfg).unwrap();
+    println!(
+        "reopened in {:?}: RSS {:.1} MiB, live {} B",
+        started.elapsed(),
+        rss_mib(),
+        store.stats().live_bytes
+    );
+}
