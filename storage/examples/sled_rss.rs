@@ -3,12 +3,14 @@
 //! RSS once a simulated minute.
 //!
 //! `cargo run --release -p storage --example sled_rss -- [--minutes N] [--every M]
-//!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--services N] [--dir PATH]`
+//!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--services N] [--retention-every M]
+//!  [--dir PATH]`
 //!
 //! Each simulated second writes one interval of history (every service × every probe); in
 //! the first minute of every `--every` minutes an incident is open and each second also
-//! writes a batch of `--rate` samples, as capture does. Retention and rotation run once a
-//! simulated minute, and the heap is trimmed before each reading, as in the daemon. At the
+//! writes a batch of `--rate` samples, as capture does. Retention and rotation run every
+//! `--retention-every` simulated minutes (10, the daemon's default), and the heap is
+//! trimmed before each reading, as in the daemon. At the
 //! end the store is dropped and opened again, to show what of the growth was the engine's.
 //!
 //! `--raw MIB [--value-bytes N] [--touch K] [--cache-bytes N]` instead drives sled alone:
@@ -29,6 +31,7 @@ const SEC: u64 = 1_000_000_000;
 struct Args {
     minutes: u64,
     every: u64,
+    retention_every: u64,
     rate: u64,
     cache_bytes: Option<u64>,
     services: usize,
@@ -42,6 +45,7 @@ fn args() -> Args {
     let mut a = Args {
         minutes: 30,
         every: 5,
+        retention_every: 10,
         rate: 1000,
         cache_bytes: None,
         services: 1,
@@ -56,6 +60,7 @@ fn args() -> Args {
         match flag.as_str() {
             "--minutes" => a.minutes = value.parse().unwrap(),
             "--every" => a.every = value.parse().unwrap(),
+            "--retention-every" => a.retention_every = value.parse().unwrap(),
             "--rate" => a.rate = value.parse().unwrap(),
             "--cache-bytes" => a.cache_bytes = Some(value.parse().unwrap()),
             "--services" => a.services = value.parse().unwrap(),
@@ -140,7 +145,11 @@ fn raw(a: &Args, dir: &std::path::Path) {
     println!("dropped: RSS {:.1} MiB", rss_mib());
     let started = Instant::now();
     let db = open();
-    println!("reopened in {:?}: RSS {:.1} MiB", started.elapsed(), rss_mib());
+    println!(
+        "reopened in {:?}: RSS {:.1} MiB",
+        started.elapsed(),
+        rss_mib()
+    );
     drop(db);
 }
 
@@ -220,8 +229,10 @@ fn main() {
                 store.put_samples(&batch).unwrap();
             }
         }
-        store.enforce_retention(T0 + minute * 60 * SEC).unwrap();
-        store.maybe_rotate().unwrap();
+        if minute % a.retention_every.max(1) == 0 {
+            store.enforce_retention(T0 + minute * 60 * SEC).unwrap();
+            store.maybe_rotate().unwrap();
+        }
         println!(
             "{minute},{:.1},{},{},{:.1}",
             rss_mib(),

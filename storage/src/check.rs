@@ -61,7 +61,7 @@ impl Store {
         let (mut open, mut closed, mut interrupted) = (0, 0, 0);
         let mut samples = 0u64;
         for t in T::ALL {
-            let tree = self.engine().tree(t).clone();
+            let tree = self.tree_outside(t);
             let mut c = TreeCheck {
                 tree: t.name(),
                 records: 0,

@@ -764,6 +764,17 @@ impl Store {
         start_ns: u64,
         points: &[HistoryPoint<'_>],
     ) -> Result<Vec<(usize, StoreError)>> {
+        let r = self.record_history_locked(start_ns, points);
+        // Outside the history and engine locks, which recycling must not be under.
+        self.maybe_recycle();
+        r
+    }
+
+    fn record_history_locked(
+        &self,
+        start_ns: u64,
+        points: &[HistoryPoint<'_>],
+    ) -> Result<Vec<(usize, StoreError)>> {
         let mut refused = Vec::new();
         if points.is_empty() {
             return Ok(refused);
@@ -1062,7 +1073,7 @@ impl Store {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .points_of(service, probe, lvl, first, until_ns);
-        let tree = self.engine().tree(T::History).clone();
+        let tree = self.tree_outside(T::History);
         let start = keys::history(lvl, service, probe, from);
         let end = keys::history(lvl, service, probe, until_ns);
         let mut points: Vec<(u64, Histogram)> = Vec::new();
@@ -1200,7 +1211,7 @@ impl Store {
         out: &mut SparseSeries,
     ) -> Result<bool> {
         let (from, first, until_ns) = range;
-        let tree = self.engine().tree(T::History).clone();
+        let tree = self.tree_outside(T::History);
         let start = keys::history(lvl, service, probe, from);
         let end = keys::history(lvl, service, probe, until_ns);
         let mut last: Option<u64> = None;
@@ -1293,7 +1304,7 @@ impl Store {
     /// Stream prefixes (`level | service | probe`) present at `level`, found by skipping
     /// from one stream to the next instead of reading every point.
     pub(crate) fn history_stream_keys(&self, level: u8) -> Result<Vec<Vec<u8>>> {
-        let tree = self.engine().tree(T::History).clone();
+        let tree = self.tree_outside(T::History);
         let mut out = Vec::new();
         let mut from = vec![level];
         let level_end = keys::prefix_end(&[level]);

@@ -417,7 +417,7 @@ impl Store {
         // A chunk starting after `until` holds nothing wanted; one starting before `since`
         // may still hold later samples, so the start is the incident's first chunk.
         let last = keys::sample(incident, filter.until_ns.unwrap_or(u64::MAX), u64::MAX).to_vec();
-        let tree = self.engine().tree(T::Samples).clone();
+        let tree = self.tree_outside(T::Samples);
         // Resume inside the record holding the cursor's sample: a record keyed by the
         // cursor itself (a chunk's first sample, or a schema-1 one-sample record), else the
         // chunk named by its sequence number, which starts at or before the cursor's time.
@@ -491,7 +491,7 @@ impl Store {
             None => keys::pwru(incident, 0),
         };
         let end = keys::pwru(incident, u64::MAX);
-        let tree = self.engine().tree(T::Pwru).clone();
+        let tree = self.tree_outside(T::Pwru);
         let mut out = Vec::new();
         for item in tree.range(start..=end) {
             let (k, v) = item?;

@@ -111,6 +111,9 @@ impl Store {
                 rep.history_points += self.trim_history(level as u8, cut, true, &mut rep)?;
             }
         }
+        // The pass paged in a leaf per incident and stream to look at one record, which
+        // the byte count does not see: let all of it go now (once per pass).
+        self.recycle_over(1);
         rep.still_over_budget = self.live_bytes() > cfg.max_bytes;
         if rep.still_over_budget {
             tracing::warn!(
@@ -135,7 +138,7 @@ impl Store {
     /// an incident's parts) are deleted too.
     fn delete_orphans(&self, rep: &mut RetentionReport) -> Result<()> {
         for t in [T::Samples, T::Pwru] {
-            let tree = self.engine().tree(t).clone();
+            let tree = self.tree_outside(t);
             let mut from = Vec::new();
             while let Some(item) = tree.range(from.clone()..).next() {
                 let (k, _) = item?;
@@ -161,7 +164,7 @@ impl Store {
     /// Delete every key starting with `prefix`; returns how many records, or for the
     /// samples tree how many samples, went.
     fn delete_prefix(&self, t: T, prefix: &[u8], rep: &mut RetentionReport) -> Result<u64> {
-        let tree = self.engine().tree(t).clone();
+        let tree = self.tree_outside(t);
         let mut n = 0;
         for item in tree.scan_prefix(prefix) {
             let (k, v) = item?;
@@ -186,7 +189,7 @@ impl Store {
         by_start: bool,
         rep: &mut RetentionReport,
     ) -> Result<u64> {
-        let tree = self.engine().tree(T::History).clone();
+        let tree = self.tree_outside(T::History);
         let res = self
             .cfg
             .history
@@ -216,7 +219,7 @@ impl Store {
 
     /// Start of the oldest history point at any level.
     fn oldest_history_ns(&self) -> Result<Option<u64>> {
-        let tree = self.engine().tree(T::History).clone();
+        let tree = self.tree_outside(T::History);
         let mut oldest: Option<u64> = None;
         for level in 0..self.cfg.history.len() {
             for stream in self.history_stream_keys(level as u8)? {

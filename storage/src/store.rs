@@ -6,7 +6,7 @@ use std::fs;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
@@ -132,6 +132,8 @@ pub struct StoreStats {
     pub size_on_disk: u64,
     /// The engine failed (a full disk) and writes are refused until a flush reopens it.
     pub engine_failed: bool,
+    /// Times the engine was closed and reopened to free its memory (see `cache_bytes`).
+    pub engine_reopens: u64,
 }
 
 #[derive(Default)]
@@ -140,6 +142,7 @@ pub(crate) struct Counters {
     pub(crate) disk_full: AtomicU64,
     pub(crate) oversized: AtomicU64,
     pub(crate) undecodable: AtomicU64,
+    pub(crate) reopens: AtomicU64,
 }
 
 /// The tailtrap database: one directory, one process at a time.
@@ -160,6 +163,12 @@ pub struct Store {
     /// Bumped whenever history records are removed or the engine is replaced: what the
     /// history buffer knows of the tree is then out of date.
     pub(crate) history_epoch: AtomicU64,
+    /// Bytes of records written, removed or read through the engine since it was opened:
+    /// about what sled holds in memory (see [`Store::maybe_recycle`]).
+    touched: AtomicU64,
+    /// Tree handles in use outside the engine lock (long reads): the engine is not
+    /// recycled under them, its files would stay locked.
+    outside: AtomicUsize,
     generation: AtomicU64,
     /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
     /// flush reopens the engine.
@@ -221,6 +230,8 @@ impl Store {
 
     fn assemble(path: PathBuf, cfg: StoreConfig, engine: Engine, writable: bool) -> Result<Store> {
         let live = engine.live.map(AtomicU64::new);
+        // Opening read every record (the damage check), and sled keeps what it read.
+        let touched = AtomicU64::new(engine.live.iter().sum());
         let generation = AtomicU64::new(engine.generation);
         let store = Store {
             path,
@@ -232,6 +243,8 @@ impl Store {
             flush_lock: Mutex::new(()),
             history_write: Mutex::default(),
             history_epoch: AtomicU64::new(0),
+            touched,
+            outside: AtomicUsize::new(0),
             generation,
             engine_failed: AtomicBool::new(false),
             retiring: Mutex::new(None),
@@ -323,6 +336,7 @@ impl Store {
             live_bytes: self.live_bytes(),
             size_on_disk: self.size_on_disk().unwrap_or(0),
             engine_failed: self.engine_failed.load(Ordering::Relaxed),
+            engine_reopens: c.reopens.load(Ordering::Relaxed),
         }
     }
 
@@ -477,8 +491,11 @@ impl Store {
             batch.insert(&c.key[..], c.value);
         }
         let r = eng.tree(T::Samples).apply_batch(batch);
+        drop(eng);
         self.counted(r.map_err(StoreError::from))?;
         self.live[T::Samples.index()].fetch_add(bytes, Ordering::Relaxed);
+        self.touch(bytes);
+        self.maybe_recycle();
         Ok(())
     }
 
@@ -501,6 +518,8 @@ impl Store {
         // A replaced seq makes this an overestimate until the next recount; harmless for a
         // budget check.
         self.live[T::Pwru.index()].fetch_add(bytes, Ordering::Relaxed);
+        self.touch(bytes);
+        self.maybe_recycle();
         Ok(())
     }
 
@@ -529,6 +548,122 @@ impl Store {
         // Whatever the holder does to the engine, cached history is no longer trusted.
         self.history_epoch.fetch_add(1, Ordering::SeqCst);
         guard
+    }
+
+    /// A handle on tree `t` for a long read outside the engine lock, so the read does not
+    /// hold up writers. While any is alive the engine is not recycled: the handle keeps
+    /// the old engine, and with it the database's lock, alive.
+    pub(crate) fn tree_outside(&self, t: T) -> TreeHandle<'_> {
+        let eng = self.engine();
+        // Counted under the read lock: a recycle, holding the write lock, sees every handle.
+        self.outside.fetch_add(1, Ordering::SeqCst);
+        TreeHandle {
+            tree: eng.tree(t).clone(),
+            outside: &self.outside,
+        }
+    }
+
+    /// Note `bytes` of records written, removed or read through the engine.
+    pub(crate) fn touch(&self, bytes: u64) {
+        self.touched.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Reopen the engine once `cache_bytes` of records have gone through it since it was
+    /// opened, so that its memory stays about that size.
+    ///
+    /// sled 0.34 keeps in memory what was written or read until its LRU evicts it, and
+    /// that LRU rarely does: it is split into 256 shards by page id, a shard looks at its
+    /// accesses only once 64 have queued up, and it always keeps its most recent page
+    /// whatever its size (docs/reliability.md, "RSS"). So its memory follows what went
+    /// through it, not `cache_capacity`. A dropped engine frees all of it, and a reopened
+    /// one starts with pages on disk only (it reads its page table, not the pages).
+    ///
+    /// Nothing acknowledged is lost: sled writes out everything as it drops, and the
+    /// reopened engine is checked against the flush witness like any other. Called by the
+    /// bulk writes and retention themselves, never under the store's own locks; skipped
+    /// (left to a later call) while a long read holds a tree handle.
+    pub(crate) fn maybe_recycle(&self) {
+        self.recycle_over(self.cfg.cache_bytes);
+    }
+
+    /// Reopen the engine if more than `threshold` bytes went through it (at least one).
+    pub(crate) fn recycle_over(&self, threshold: u64) {
+        let threshold = threshold.max(1);
+        if self.touched.load(Ordering::Relaxed) < threshold {
+            return;
+        }
+        if let Err(e) = self.recycle(threshold) {
+            tracing::error!(error = %e, "reopening the storage engine to free its memory failed");
+        }
+    }
+
+    fn recycle(&self, threshold: u64) -> Result<()> {
+        // The flush lock keeps flushes (and their generation) off a half-swapped engine.
+        let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.engine_failed.load(Ordering::Relaxed) {
+            // The next flush reopens it anyway.
+            return Ok(());
+        }
+        // Write out what is buffered while writers can still go on, so that the drop below,
+        // under the write lock, has little left to write.
+        let flushed = self.engine().db.flush().map(|_| ());
+        self.counted(flushed.map_err(StoreError::from))?;
+        // Not `engine_mut`: the data stays the same, so the history buffer's knowledge of
+        // the tree stays right.
+        let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
+        if guard.stand_in
+            || self.outside.load(Ordering::SeqCst) > 0
+            || self.touched.load(Ordering::Relaxed) < threshold
+        {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let placeholder = Store::temporary_engine()?;
+        let old = Store::replace_engine(&mut guard, placeholder);
+        // Dropped on a thread of its own, waited for a bounded time: sled can wait forever
+        // on a write a full disk made fail (see `reopen_engine`).
+        let done = retire(old);
+        match done.recv_timeout(RETIRE_WAIT) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                *self.retiring.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+                self.mark_failed();
+                return self.counted(Err(StoreError::Engine(ENGINE_STUCK.into())));
+            }
+        }
+        let engine = match try_open_patiently(&self.path, &self.cfg, Verify::No) {
+            Ok(engine) => engine,
+            Err(f) => {
+                // The stand-in refuses writes and reads; the next flush reopens the files
+                // with the full check.
+                self.mark_failed();
+                let e = match f {
+                    OpenFailure::Other(e) => e,
+                    OpenFailure::Locked => StoreError::Locked {
+                        path: self.path.clone(),
+                        holder: lock::holder(&self.path),
+                    },
+                    OpenFailure::Damaged(detail) => StoreError::Corrupt {
+                        path: self.path.clone(),
+                        detail,
+                    },
+                };
+                return self.counted(Err(e));
+            }
+        };
+        self.generation
+            .fetch_max(engine.generation, Ordering::Relaxed);
+        let placeholder = Store::replace_engine(&mut guard, engine);
+        let touched = self.touched.swap(0, Ordering::Relaxed);
+        self.counters.reopens.fetch_add(1, Ordering::Relaxed);
+        drop(guard);
+        drop(placeholder);
+        tracing::debug!(
+            touched,
+            took_ms = started.elapsed().as_millis() as u64,
+            "storage engine reopened to free its memory"
+        );
+        Ok(())
     }
 
     /// Count a failed write (and whether the disk was full) and pass the result on.
@@ -660,11 +795,13 @@ impl Store {
         key: &[u8],
         value: &[u8],
     ) -> Option<V> {
+        self.touch((key.len() + value.len()) as u64);
         self.skip_undecodable(t, key, codec::decode(value))
     }
 
     /// Decode a sample chunk record; a bad one is logged, counted and skipped.
     pub(crate) fn decode_chunk_counted(&self, key: &[u8], value: &[u8]) -> Option<Vec<Sample>> {
+        self.touch((key.len() + value.len()) as u64);
         self.skip_undecodable(T::Samples, key, chunk::decode(value))
     }
 
@@ -691,7 +828,7 @@ impl Store {
         t: T,
         range: impl std::ops::RangeBounds<Vec<u8>>,
     ) -> Result<Vec<(sled::IVec, V)>> {
-        let tree = self.engine().tree(t).clone();
+        let tree = self.tree_outside(t);
         let iter = tree.range(range);
         let mut failed: Option<sled::Error> = None;
         let mut out = Vec::new();
@@ -738,6 +875,7 @@ impl Store {
     }
 
     pub(crate) fn live_add(&self, t: T, added: u64, removed: Option<u64>) {
+        self.touch(added + removed.unwrap_or(0));
         let slot = &self.live[t.index()];
         slot.fetch_add(added, Ordering::Relaxed);
         if let Some(r) = removed {
@@ -755,6 +893,8 @@ impl Store {
 
     /// Take the live-byte counts of a freshly opened engine (after rotation).
     pub(crate) fn reset_live(&self, live: [u64; 6]) {
+        // Opening read every record, and sled keeps what it read.
+        self.touched.store(live.iter().sum(), Ordering::Relaxed);
         for (slot, v) in self.live.iter().zip(live) {
             slot.store(v, Ordering::Relaxed);
         }
@@ -881,6 +1021,35 @@ fn retire(engine: Engine) -> mpsc::Receiver<()> {
     rx
 }
 
+/// A tree handle for a read outside the engine lock (see [`Store::tree_outside`]).
+pub(crate) struct TreeHandle<'a> {
+    tree: sled::Tree,
+    outside: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for TreeHandle<'_> {
+    type Target = sled::Tree;
+
+    fn deref(&self) -> &sled::Tree {
+        &self.tree
+    }
+}
+
+impl Drop for TreeHandle<'_> {
+    fn drop(&mut self) {
+        self.outside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether opening reads every record (to find damage and count live bytes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verify {
+    Yes,
+    /// Reopening files this process just closed: reading everything would only fill
+    /// memory again (the live counts are the store's own).
+    No,
+}
+
 /// Why sled could not open a database.
 enum OpenFailure {
     Locked,
@@ -912,10 +1081,14 @@ fn classify(e: sled::Error) -> OpenFailure {
     }
 }
 
-fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenFailure> {
+fn try_open(
+    path: &Path,
+    cfg: &StoreConfig,
+    verify: Verify,
+) -> std::result::Result<Engine, OpenFailure> {
     let flush_ms = u64::try_from(cfg.flush_every.as_millis()).unwrap_or(1000);
-    // HighThroughput: fewer rewrites of fragmented pages at the price of space, which
-    // rotation reclaims.
+    // The mode is only recorded by sled 0.34 (nothing reads it). `cache_capacity` bounds
+    // little of sled's memory (see `Store::maybe_recycle`).
     let config = sled::Config::new()
         .path(path)
         .mode(sled::Mode::HighThroughput)
@@ -932,10 +1105,12 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
             .map(|t| db.open_tree(t.name()))
             .collect::<sled::Result<Vec<_>>>()?;
         let mut live = [0u64; 6];
-        for (slot, tree) in live.iter_mut().zip(&trees) {
-            for item in tree.iter() {
-                let (k, v) = item?;
-                *slot += (k.len() + v.len()) as u64;
+        if verify == Verify::Yes {
+            for (slot, tree) in live.iter_mut().zip(&trees) {
+                for item in tree.iter() {
+                    let (k, v) = item?;
+                    *slot += (k.len() + v.len()) as u64;
+                }
             }
         }
         let generation = match trees[T::Meta.index()].get(META_GENERATION)? {
@@ -974,10 +1149,14 @@ fn try_open(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenF
 /// Open, waiting briefly unless another process holds the lock: sled's I/O threads
 /// release a dropped database's file a moment after the drop returns, so the holder is
 /// either this very process or already gone (nobody listed) by the time we look.
-fn try_open_patiently(path: &Path, cfg: &StoreConfig) -> std::result::Result<Engine, OpenFailure> {
+fn try_open_patiently(
+    path: &Path,
+    cfg: &StoreConfig,
+    verify: Verify,
+) -> std::result::Result<Engine, OpenFailure> {
     let mut waited = Duration::ZERO;
     loop {
-        match try_open(path, cfg) {
+        match try_open(path, cfg, verify) {
             Err(OpenFailure::Locked)
                 if waited < Duration::from_secs(3)
                     && lock::holder(path).is_none_or(|h| h.pid == std::process::id()) =>
@@ -995,7 +1174,7 @@ fn open_engine(
     cfg: &StoreConfig,
     on_corrupt: OnCorrupt,
 ) -> Result<(Engine, Option<PathBuf>)> {
-    match try_open_patiently(path, cfg) {
+    match try_open_patiently(path, cfg, Verify::Yes) {
         Ok(e) => Ok((e, None)),
         Err(OpenFailure::Locked) => Err(StoreError::Locked {
             path: path.to_path_buf(),
@@ -1023,7 +1202,7 @@ fn open_engine(
                 "DATABASE DAMAGED: moved aside, starting a fresh one; the old data is kept there for inspection"
             );
             // A second failure on a fresh directory is not corruption: report it, do not loop.
-            match try_open_patiently(path, cfg) {
+            match try_open_patiently(path, cfg, Verify::Yes) {
                 Ok(e) => Ok((e, Some(aside))),
                 Err(OpenFailure::Other(e)) => Err(e),
                 Err(OpenFailure::Locked) => Err(StoreError::Locked {

@@ -9,6 +9,9 @@
 #                     [--out DIR]     where series.csv and the daemon's log go
 #                                     (default: a new /tmp/tailtrap-soak-* directory)
 #                     [--cache-bytes N] storage.cache_bytes (default: the built-in one)
+#                     [--bin DIR]     where tailtrap and tailtrap-traffic are (default: the
+#                                     release build, $CARGO_TARGET_DIR/release), so a before
+#                                     and an after build can run side by side
 # The daemon inherits the environment, so an allocator arm is e.g. `MALLOC_ARENA_MAX=4
 # tests/soak/run.sh`; two soaks can run at once with distinct --out directories.
 # Prints the series, a terminal chart of RSS and fds, and the targets with their verdicts:
@@ -24,13 +27,15 @@ minutes=120
 every=5
 out=""
 cache_bytes=""
+bin=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
         --every) every=${2:?--every needs a number}; shift 2 ;;
         --out) out=${2:?--out needs a directory}; shift 2 ;;
         --cache-bytes) cache_bytes=${2:?--cache-bytes needs a number}; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        --bin) bin=${2:?--bin needs a directory}; shift 2 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -40,9 +45,9 @@ for v in "$minutes" "$every"; do
 done
 [ "$(id -u)" = 0 ] || { echo "the soak needs root (it loads BPF programs)" >&2; exit 2; }
 command -v jq >/dev/null || { echo "the soak needs jq (apt-get install jq)" >&2; exit 2; }
-bin=${CARGO_TARGET_DIR:-$ROOT/target}/release
+bin=${bin:-${CARGO_TARGET_DIR:-$ROOT/target}/release}
 for b in tailtrap tailtrap-traffic; do
-    [ -x "$bin/$b" ] || { echo "$bin/$b missing: run cargo build --release --bins first" >&2; exit 2; }
+    [ -x "$bin/$b" ] || { echo "$bin/$b missing: run cargo build --release --bins first (or give --bin)" >&2; exit 2; }
 done
 out=${out:-$(mktemp -d /tmp/tailtrap-soak-XXXXXX)}
 mkdir -p "$out"

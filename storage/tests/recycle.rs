@@ -1,0 +1,152 @@
+//! The engine is closed and reopened once `cache_bytes` have gone through it, to free what
+//! sled 0.34 keeps in memory whatever its cache size (docs/reliability.md, "RSS"). Nothing
+//! written may be lost or changed by that, with readers and writers at work meanwhile.
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::{new_incident, SEC, T0};
+use model::fixtures::sample;
+use model::{Histogram, Probe};
+use storage::{HistoryPoint, SampleFilter, Store, StoreConfig};
+
+/// The smallest engine budget: every ~20 batches below reopen the engine.
+fn cfg() -> StoreConfig {
+    StoreConfig {
+        cache_bytes: 1 << 20,
+        min_free_bytes: 0,
+        ..StoreConfig::default()
+    }
+}
+
+fn hist(i: u64) -> Histogram {
+    let mut h = Histogram::new();
+    h.record(1000 + i);
+    h.record(70_000);
+    h
+}
+
+fn count(s: &Store, id: u64) -> u64 {
+    s.sample_summary(id, &SampleFilter::default())
+        .unwrap()
+        .count
+}
+
+#[test]
+fn reopening_keeps_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let s = Store::open(&path, cfg()).unwrap();
+    let mut ids = Vec::new();
+    let mut seconds = 0u64;
+    for k in 0..3u64 {
+        let mut inc = s
+            .open_incident(&new_incident("web", T0 + k * 600 * SEC))
+            .unwrap();
+        for b in 0..40u64 {
+            let batch: Vec<_> = (0..500)
+                .map(|i| sample(inc.id, b * 500 + i, T0 + k * 600 * SEC + b * SEC + i))
+                .collect();
+            s.put_samples(&batch).unwrap();
+            let h = hist(seconds);
+            let points = [HistoryPoint {
+                service: "web",
+                probe: Probe::TcpSocketRead,
+                hist: &h,
+            }];
+            assert!(s
+                .record_history_batch(T0 + seconds * SEC, &points)
+                .unwrap()
+                .is_empty());
+            seconds += 1;
+        }
+        s.close_incident(&mut inc, T0 + k * 600 * SEC + 60 * SEC)
+            .unwrap();
+        ids.push(inc.id);
+    }
+    // Writes the history chunks being filled, which the count below must include.
+    s.flush().unwrap();
+    let stats = s.stats();
+    assert!(
+        stats.engine_reopens >= 3,
+        "{} reopens for 3 MB of samples",
+        stats.engine_reopens
+    );
+    assert_eq!(stats.write_errors, 0);
+    for id in &ids {
+        assert_eq!(count(&s, *id), 20_000);
+    }
+    let history = s
+        .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
+        .unwrap()
+        .points;
+    assert_eq!(history.len() as u64, seconds);
+    let live = stats.live_bytes;
+    drop(s);
+
+    // What a fresh open counts and reads is what the store acknowledged.
+    let s = Store::open(&path, cfg()).unwrap();
+    assert_eq!(s.stats().live_bytes, live);
+    for id in &ids {
+        assert_eq!(count(&s, *id), 20_000);
+        assert!(s.incident(*id).unwrap().unwrap().closed_ns.is_some());
+    }
+    let report = s.check(|_| {}).unwrap();
+    assert_eq!(report.undecodable, 0);
+    assert_eq!(report.samples, 60_000);
+}
+
+#[test]
+fn long_reads_and_reopening_get_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Store::open(dir.path().join("db"), cfg()).unwrap());
+    let big = s.open_incident(&new_incident("web", T0)).unwrap();
+    for b in 0..20u64 {
+        let batch: Vec<_> = (0..1000)
+            .map(|i| sample(big.id, b * 1000 + i, T0 + b * SEC + i))
+            .collect();
+        s.put_samples(&batch).unwrap();
+    }
+    // Readers walk the big incident over and over (each walk holds a tree handle) while
+    // the writer's batches keep asking for the engine to be reopened.
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (s, stop) = (s.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut walks = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(count(&s, big.id), 20_000);
+                    walks += 1;
+                }
+                walks
+            })
+        })
+        .collect();
+    let other = s
+        .open_incident(&new_incident("db", T0 + 100 * SEC))
+        .unwrap();
+    for b in 0..60u64 {
+        let batch: Vec<_> = (0..500)
+            .map(|i| sample(other.id, b * 500 + i, T0 + (100 + b) * SEC + i))
+            .collect();
+        s.put_samples(&batch).unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    // Reopening waited for a moment without readers, or for the next write after them.
+    let batch: Vec<_> = (0..10)
+        .map(|i| sample(other.id, 30_000 + i, T0 + 200 * SEC + i))
+        .collect();
+    s.put_samples(&batch).unwrap();
+    s.flush().unwrap();
+    assert_eq!(s.stats().write_errors, 0);
+    assert!(s.stats().engine_reopens >= 1);
+    assert_eq!(count(&s, other.id), 30_010);
+    assert_eq!(count(&s, big.id), 20_000);
+}
