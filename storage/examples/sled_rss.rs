@@ -4,7 +4,7 @@
 //!
 //! `cargo run --release -p storage --example sled_rss -- [--minutes N] [--every M]
 //!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--services N] [--retention-every M]
-//!  [--dir PATH]`
+//!  [--prefill MIB] [--dir PATH]`
 //!
 //! Each simulated second writes one interval of history (every service × every probe); in
 //! the first minute of every `--every` minutes an incident is open and each second also
@@ -12,6 +12,10 @@
 //! `--retention-every` simulated minutes (10, the daemon's default), and the heap is
 //! trimmed before each reading, as in the daemon. At the
 //! end the store is dropped and opened again, to show what of the growth was the engine's.
+//! `--prefill MIB` first stores a closed incident of that many MiB of samples and restarts
+//! the store, to time engine reopens on a large database. Every store call is timed: the
+//! calls that reopened the engine (flush, drop, open) are counted and their times printed,
+//! and a reader thread reports its slowest read (what any other thread waits meanwhile).
 //!
 //! `--raw MIB [--value-bytes N] [--touch K] [--cache-bytes N]` instead drives sled alone:
 //! `MIB` MiB of `N`-byte values under increasing keys (as sample chunks are), each read
@@ -20,7 +24,9 @@
 #![allow(clippy::unwrap_used)] // an experiment aborts on any failure
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use model::{Histogram, Probe, Sample};
 use storage::{HistoryPoint, NewIncident, Store, StoreConfig};
@@ -39,6 +45,7 @@ struct Args {
     raw_mib: Option<u64>,
     value_bytes: usize,
     touch: u64,
+    prefill_mib: u64,
 }
 
 fn args() -> Args {
@@ -53,6 +60,7 @@ fn args() -> Args {
         raw_mib: None,
         value_bytes: 28 << 10,
         touch: 0,
+        prefill_mib: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -68,6 +76,7 @@ fn args() -> Args {
             "--raw" => a.raw_mib = Some(value.parse().unwrap()),
             "--value-bytes" => a.value_bytes = value.parse().unwrap(),
             "--touch" => a.touch = value.parse().unwrap(),
+            "--prefill" => a.prefill_mib = value.parse().unwrap(),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -105,6 +114,63 @@ fn new_incident(opened_ns: u64) -> NewIncident {
         evidence_json: r#"{"quantile":0.99,"baseline_ns":900000,"observed_ns":21000000}"#.into(),
         stages_json: r#"{"stage":"application-read"}"#.into(),
     }
+}
+
+/// Times of store calls: those that reopened the engine, and the others.
+#[derive(Default)]
+struct Calls {
+    reopens: Vec<Duration>,
+    slowest_other: Duration,
+    minute_max: Duration,
+}
+
+impl Calls {
+    fn time<R>(&mut self, store: &Store, f: impl FnOnce() -> R) -> R {
+        let before = store.stats().engine_reopens;
+        let started = Instant::now();
+        let r = f();
+        let took = started.elapsed();
+        if store.stats().engine_reopens > before {
+            self.reopens.push(took);
+        } else {
+            self.slowest_other = self.slowest_other.max(took);
+        }
+        self.minute_max = self.minute_max.max(took);
+        r
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Store a closed incident of `mib` MiB of samples, long before the simulated run.
+fn prefill(dir: &std::path::Path, cfg: &StoreConfig, mib: u64) {
+    let store = Store::open(dir, cfg.clone()).unwrap();
+    let opened = T0 - 2 * 86_400 * SEC;
+    let mut inc = store.open_incident(&new_incident(opened)).unwrap();
+    let started = Instant::now();
+    let mut seq = 0u64;
+    while store.stats().live_bytes < mib << 20 {
+        let batch: Vec<Sample> = (0..4096)
+            .map(|_| {
+                seq += 1;
+                model::fixtures::sample(inc.id, seq, opened + seq * 1_000)
+            })
+            .collect();
+        store.put_samples(&batch).unwrap();
+    }
+    store
+        .close_incident(&mut inc, opened + seq * 1_000)
+        .unwrap();
+    let s = store.stats();
+    println!(
+        "prefilled {seq} samples in {:.1?}: live {} B, disk {} B, {} reopens",
+        started.elapsed(),
+        s.live_bytes,
+        s.size_on_disk,
+        s.engine_reopens
+    );
 }
 
 /// sled alone, configured as the store configures it.
@@ -154,6 +220,11 @@ fn raw(a: &Args, dir: &std::path::Path) {
 }
 
 fn main() {
+    // RUST_LOG=storage=debug prints each reopen's flush, drop and open times.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let a = args();
     let tmp = tempfile::tempdir().unwrap();
     if a.raw_mib.is_some() {
@@ -173,9 +244,12 @@ fn main() {
         a.services,
         dir.display()
     );
+    if a.prefill_mib > 0 {
+        prefill(&dir, &cfg, a.prefill_mib);
+    }
     println!("before open: RSS {:.1} MiB", rss_mib());
     let started = Instant::now();
-    let store = Store::open(&dir, cfg.clone()).unwrap();
+    let store = Arc::new(Store::open(&dir, cfg.clone()).unwrap());
     println!(
         "opened in {:?}: RSS {:.1} MiB, live {} B, disk {} B",
         started.elapsed(),
@@ -183,11 +257,28 @@ fn main() {
         store.stats().live_bytes,
         store.size_on_disk().unwrap()
     );
+    // Another thread takes the engine lock every 2 ms: what it waits is what readers and
+    // writers wait while a reopen holds it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let slowest_read_us = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (store, stop, slowest) = (store.clone(), stop.clone(), slowest_read_us.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                store.readable().unwrap();
+                slowest.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let reopens_at_start = store.stats().engine_reopens;
+    let mut calls = Calls::default();
     let services: Vec<String> = (0..a.services).map(|i| format!("svc-{i}")).collect();
     let mut open: Option<storage::Incident> = None;
     let mut seq = 0u64;
     let wall = Instant::now();
-    println!("minute,rss_mib,live_bytes,disk_bytes,wall_s");
+    println!("minute,rss_mib,live_bytes,disk_bytes,wall_s,reopens,slowest_call_ms");
     for minute in 1..=a.minutes {
         for s in 0..60 {
             let second = (minute - 1) * 60 + s;
@@ -208,15 +299,16 @@ fn main() {
                     hist,
                 })
                 .collect();
-            store.record_history_batch(now, &points).unwrap();
+            calls.time(&store, || store.record_history_batch(now, &points).unwrap());
 
             let in_incident = (minute - 1) % a.every == 1;
             if in_incident && open.is_none() {
-                open = Some(store.open_incident(&new_incident(now)).unwrap());
+                open =
+                    Some(calls.time(&store, || store.open_incident(&new_incident(now)).unwrap()));
             }
             if !in_incident {
                 if let Some(mut inc) = open.take() {
-                    store.close_incident(&mut inc, now).unwrap();
+                    calls.time(&store, || store.close_incident(&mut inc, now).unwrap());
                 }
             }
             if let Some(inc) = &open {
@@ -226,21 +318,45 @@ fn main() {
                         model::fixtures::sample(inc.id, seq, now + i * (SEC / a.rate.max(1)))
                     })
                     .collect();
-                store.put_samples(&batch).unwrap();
+                calls.time(&store, || store.put_samples(&batch).unwrap());
             }
         }
         if minute % a.retention_every.max(1) == 0 {
-            store.enforce_retention(T0 + minute * 60 * SEC).unwrap();
-            store.maybe_rotate().unwrap();
+            calls.time(&store, || {
+                store.enforce_retention(T0 + minute * 60 * SEC).unwrap();
+                store.maybe_rotate().unwrap();
+            });
         }
         println!(
-            "{minute},{:.1},{},{},{:.1}",
+            "{minute},{:.1},{},{},{:.1},{},{:.1}",
             rss_mib(),
             store.stats().live_bytes,
             store.size_on_disk().unwrap(),
-            wall.elapsed().as_secs_f64()
+            wall.elapsed().as_secs_f64(),
+            store.stats().engine_reopens - reopens_at_start,
+            ms(std::mem::take(&mut calls.minute_max))
         );
     }
+    stop.store(true, Ordering::Relaxed);
+    reader.join().unwrap();
+    let mut r = calls.reopens.clone();
+    r.sort();
+    let pct = |q: f64| {
+        r.get(((r.len() as f64 - 1.0) * q) as usize)
+            .map_or(0.0, |d| ms(*d))
+    };
+    println!(
+        "reopens: {} in {} simulated minutes; calls that reopened: median {:.1} ms, p90 {:.1} ms, \
+         max {:.1} ms; slowest other call {:.1} ms; slowest read of another thread {:.1} ms",
+        r.len(),
+        a.minutes,
+        pct(0.5),
+        pct(0.9),
+        pct(1.0),
+        ms(calls.slowest_other),
+        slowest_read_us.load(Ordering::Relaxed) as f64 / 1e3
+    );
+    let store = Arc::into_inner(store).unwrap();
     drop(store);
     println!("store dropped: RSS {:.1} MiB", rss_mib());
     let started = Instant::now();

@@ -604,12 +604,14 @@ impl Store {
             // The next flush reopens it anyway.
             return Ok(());
         }
+        let started = std::time::Instant::now();
         // Write out what is buffered while writers can still go on, so that the drop below,
         // under the write lock, has little left to write.
         let flushed = self.engine().db.flush().map(|_| ());
         self.counted(flushed.map_err(StoreError::from))?;
         // Not `engine_mut`: the data stays the same, so the history buffer's knowledge of
         // the tree stays right.
+        let flushed_at = started.elapsed();
         let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
         if guard.stand_in
             || self.outside.load(Ordering::SeqCst) > 0
@@ -617,7 +619,7 @@ impl Store {
         {
             return Ok(());
         }
-        let started = std::time::Instant::now();
+        let locked = std::time::Instant::now();
         let placeholder = Store::temporary_engine()?;
         let old = Store::replace_engine(&mut guard, placeholder);
         // Dropped on a thread of its own, waited for a bounded time: sled can wait forever
@@ -631,6 +633,7 @@ impl Store {
                 return self.counted(Err(StoreError::Engine(ENGINE_STUCK.into())));
             }
         }
+        let dropped_at = locked.elapsed();
         let engine = match try_open_patiently(&self.path, &self.cfg, Verify::No) {
             Ok(engine) => engine,
             Err(f) => {
@@ -656,11 +659,16 @@ impl Store {
         let placeholder = Store::replace_engine(&mut guard, engine);
         let touched = self.touched.swap(0, Ordering::Relaxed);
         self.counters.reopens.fetch_add(1, Ordering::Relaxed);
+        let held = locked.elapsed();
         drop(guard);
         drop(placeholder);
+        // Readers and writers wait for `held_ms` (drop and open), not for the flush.
         tracing::debug!(
             touched,
-            took_ms = started.elapsed().as_millis() as u64,
+            flush_ms = flushed_at.as_secs_f64() * 1e3,
+            drop_ms = dropped_at.as_secs_f64() * 1e3,
+            open_ms = (held - dropped_at).as_secs_f64() * 1e3,
+            held_ms = held.as_secs_f64() * 1e3,
             "storage engine reopened to free its memory"
         );
         Ok(())
