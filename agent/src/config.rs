@@ -625,6 +625,10 @@ deadline = "5s"
                 "c, line 2: key `storage.flush_every`: 2s is outside (0, 1s]",
             ),
             (
+                "[storage]\ncache_bytes = 65536\n",
+                "c, line 2: key `storage.cache_bytes`: must be at least 1 MiB",
+            ),
+            (
                 "[detector]\nmin_ratio = 0.5\n",
                 "c, line 2: key `detector.min_ratio`: ratio 0.5 must be a number >= 1",
             ),

@@ -283,6 +283,9 @@ pub struct StoreReport {
     /// The storage engine failed (a full disk) and writes are refused until it reopens.
     #[serde(default)]
     pub engine_failed: bool,
+    /// Times the engine was reopened to free its memory (`storage.cache_bytes`).
+    #[serde(default)]
+    pub engine_reopens: u64,
     /// The live-data budget (`storage.max_bytes`).
     #[serde(default)]
     pub max_bytes: u64,
@@ -303,6 +306,7 @@ impl From<storage::StoreStats> for StoreReport {
             disk_full_errors: s.disk_full_errors,
             undecodable_records: s.undecodable_records,
             engine_failed: s.engine_failed,
+            engine_reopens: s.engine_reopens,
             max_bytes: 0,
             dropped_history_intervals: 0,
             dropped_samples: 0,
