@@ -580,8 +580,9 @@ impl Store {
     ///
     /// A reopen holds the engine's write lock about 20 ms on a small database, 35-50 ms on
     /// 300 MB (up to ~90 ms on a loaded host), whatever the threshold: a larger
-    /// `cache_bytes` makes these stalls rarer and RSS swing more. Retention reopens it once
-    /// per pass anyway.
+    /// `cache_bytes` makes these stalls rarer and RSS swing more. Each reopen also leaves
+    /// about 1 MB more on disk, for rotation to reclaim. Retention reopens it once per pass
+    /// anyway.
     ///
     /// Nothing acknowledged is lost: sled writes out everything as it drops, and the
     /// reopened engine is checked against the flush witness like any other. Called by the
