@@ -1189,7 +1189,7 @@ impl Store {
         res: u64,
     ) -> Result<u64> {
         let aligned = first - first % chunk_span(res);
-        let tree = self.engine().tree(T::History).clone();
+        let tree = self.tree_outside(T::History);
         let lo = keys::history(lvl, service, probe, 0);
         let hi = keys::history(lvl, service, probe, first);
         let before = match tree.range(lo..=hi).next_back() {
