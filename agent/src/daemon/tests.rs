@@ -530,7 +530,10 @@ fn histograms_left_out_of_a_snapshot_as_unchanged_keep_their_totals() {
         rows.sort();
         rows
     };
-    assert_eq!(rows(&status), [(Probe::TcpStart, PER_INTERVAL), (HOT, PER_INTERVAL)]);
+    assert_eq!(
+        rows(&status),
+        [(Probe::TcpStart, PER_INTERVAL), (HOT, PER_INTERVAL)]
+    );
     // An interval where only tcp-start moved: the hot probe's histogram is not read, it
     // has no row, and its total stays published.
     kernel.traffic(Probe::TcpStart, 10_000, 1);
@@ -544,7 +547,10 @@ fn histograms_left_out_of_a_snapshot_as_unchanged_keep_their_totals() {
     assert_eq!(h.core.cumulative().len(), 2);
     // When it moves again its interval counts from the total kept.
     h.tick(QUIET_NS);
-    assert_eq!(rows(&status), [(Probe::TcpStart, PER_INTERVAL), (HOT, PER_INTERVAL)]);
+    assert_eq!(
+        rows(&status),
+        [(Probe::TcpStart, PER_INTERVAL), (HOT, PER_INTERVAL)]
+    );
     assert_eq!(
         h.core.cumulative()[&(SERVICE.to_owned(), HOT)].count(),
         2 * PER_INTERVAL
