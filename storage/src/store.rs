@@ -581,29 +581,22 @@ impl Store {
     /// A reopen holds the engine's write lock about 20 ms on a small database, 35-50 ms on
     /// 300 MB (up to ~90 ms on a loaded host), whatever the threshold: a larger
     /// `cache_bytes` makes these stalls rarer and RSS swing more. Each reopen also leaves
-    /// about 1 MB more on disk, for rotation to reclaim. Retention reopens it once per pass
-    /// anyway.
+    /// about 1 MB more on disk, for rotation to reclaim.
     ///
     /// Nothing acknowledged is lost: sled writes out everything as it drops, and the
     /// reopened engine is checked against the flush witness like any other. Called by the
     /// bulk writes and retention themselves, never under the store's own locks; skipped
     /// (left to a later call) while a long read holds a tree handle.
     pub(crate) fn maybe_recycle(&self) {
-        self.recycle_over(self.cfg.cache_bytes);
-    }
-
-    /// Reopen the engine if more than `threshold` bytes went through it (at least one).
-    pub(crate) fn recycle_over(&self, threshold: u64) {
-        let threshold = threshold.max(1);
-        if self.touched.load(Ordering::Relaxed) < threshold {
+        if self.touched.load(Ordering::Relaxed) < self.cfg.cache_bytes {
             return;
         }
-        if let Err(e) = self.recycle(threshold) {
+        if let Err(e) = self.recycle() {
             tracing::error!(error = %e, "reopening the storage engine to free its memory failed");
         }
     }
 
-    fn recycle(&self, threshold: u64) -> Result<()> {
+    fn recycle(&self) -> Result<()> {
         // The flush lock keeps flushes (and their generation) off a half-swapped engine.
         let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         if self.engine_failed.load(Ordering::Relaxed) {
@@ -621,7 +614,7 @@ impl Store {
         let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
         if guard.stand_in
             || self.outside.load(Ordering::SeqCst) > 0
-            || self.touched.load(Ordering::Relaxed) < threshold
+            || self.touched.load(Ordering::Relaxed) < self.cfg.cache_bytes
         {
             return Ok(());
         }
@@ -646,18 +639,7 @@ impl Store {
                 // The stand-in refuses writes and reads; the next flush reopens the files
                 // with the full check.
                 self.mark_failed();
-                let e = match f {
-                    OpenFailure::Other(e) => e,
-                    OpenFailure::Locked => StoreError::Locked {
-                        path: self.path.clone(),
-                        holder: lock::holder(&self.path),
-                    },
-                    OpenFailure::Damaged(detail) => StoreError::Corrupt {
-                        path: self.path.clone(),
-                        detail,
-                    },
-                };
-                return self.counted(Err(e));
+                return self.counted(Err(f.into_error(&self.path)));
             }
         };
         self.generation
@@ -1071,6 +1053,23 @@ enum OpenFailure {
     Other(StoreError),
 }
 
+impl OpenFailure {
+    /// The store's error for a failure to open the database at `path`.
+    fn into_error(self, path: &Path) -> StoreError {
+        match self {
+            OpenFailure::Other(e) => e,
+            OpenFailure::Locked => StoreError::Locked {
+                path: path.to_path_buf(),
+                holder: lock::holder(path),
+            },
+            OpenFailure::Damaged(detail) => StoreError::Corrupt {
+                path: path.to_path_buf(),
+                detail,
+            },
+        }
+    }
+}
+
 fn classify(e: sled::Error) -> OpenFailure {
     match e {
         sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
@@ -1190,18 +1189,7 @@ fn open_engine(
 ) -> Result<(Engine, Option<PathBuf>)> {
     match try_open_patiently(path, cfg, Verify::Yes) {
         Ok(e) => Ok((e, None)),
-        Err(OpenFailure::Locked) => Err(StoreError::Locked {
-            path: path.to_path_buf(),
-            holder: lock::holder(path),
-        }),
-        Err(OpenFailure::Other(e)) => Err(e),
-        Err(OpenFailure::Damaged(detail)) if on_corrupt == OnCorrupt::Fail => {
-            Err(StoreError::Corrupt {
-                path: path.to_path_buf(),
-                detail,
-            })
-        }
-        Err(OpenFailure::Damaged(detail)) => {
+        Err(OpenFailure::Damaged(detail)) if on_corrupt == OnCorrupt::MoveAside => {
             let aside = unused_sibling(path, &format!("corrupt-{}", timestamp()));
             fs::rename(path, &aside).map_err(|e| {
                 StoreError::io(
@@ -1218,17 +1206,14 @@ fn open_engine(
             // A second failure on a fresh directory is not corruption: report it, do not loop.
             match try_open_patiently(path, cfg, Verify::Yes) {
                 Ok(e) => Ok((e, Some(aside))),
-                Err(OpenFailure::Other(e)) => Err(e),
-                Err(OpenFailure::Locked) => Err(StoreError::Locked {
-                    path: path.to_path_buf(),
-                    holder: lock::holder(path),
-                }),
                 Err(OpenFailure::Damaged(detail)) => Err(StoreError::Corrupt {
                     path: path.to_path_buf(),
                     detail: format!("fresh database failed to open: {detail}"),
                 }),
+                Err(f) => Err(f.into_error(path)),
             }
         }
+        Err(f) => Err(f.into_error(path)),
     }
 }
 
