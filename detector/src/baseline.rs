@@ -156,11 +156,6 @@ impl Baseline {
         cum[hi..].fill(acc);
     }
 
-    /// The buckets that may hold weight (outside it every weight is exactly 0).
-    fn span(&self) -> (usize, usize) {
-        self.span
-    }
-
     /// Quantile as the daemon wants it for capture thresholds.
     pub(crate) fn quantile(&self, q: f64) -> Option<QuantileEstimate> {
         let c = self.cumulative();
@@ -287,7 +282,7 @@ impl<'a> CumulativeBatch<'a> {
 /// baseline's weights are exactly 0: adding them leaves a sum as it is (0 before the span,
 /// the total after it), which is what `cumulative_into` writes there.
 fn sums<const N: usize>(bases: [&Baseline; N], outs: [&mut [f64; NUM_BUCKETS]; N]) {
-    let spans = bases.map(Baseline::span);
+    let spans = bases.map(|b| b.span);
     let lo = spans
         .iter()
         .filter(|s| s.0 < s.1)
