@@ -29,10 +29,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use model::{Histogram, Probe, Sample};
-use storage::{HistoryPoint, NewIncident, Store, StoreConfig};
+use storage::{HistoryPoint, Store, StoreConfig};
 
-const T0: u64 = 1_790_000_000_000_000_000;
-const SEC: u64 = 1_000_000_000;
+// The integration tests' incident and clock constants, so the example writes what they do.
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{SEC, T0};
 
 struct Args {
     minutes: u64,
@@ -106,16 +108,6 @@ fn histogram(second: u64, probe: usize) -> Histogram {
     h
 }
 
-fn new_incident(opened_ns: u64) -> NewIncident {
-    NewIncident {
-        service: "web".into(),
-        probes: vec![Probe::TcpSocketRead],
-        opened_ns,
-        evidence_json: r#"{"quantile":0.99,"baseline_ns":900000,"observed_ns":21000000}"#.into(),
-        stages_json: r#"{"stage":"application-read"}"#.into(),
-    }
-}
-
 /// Times of store calls: those that reopened the engine, and the others.
 #[derive(Default)]
 struct Calls {
@@ -148,7 +140,9 @@ fn ms(d: Duration) -> f64 {
 fn prefill(dir: &std::path::Path, cfg: &StoreConfig, mib: u64) {
     let store = Store::open(dir, cfg.clone()).unwrap();
     let opened = T0 - 2 * 86_400 * SEC;
-    let mut inc = store.open_incident(&new_incident(opened)).unwrap();
+    let mut inc = store
+        .open_incident(&common::new_incident("web", opened))
+        .unwrap();
     let started = Instant::now();
     let mut seq = 0u64;
     while store.stats().live_bytes < mib << 20 {
@@ -303,8 +297,11 @@ fn main() {
 
             let in_incident = (minute - 1) % a.every == 1;
             if in_incident && open.is_none() {
-                open =
-                    Some(calls.time(&store, || store.open_incident(&new_incident(now)).unwrap()));
+                open = Some(calls.time(&store, || {
+                    store
+                        .open_incident(&common::new_incident("web", now))
+                        .unwrap()
+                }));
             }
             if !in_incident {
                 if let Some(mut inc) = open.take() {

@@ -12,9 +12,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{new_incident, SEC, T0};
+use common::{new_incident, sample_count, SEC, T0};
 use model::fixtures::sample;
-use storage::{SampleFilter, Store, StoreConfig};
+use storage::{Store, StoreConfig};
 
 const CHILD_ENV: &str = "TAILTRAP_STORAGE_READONLY_CHILD";
 
@@ -38,12 +38,6 @@ fn cfg() -> StoreConfig {
         min_free_bytes: 0,
         ..StoreConfig::default()
     }
-}
-
-fn count(s: &Store, id: u64) -> u64 {
-    s.sample_summary(id, &SampleFilter::default())
-        .unwrap()
-        .count
 }
 
 /// The child, running as `nobody` so that permissions bind it: the whole run.
@@ -107,17 +101,21 @@ fn child(dir: &Path) {
     );
     eprintln!("writable again: flush ok after {:?}", start.elapsed());
     s.readable().unwrap();
-    assert_eq!(count(&s, first.id), acked, "acknowledged samples lost");
+    assert_eq!(
+        sample_count(&s, first.id),
+        acked,
+        "acknowledged samples lost"
+    );
     let second = s.open_incident(&new_incident("db", T0 + 2 * SEC)).unwrap();
     s.put_samples(&[sample(second.id, 0, T0 + 2 * SEC)])
         .unwrap();
     s.flush().unwrap();
-    assert_eq!(count(&s, second.id), 1);
+    assert_eq!(sample_count(&s, second.id), 1);
     drop(s);
     // A restart finds everything flushed.
     let s = Store::open(&path, cfg()).unwrap();
-    assert_eq!(count(&s, first.id), acked);
-    assert_eq!(count(&s, second.id), 1);
+    assert_eq!(sample_count(&s, first.id), acked);
+    assert_eq!(sample_count(&s, second.id), 1);
     println!("tailtrap-child: done");
 }
 

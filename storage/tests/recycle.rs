@@ -8,10 +8,10 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{new_incident, SEC, T0};
+use common::{new_incident, sample_count, SEC, T0};
 use model::fixtures::sample;
 use model::{Histogram, Probe};
-use storage::{HistoryPoint, SampleFilter, Store, StoreConfig};
+use storage::{HistoryPoint, Store, StoreConfig};
 
 /// The smallest engine budget: every ~20 batches below reopen the engine.
 fn cfg() -> StoreConfig {
@@ -27,12 +27,6 @@ fn hist(i: u64) -> Histogram {
     h.record(1000 + i);
     h.record(70_000);
     h
-}
-
-fn count(s: &Store, id: u64) -> u64 {
-    s.sample_summary(id, &SampleFilter::default())
-        .unwrap()
-        .count
 }
 
 #[test]
@@ -77,7 +71,7 @@ fn reopening_keeps_every_record() {
     );
     assert_eq!(stats.write_errors, 0);
     for id in &ids {
-        assert_eq!(count(&s, *id), 20_000);
+        assert_eq!(sample_count(&s, *id), 20_000);
     }
     let history = s
         .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
@@ -91,7 +85,7 @@ fn reopening_keeps_every_record() {
     let s = Store::open(&path, cfg()).unwrap();
     assert_eq!(s.stats().live_bytes, live);
     for id in &ids {
-        assert_eq!(count(&s, *id), 20_000);
+        assert_eq!(sample_count(&s, *id), 20_000);
         assert!(s.incident(*id).unwrap().unwrap().closed_ns.is_some());
     }
     let report = s.check(|_| {}).unwrap();
@@ -119,7 +113,7 @@ fn long_reads_and_reopening_get_along() {
             std::thread::spawn(move || {
                 let mut walks = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    assert_eq!(count(&s, big.id), 20_000);
+                    assert_eq!(sample_count(&s, big.id), 20_000);
                     walks += 1;
                 }
                 walks
@@ -147,6 +141,6 @@ fn long_reads_and_reopening_get_along() {
     s.flush().unwrap();
     assert_eq!(s.stats().write_errors, 0);
     assert!(s.stats().engine_reopens >= 1);
-    assert_eq!(count(&s, other.id), 30_010);
-    assert_eq!(count(&s, big.id), 20_000);
+    assert_eq!(sample_count(&s, other.id), 30_010);
+    assert_eq!(sample_count(&s, big.id), 20_000);
 }

@@ -7,12 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{new_incident, SEC, T0};
+use common::{new_incident, sample_count, SEC, T0};
 use model::fixtures::sample;
 use model::{Histogram, Probe};
-use storage::{
-    HistoryLevel, Incident, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig, StoreError,
-};
+use storage::{HistoryLevel, Incident, IncidentState, PwruRecord, Store, StoreConfig, StoreError};
 
 const DAY: u64 = 86_400 * SEC;
 
@@ -27,12 +25,6 @@ fn pwru(incident: u64, seq: u64) -> PwruRecord {
         flow: None,
         raw: format!(r#"{{"func":"ip_rcv_core","n":{seq}}}"#),
     }
-}
-
-fn count(s: &Store, id: u64) -> u64 {
-    s.sample_summary(id, &SampleFilter::default())
-        .unwrap()
-        .count
 }
 
 #[test]
@@ -79,13 +71,13 @@ fn retention_by_age_per_kind_never_touches_open_incidents() {
         s.incident(ancient_open).unwrap().unwrap().state,
         IncidentState::Open
     );
-    assert_eq!(count(&s, ancient_open), 50);
+    assert_eq!(sample_count(&s, ancient_open), 50);
     assert_eq!(s.pwru_records(ancient_open, None, 0).unwrap().len(), 2);
     // Week-old incident: kept, its samples and pwru lines past their 7 days are gone.
     assert!(s.incident(week_old).unwrap().is_some());
-    assert_eq!(count(&s, week_old), 0);
+    assert_eq!(sample_count(&s, week_old), 0);
     assert!(s.pwru_records(week_old, None, 0).unwrap().is_empty());
-    assert_eq!(count(&s, fresh), 50);
+    assert_eq!(sample_count(&s, fresh), 50);
     assert_eq!(rep.samples, 100);
     assert_eq!(rep.pwru, 4);
 
@@ -159,7 +151,7 @@ fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
     let n_gone = gone.iter().filter(|g| **g).count();
     assert_eq!(n_gone as u64, rep.incidents);
     assert!(gone[..n_gone].iter().all(|g| *g) && gone[n_gone..].iter().all(|g| !*g));
-    assert_eq!(count(&s, open.id), 2000);
+    assert_eq!(sample_count(&s, open.id), 2000);
 
     // Now history pushes it over: with no closed incidents worth deleting first... the
     // remaining closed ones go, then the oldest history.
@@ -182,7 +174,7 @@ fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
     let rep = s.enforce_retention(now).unwrap();
     assert!(rep.history_points > 0);
     assert!(closed.iter().all(|id| s.incident(*id).unwrap().is_none()));
-    assert_eq!(count(&s, open.id), 2000);
+    assert_eq!(sample_count(&s, open.id), 2000);
     // What history is left is the newest.
     let left = s
         .history("web", Probe::TcpSocketRead, now - 20_000 * SEC, now, now)
@@ -245,7 +237,7 @@ fn rotation_keeps_every_record_and_shrinks_the_files() {
     assert!(rep.size_after < before.size_on_disk, "{rep:?} {before:?}");
     assert_eq!(rep.dropped_records, 0);
     assert_eq!(s.stats().rotations, 1);
-    assert_eq!(count(&s, keep.id), 500);
+    assert_eq!(sample_count(&s, keep.id), 500);
     assert_eq!(
         s.baseline("web", Probe::TcpSocketRead).unwrap(),
         Some(b"baseline".to_vec())
@@ -260,7 +252,7 @@ fn rotation_keeps_every_record_and_shrinks_the_files() {
     drop(s);
     let s = Store::open(&path, cfg).unwrap();
     assert_eq!(s.open_report().moved_aside, None);
-    assert_eq!(count(&s, keep.id), 500);
+    assert_eq!(sample_count(&s, keep.id), 500);
     assert_eq!(s.stats().rotations, 1);
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -378,8 +370,8 @@ fn low_disk_space_refuses_bulk_writes_before_the_disk_fills_and_recovers() {
     fs.grow("64m");
     s.put_samples(&[sample(first.id, 1000, T0 + 1000)]).unwrap();
     s.flush().unwrap();
-    assert_eq!(count(&s, first.id), 101);
-    assert!(count(&s, inc.id) > 0);
+    assert_eq!(sample_count(&s, first.id), 101);
+    assert!(sample_count(&s, inc.id) > 0);
     assert_eq!(
         s.incident(inc.id).unwrap().unwrap().state,
         IncidentState::Closed
@@ -416,7 +408,7 @@ fn enospc_child(dir: &Path) {
     match s.flush() {
         Ok(()) => {
             s.readable().unwrap();
-            assert_eq!(count(&s, first.id), 100);
+            assert_eq!(sample_count(&s, first.id), 100);
             s.put_samples(&[sample(first.id, 1000, T0 + 1000)]).unwrap();
             s.flush().unwrap();
             println!("tailtrap-child: recovered in place");
@@ -496,9 +488,9 @@ fn full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored() {
         ..StoreConfig::default()
     };
     let s = Store::open(dir.path().join("db"), cfg).unwrap();
-    assert!(count(&s, first) >= 100);
+    assert!(sample_count(&s, first) >= 100);
     assert_eq!(s.incident(first).unwrap().unwrap().service, "web");
     s.put_samples(&[sample(first, 5000, T0 + 5000)]).unwrap();
     s.flush().unwrap();
-    assert!(count(&s, first) >= 101);
+    assert!(sample_count(&s, first) >= 101);
 }
