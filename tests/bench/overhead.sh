@@ -1,9 +1,10 @@
 #!/bin/bash
-# overhead.sh [--quick] [--runs N] [--secs S] [--tailtrap PATH] [--vm SERIES] [--stress]
+# overhead.sh [--quick] [--runs N] [--secs S] [--tailtrap PATH] [--vm SERIES] [--stress] [--no-pin]
 #
 # What tailtrap costs a real server: nginx on loopback serving 1 kB and 10 kB files, wrk with
 # 10 and 100 connections, N runs of S seconds per configuration, the configurations
-# interleaved within each run in this order:
+# interleaved within each run (run r starts at the r-th of them and goes round, so no
+# configuration always comes first or last):
 #   none     no tracing
 #   daemon   `tailtrap run` with its defaults and nginx's port as a service (capture disarmed;
 #            the flight recorder comes on once baselines exist)
@@ -28,6 +29,10 @@
 #                    host's nginx and wrk are the guest's. Emulation makes absolute figures
 #                    meaningless; the ratios are what counts.
 #   --stress         run `stress-ng --cpu 1` alongside (CPU contention for every configuration)
+#   --no-pin         let the scheduler place nginx and wrk. By default, with 2 or more CPUs,
+#                    nginx's worker runs on CPU 1 and wrk (one thread) on CPU 0: unpinned, on
+#                    2 CPUs, where the three threads land changes from run to run, and
+#                    "none" alone moved by up to a third between 30 s runs on an idle host.
 # Environment: CARGO_TARGET_DIR; VM_MEM, VM_CPUS, VM_TIMEOUT for --vm.
 # Output: the tables on stdout; raw per-run figures in $OUT (default /tmp/tailtrap-overhead).
 
@@ -38,7 +43,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 die() { echo "$PROG: $*" >&2; exit 2; }
 say() { echo "$PROG: $*" >&2; }
 
-RUNS=3; SECS=30; TAILTRAP=; VMSERIES=; STRESS=0
+RUNS=3; SECS=30; TAILTRAP=; VMSERIES=; STRESS=0; PIN=1
 args=("$@")
 while [ $# -gt 0 ]; do
     case $1 in
@@ -48,6 +53,7 @@ while [ $# -gt 0 ]; do
         --tailtrap) [ $# -ge 2 ] || die "--tailtrap needs a value"; TAILTRAP=$2; shift 2 ;;
         --vm) [ $# -ge 2 ] || die "--vm needs a value"; VMSERIES=$2; shift 2 ;;
         --stress) STRESS=1; shift ;;
+        --no-pin) PIN=0; shift ;;
         *) die "unknown argument '$1' (see the header of $0)" ;;
     esac
 done
@@ -111,8 +117,16 @@ PORT=18080
 head -c 1024 /dev/urandom > "$WORK/www/1k.bin"
 head -c 10240 /dev/urandom > "$WORK/www/10k.bin"
 chmod 644 "$WORK/www/1k.bin" "$WORK/www/10k.bin"
+# Pinning: nginx's worker on CPU 1, wrk on CPU 0 (see --no-pin).
+[ "$(nproc)" -ge 2 ] || PIN=0
+if [ $PIN = 1 ]; then
+    NGINX_AFFINITY="worker_cpu_affinity 10;"; WRK=(taskset -c 0 wrk -t 1); WRK_DESC="wrk -t1 on CPU 0, nginx on CPU 1"
+else
+    NGINX_AFFINITY=""; WRK=(wrk -t 2); WRK_DESC="wrk -t2, unpinned"
+fi
 cat > "$WORK/nginx.conf" <<EOF
 worker_processes 1;
+$NGINX_AFFINITY
 pid $WORK/nginx.pid;
 error_log $WORK/logs/error.log;
 events { worker_connections 1024; }
@@ -244,14 +258,16 @@ say "kernel $kernel: $total wrk runs of ${SECS}s (about $(( total * (SECS + 6) /
 for size in 1k 10k; do
     for conns in 10 100; do
         for run in $(seq "$RUNS"); do
-            for cfg in none daemon armed hist; do
+            order=(none daemon armed hist)
+            k=$(( (run - 1) % 4 ))
+            for cfg in "${order[@]:k}" "${order[@]:0:k}"; do
                 n=$((n + 1))
                 start_config $cfg || die "$cfg did not start"
                 # Warm-up under load: the daemon's first intervals, nginx's caches.
-                wrk -t 2 -c "$conns" -d 3 "http://127.0.0.1:$PORT/$size.bin" >/dev/null 2>&1
+                "${WRK[@]}" -c "$conns" -d 3 "http://127.0.0.1:$PORT/$size.bin" >/dev/null 2>&1
                 bpf_times > "$WORK/before"
                 t0=$(date +%s%N)
-                line=$(wrk -t 2 -c "$conns" -d "$SECS" -s "$WORK/report.lua" "http://127.0.0.1:$PORT/$size.bin" 2>&1 | grep '^TT ')
+                line=$("${WRK[@]}" -c "$conns" -d "$SECS" -s "$WORK/report.lua" "http://127.0.0.1:$PORT/$size.bin" 2>&1 | grep '^TT ')
                 t1=$(date +%s%N)
                 bpf_times > "$WORK/after"
                 if [ $cfg = armed ]; then
@@ -281,14 +297,14 @@ for size in 1k 10k; do
 done
 
 # ---- tables
-python3 - "$RESULTS" "$BPF" "$kernel" "$RUNS" "$SECS" <<'EOF'
+python3 - "$RESULTS" "$BPF" "$kernel" "$RUNS" "$SECS" "$WRK_DESC" <<'EOF'
 import csv, statistics, sys
 from collections import defaultdict
-results, bpf, kernel, runs, secs = sys.argv[1:6]
+results, bpf, kernel, runs, secs, wrk_desc = sys.argv[1:7]
 rows = list(csv.DictReader(open(results), delimiter="\t"))
 by = {(r["size"], r["conns"], r["run"], r["config"]): r for r in rows}
 configs = ["daemon", "armed", "hist"]
-print(f"tailtrap overhead: kernel {kernel}, nginx on loopback, wrk -t2, {runs} run(s) x {secs} s")
+print(f"tailtrap overhead: kernel {kernel}, nginx on loopback, {wrk_desc}, {runs} run(s) x {secs} s")
 print("ratios to 'none' of the same run: median [min-max]; req/s below 1 is a loss, latency above 1 an inflation")
 print()
 print(f"{'file':<5} {'conns':>5} {'config':<7} {'req/s (none)':>13} {'req/s':>20} {'p50':>20} {'p99':>20} {'p99.9':>20}")

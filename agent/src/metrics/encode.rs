@@ -583,6 +583,14 @@ impl Collector for View {
             ),
             (
                 family(
+                    "tailtrap_store_engine_reopens",
+                    "Times the storage engine was closed and reopened to give back the memory it kept (storage.cache_bytes went through it)",
+                    Counter,
+                ),
+                s.engine_reopens as f64,
+            ),
+            (
+                family(
                     "tailtrap_store_engine_failed",
                     "The storage engine failed and writes are refused until it reopens (1)",
                     Gauge,

@@ -265,6 +265,7 @@ mod tests {
             store: StoreReport {
                 live_bytes: 100,
                 max_bytes: 1000,
+                engine_reopens: 4,
                 ..Default::default()
             },
             incidents_opened: vec![OpenedCount {
@@ -313,6 +314,7 @@ mod tests {
             "tailtrap_flight_recorder_samples 3",
             "tailtrap_pwru_sessions_total{state=\"ok\"} 2",
             "tailtrap_store_budget_bytes 1000",
+            "tailtrap_store_engine_reopens_total 4",
             "tailtrap_intervals_total 42",
             "tailtrap_interval_failures_total 1",
             "tailtrap_interval_duration_seconds 0.0025",
