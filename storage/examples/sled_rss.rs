@@ -21,6 +21,10 @@
 //! `MIB` MiB of `N`-byte values under increasing keys (as sample chunks are), each read
 //! back `K` times after it is written, RSS printed after each MiB; then the engine is
 //! dropped and reopened.
+//!
+//! With `SLED_RSS_EXIT_LIVE=1` it exits before dropping the store at the end, so that
+//! `heaptrack` lists what the store still holds as leaked. glibc's tunables apply as usual
+//! (`MALLOC_MMAP_THRESHOLD_=131072` is what the daemon sets, see `agent/src/main.rs`).
 #![allow(clippy::unwrap_used)] // an experiment aborts on any failure
 
 use std::path::PathBuf;
@@ -354,6 +358,10 @@ fn main() {
         slowest_read_us.load(Ordering::Relaxed) as f64 / 1e3
     );
     let store = Arc::into_inner(store).unwrap();
+    if std::env::var_os("SLED_RSS_EXIT_LIVE").is_some() {
+        // What the store holds now is what a heap profiler reports as leaked.
+        std::process::exit(0);
+    }
     drop(store);
     println!("store dropped: RSS {:.1} MiB", rss_mib());
     let started = Instant::now();
