@@ -2,6 +2,7 @@
 //! database when sled's files grow far beyond the live data.
 
 use std::fs;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -77,7 +78,10 @@ impl Store {
                 }
             }
         }
-        self.delete_orphans(&mut rep)?;
+        if !self.orphans_checked.load(Ordering::Relaxed) {
+            self.delete_orphans(&mut rep)?;
+            self.orphans_checked.store(true, Ordering::Relaxed);
+        }
 
         for (level, l) in cfg.history.iter().enumerate() {
             let cut = now_ns.saturating_sub(nanos(l.keep));
@@ -136,8 +140,12 @@ impl Store {
         Ok(())
     }
 
-    /// Samples and pwru records whose incident no longer exists (a crash between deleting
-    /// an incident's parts) are deleted too.
+    /// Samples and pwru records whose incident no longer exists are deleted too. An
+    /// incident's record goes last when it is deleted, so they are left only by an older
+    /// version or a damaged database: the first pass after opening looks, later ones do
+    /// not. Looking seeks once per incident into the samples and pwru trees, which pages
+    /// in a leaf of sample chunks per stored incident; every ten minutes that held memory
+    /// growing with the number of incidents kept (`storage/examples/sled_rss`).
     fn delete_orphans(&self, rep: &mut RetentionReport) -> Result<()> {
         for t in [T::Samples, T::Pwru] {
             let tree = self.tree_outside(t);
@@ -365,5 +373,71 @@ fn ended_ns(inc: &Incident) -> Option<u64> {
         IncidentState::Open => None,
         IncidentState::Closed => Some(inc.closed_ns.unwrap_or(inc.opened_ns)),
         IncidentState::Interrupted => Some(inc.closed_ns.unwrap_or(inc.opened_ns)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed store call fails the test
+
+    use super::*;
+    use crate::{NewIncident, StoreConfig};
+
+    const T0: u64 = 1_790_000_000_000_000_000;
+
+    fn incident_with_samples(s: &Store, opened_ns: u64) -> u64 {
+        let inc = s
+            .open_incident(&NewIncident {
+                service: "web".into(),
+                probes: vec![model::Probe::TcpSocketRead],
+                opened_ns,
+                evidence_json: "{}".into(),
+                stages_json: "{}".into(),
+            })
+            .unwrap();
+        let batch: Vec<_> = (0..50)
+            .map(|i| model::fixtures::sample(inc.id, i, opened_ns + i))
+            .collect();
+        s.put_samples(&batch).unwrap();
+        inc.id
+    }
+
+    /// Samples stored under `id`, whether or not the incident exists.
+    fn samples(s: &Store, id: u64) -> u64 {
+        s.tree_outside(T::Samples)
+            .scan_prefix(keys::incident(id))
+            .map(|item| chunk::sample_count(&item.unwrap().1))
+            .sum()
+    }
+
+    #[test]
+    fn samples_of_a_deleted_incident_go_at_the_first_pass_after_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let s = Store::open(&path, StoreConfig::default()).unwrap();
+        let kept = incident_with_samples(&s, T0);
+        let orphaned = incident_with_samples(&s, T0 + 1_000);
+        // What an older version or a damaged database leaves: samples without their incident.
+        s.remove(T::Incidents, &keys::incident(orphaned)).unwrap();
+        assert_eq!(samples(&s, orphaned), 50);
+
+        let rep = s.enforce_retention(T0 + 2_000).unwrap();
+        assert_eq!(rep.samples, 50, "{rep:?}");
+        assert_eq!(samples(&s, orphaned), 0);
+        assert_eq!(
+            samples(&s, kept),
+            50,
+            "an incident that exists keeps its samples"
+        );
+
+        // Later passes of the same store do not look again; a reopened store does.
+        let orphaned = incident_with_samples(&s, T0 + 3_000);
+        s.remove(T::Incidents, &keys::incident(orphaned)).unwrap();
+        assert_eq!(s.enforce_retention(T0 + 4_000).unwrap().samples, 0);
+        drop(s);
+        let s = Store::open(&path, StoreConfig::default()).unwrap();
+        assert_eq!(s.enforce_retention(T0 + 5_000).unwrap().samples, 50);
+        assert_eq!(samples(&s, orphaned), 0);
+        assert_eq!(samples(&s, kept), 50);
     }
 }

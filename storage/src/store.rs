@@ -173,6 +173,9 @@ pub struct Store {
     /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
     /// flush reopens the engine.
     engine_failed: AtomicBool,
+    /// Retention has looked for samples and pwru records of deleted incidents since the
+    /// store opened (once per open is enough, see `delete_orphans`).
+    pub(crate) orphans_checked: AtomicBool,
     /// A failed engine still shutting down (its files stay locked until it has): signalled
     /// when done.
     retiring: Mutex<Option<mpsc::Receiver<()>>>,
@@ -247,6 +250,7 @@ impl Store {
             outside: AtomicUsize::new(0),
             generation,
             engine_failed: AtomicBool::new(false),
+            orphans_checked: AtomicBool::new(false),
             retiring: Mutex::new(None),
             report: OpenReport::default(),
             pid_file: None,
