@@ -218,7 +218,7 @@ fn raw(a: &Args, dir: &std::path::Path) {
 }
 
 fn main() {
-    // RUST_LOG=storage=debug prints each reopen's flush, drop and open times.
+    // RUST_LOG=storage=info prints each reopen's flush, drop and open times.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

@@ -654,9 +654,13 @@ impl Store {
         let held = locked.elapsed();
         drop(guard);
         drop(placeholder);
-        // Readers and writers wait for `held_ms` (drop and open), not for the flush.
-        tracing::debug!(
+        // The files' size, to set the reopens against RSS and the log's growth.
+        let disk_bytes = self.size_on_disk().unwrap_or(0);
+        // Readers and writers wait for `held_ms` (drop and open), not for the flush. At info:
+        // a reopen stalls writes, and it is rare (once `cache_bytes` went through).
+        tracing::info!(
             touched,
+            disk_bytes,
             flush_ms = flushed_at.as_secs_f64() * 1e3,
             drop_ms = dropped_at.as_secs_f64() * 1e3,
             open_ms = (held - dropped_at).as_secs_f64() * 1e3,
