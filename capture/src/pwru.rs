@@ -13,6 +13,7 @@
 //!   reaping), streams each stdout line as a [`PwruLine`] and returns a [`SessionStatus`].
 //! - [`PwruConfig`] is the `[pwru]` configuration table, checked when loaded.
 
+mod busy;
 mod config;
 mod event;
 mod incident;

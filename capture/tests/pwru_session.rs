@@ -382,6 +382,36 @@ async fn the_deadline_counts_from_readiness() {
     assert!(!lines.is_empty());
 }
 
+/// A pwru file that is open for writing when the session starts (an operator's `cp` over
+/// it, or a child forked by another thread of this very test process while a wrapper was
+/// written) makes exec fail with ETXTBSY for a moment; the check and the start wait it out.
+#[tokio::test]
+async fn a_binary_briefly_open_for_writing_still_starts() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let bin = rig.dir.path().join("pwru");
+    let writer = std::fs::OpenOptions::new().write(true).open(&bin).unwrap();
+    let release = |writer: std::fs::File| {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            drop(writer);
+        })
+    };
+    let released = release(writer);
+    let checked = Prerequisites::check(Some(&bin)).await;
+    assert!(
+        !checked.summary.starts_with("bad binary"),
+        "{}",
+        checked.summary
+    );
+    released.join().unwrap();
+
+    let writer = std::fs::OpenOptions::new().write(true).open(&bin).unwrap();
+    let released = release(writer);
+    let (st, _) = run(&rig.manager(), request("web", 9000, DEADLINE_MS, 5)).await;
+    released.join().unwrap();
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+}
+
 /// Issue 9, finding 4: a failed start-up check is repeated when a session is requested, so
 /// one `--version` that timed out does not disable pwru for the daemon's life.
 #[tokio::test]

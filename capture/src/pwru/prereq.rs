@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
+use super::busy;
+
 /// Flags tailtrap passes that `pwru --help` must list (`--ready-file` is hidden, so it is
 /// not checked; pwru has had it since long before `--output-json`).
 const REQUIRED_FLAGS: [&str; 8] = [
@@ -369,13 +371,24 @@ pub(crate) fn find_on_path(path_var: &OsStr) -> Option<PathBuf> {
 
 /// Run `bin arg` and return stdout and stderr together (pwru prints its usage to stderr).
 async fn run_probe(bin: &Path, arg: &str) -> Result<String, String> {
-    let child = Command::new(bin)
-        .arg(arg)
+    let mut cmd = Command::new(bin);
+    cmd.arg(arg)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
+        .kill_on_drop(true);
+    let child = async {
+        let mut tries = 0;
+        loop {
+            match cmd.output().await {
+                Err(e) if busy::is_text_busy(&e) && tries < busy::RETRIES => {
+                    tries += 1;
+                    tokio::time::sleep(busy::PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+    };
     match tokio::time::timeout(PROBE_TIMEOUT, child).await {
         Err(_) => Err(format!(
             "no answer within {}",

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use super::busy;
 use super::event::PwruLine;
 use super::prereq::Prerequisites;
 use super::request::SessionRequest;
@@ -512,7 +513,17 @@ async fn supervise(
     }
     let t0 = Instant::now();
     status.started = Some(SystemTime::now());
-    let mut child = match cmd.spawn() {
+    let mut tries = 0;
+    let spawned = loop {
+        match cmd.spawn() {
+            Err(e) if busy::is_text_busy(&e) && tries < busy::RETRIES => {
+                tries += 1;
+                tokio::time::sleep(busy::PAUSE).await;
+            }
+            other => break other,
+        }
+    };
+    let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
             status.reason = format!("cannot start {}: {e}", binary.display());
