@@ -104,10 +104,10 @@ for s in "${series[@]}"; do
         log=$logdir/$name.log
         echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
         start=$(date +%s)
-        # One rerun, said in the summary, when the guest kernel died of an unhandled int3 at a
-        # call site it was patching, or panicked while booting (run-in-vm.sh status 126): an
-        # artefact of the guest kernel under software emulation that no test can prevent; any
-        # other failure stands.
+        # One rerun, said in the summary, when the guest kernel died (run-in-vm.sh status 126:
+        # an unhandled int3 at a call site it was patching, or a panic while booting or under
+        # pwru's kprobes): an artefact of the guest kernel under software emulation that no
+        # test can prevent. A second death fails the tier; any other failure stands.
         rerun=""
         for attempt in 1 2; do
             # cargo runs integration tests from the package directory; do the same.
@@ -118,7 +118,7 @@ for s in "${series[@]}"; do
             cp "$log" "$log.guest-died"
             rerun=" (rerun after the guest kernel died, first log: $name.log.guest-died)"
             reruns=$((reruns + 1))
-            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died (int3 oops or a panic while booting); running it once more" >&2
+            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died (int3 oops or a panic); running it once more" >&2
         done
         secs=$(( $(date +%s) - start ))
         # libtest's own count: "test result: ok. 8 passed; 0 failed; 1 ignored; ..."
@@ -130,7 +130,7 @@ for s in "${series[@]}"; do
             0) verdict=ok ;;
             124) verdict="TIMEOUT after ${VM_TIMEOUT}s" ;;
             125) verdict="VM FAILED" ;;
-            126) verdict="GUEST INT3 OOPS twice" ;;
+            126) verdict="GUEST KERNEL DIED twice" ;;
             *) verdict="FAILED (exit $rc)" ;;
         esac
         # A run that died before libtest's summary still counts as one failure.
