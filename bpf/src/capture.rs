@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -29,7 +29,8 @@ const _: () = assert!(std::mem::size_of::<types::tt_capture_threshold>() == 16);
 const MAX_SLOTS: u32 = types::tt_capture_limit::TT_CAPTURE_MAX_SLOTS.0;
 /// Bursts the rate limits let through at once, as a share of one second of their rate.
 const BURST: Duration = Duration::from_millis(100);
-/// Records buffered between the reader thread and the consumer.
+/// Records that may wait between the reader thread and the consumer: about half a minute
+/// at the default rate limits, for a consumer that stalls.
 const CHANNEL_RECORDS: usize = 65_536;
 /// How often the reader thread looks at its stop flag and drains the ring while it is not
 /// woken (the probes wake it once a batch is waiting): the longest a record waits.
@@ -300,11 +301,92 @@ pub fn capture_counters(set: &mut ProbeSet) -> Result<CaptureCounters, CaptureEr
     })
 }
 
+/// The records the reader thread has handed over, oldest first; at most a bound of them
+/// wait, the rest are counted as overflow.
+///
+/// An unbounded channel with a count of what waits, not `sync_channel(bound)`: that one
+/// allocates every slot up front, and as records cycle through the slots all of them
+/// (12 MiB at 65 536) become resident for the daemon's life, while the channel usually
+/// holds one interval's few records.
+#[derive(Debug)]
+pub struct Records {
+    rx: Receiver<CaptureRecord>,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// The reader thread's end of [`Records`].
+struct RecordSender {
+    tx: Sender<CaptureRecord>,
+    waiting: Arc<AtomicUsize>,
+    bound: usize,
+}
+
+fn record_channel(bound: usize) -> (RecordSender, Records) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiting = Arc::new(AtomicUsize::new(0));
+    (
+        RecordSender {
+            tx,
+            waiting: waiting.clone(),
+            bound,
+        },
+        Records { rx, waiting },
+    )
+}
+
+impl RecordSender {
+    /// Hand `record` over unless `bound` records wait already (or the consumer is gone).
+    fn try_send(&self, record: CaptureRecord) -> bool {
+        // One sender: the count can only fall between this check and the increment.
+        if self.waiting.load(Ordering::Acquire) >= self.bound {
+            return false;
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(record).is_err() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
+
+impl Records {
+    fn took(&self, r: CaptureRecord) -> CaptureRecord {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    /// The next record, if one waits.
+    pub fn try_recv(&self) -> Result<CaptureRecord, TryRecvError> {
+        self.rx.try_recv().map(|r| self.took(r))
+    }
+
+    /// The next record, waiting at most `timeout` for one.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<CaptureRecord, RecvTimeoutError> {
+        self.rx.recv_timeout(timeout).map(|r| self.took(r))
+    }
+
+    /// Every record waiting now.
+    pub fn try_iter(&self) -> impl Iterator<Item = CaptureRecord> + '_ {
+        self.rx.try_iter().map(|r| self.took(r))
+    }
+
+    /// Records waiting.
+    pub fn len(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// True when none waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Reads the capture ring buffer on its own thread and hands records over a channel.
 /// Dropping it stops the thread.
 #[derive(Debug)]
 pub struct CaptureReader {
-    records: Receiver<CaptureRecord>,
+    records: Records,
     stop: Arc<AtomicBool>,
     overflow: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
@@ -316,7 +398,7 @@ impl CaptureReader {
         // An fd of our own: the thread must not borrow the skeleton.
         let ring = MapHandle::try_from(&set.skel_mut().maps.capture_ring)
             .map_err(bpf_err("opening the capture ring buffer"))?;
-        let (tx, records) = std::sync::mpsc::sync_channel(CHANNEL_RECORDS);
+        let (tx, records) = record_channel(CHANNEL_RECORDS);
         let stop = Arc::new(AtomicBool::new(false));
         let overflow = Arc::new(AtomicU64::new(0));
         let (thread_stop, thread_overflow) = (stop.clone(), overflow.clone());
@@ -350,7 +432,7 @@ impl CaptureReader {
     }
 
     /// The records read so far, in ring order.
-    pub fn records(&self) -> &Receiver<CaptureRecord> {
+    pub fn records(&self) -> &Records {
         &self.records
     }
 
@@ -372,7 +454,7 @@ impl Drop for CaptureReader {
 
 fn read_ring(
     ring: &MapHandle,
-    tx: &SyncSender<CaptureRecord>,
+    tx: &RecordSender,
     stop: &AtomicBool,
     overflow: &AtomicU64,
     ready: &std::sync::mpsc::Sender<Result<(), libbpf_rs::Error>>,
@@ -382,7 +464,7 @@ fn read_ring(
         .add(ring, |bytes: &[u8]| {
             // A record of another size cannot come from this object: skip it.
             if let Some(record) = decode_record(bytes) {
-                if let Err(TrySendError::Full(_)) = tx.try_send(record) {
+                if !tx.try_send(record) {
                     overflow.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -511,4 +593,37 @@ fn bss(set: &mut ProbeSet) -> Result<&mut types::bss, CaptureError> {
 
 fn bpf_err(stage: &'static str) -> impl Fn(libbpf_rs::Error) -> CaptureError {
     move |source| CaptureError::Bpf { stage, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(i: u64) -> CaptureRecord {
+        CaptureRecord {
+            service_slot: 1,
+            flight: false,
+            sample: model::fixtures::sample(0, i, 1_000 + i),
+        }
+    }
+
+    #[test]
+    fn the_record_channel_holds_its_bound_and_frees_room_as_records_are_taken() {
+        let (tx, rx) = record_channel(3);
+        let sent: Vec<bool> = (0..5).map(|i| tx.try_send(record(i))).collect();
+        assert_eq!(sent, [true, true, true, false, false]);
+        assert_eq!(rx.len(), 3);
+        assert_eq!(rx.try_recv().map(|r| r.sample.tcp_seq), Ok(Some(0)));
+        assert!(tx.try_send(record(5)));
+        assert!(!tx.try_send(record(6)));
+        let seqs: Vec<_> = rx.try_iter().map(|r| r.sample.tcp_seq).collect();
+        assert_eq!(seqs, [Some(1), Some(2), Some(5)]);
+        assert!(rx.is_empty());
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(1)),
+            Err(RecvTimeoutError::Timeout)
+        );
+        drop(rx);
+        assert!(!tx.try_send(record(7)), "no consumer: nothing is queued");
+    }
 }

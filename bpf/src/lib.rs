@@ -31,7 +31,7 @@ mod skel {
 
 pub use capture::{
     capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
-    CaptureRecord,
+    CaptureRecord, Records,
 };
 pub use cgroup::cgroup2_mount;
 pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_SERVICE_LIMIT};
