@@ -3,7 +3,7 @@
 //! RSS once a simulated minute.
 //!
 //! `cargo run --release -p storage --example sled_rss -- [--minutes N] [--every M]
-//!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--services N] [--retention-every M]
+//!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--max-bytes N] [--services N] [--retention-every M]
 //!  [--prefill MIB] [--dir PATH]`
 //!
 //! Each simulated second writes one interval of history (every service × every probe); in
@@ -46,6 +46,7 @@ struct Args {
     retention_every: u64,
     rate: u64,
     cache_bytes: Option<u64>,
+    max_bytes: Option<u64>,
     services: usize,
     dir: Option<PathBuf>,
     raw_mib: Option<u64>,
@@ -61,6 +62,7 @@ fn args() -> Args {
         retention_every: 10,
         rate: 1000,
         cache_bytes: None,
+        max_bytes: None,
         services: 1,
         dir: None,
         raw_mib: None,
@@ -77,6 +79,7 @@ fn args() -> Args {
             "--retention-every" => a.retention_every = value.parse().unwrap(),
             "--rate" => a.rate = value.parse().unwrap(),
             "--cache-bytes" => a.cache_bytes = Some(value.parse().unwrap()),
+            "--max-bytes" => a.max_bytes = Some(value.parse().unwrap()),
             "--services" => a.services = value.parse().unwrap(),
             "--dir" => a.dir = Some(PathBuf::from(value)),
             "--raw" => a.raw_mib = Some(value.parse().unwrap()),
@@ -235,9 +238,13 @@ fn main() {
     if let Some(c) = a.cache_bytes {
         cfg.cache_bytes = c;
     }
+    if let Some(m) = a.max_bytes {
+        cfg.max_bytes = m;
+    }
     println!(
-        "cache_bytes {} rate {} samples/s services {} dir {}",
+        "cache_bytes {} max_bytes {} rate {} samples/s services {} dir {}",
         cfg.cache_bytes,
+        cfg.max_bytes,
         a.rate,
         a.services,
         dir.display()
