@@ -8,11 +8,27 @@
 
 use std::time::Duration;
 
-/// Tries after the first; together about half a second.
-pub(crate) const RETRIES: u32 = 20;
-pub(crate) const PAUSE: Duration = Duration::from_millis(25);
+use tokio::process::{Child, Command};
 
-pub(crate) fn is_text_busy(e: &std::io::Error) -> bool {
+/// Tries after the first; together about half a second.
+const RETRIES: u32 = 20;
+const PAUSE: Duration = Duration::from_millis(25);
+
+/// `cmd.spawn()`, tried again while the binary is busy; any other error is returned at once.
+pub(crate) async fn spawn(cmd: &mut Command) -> std::io::Result<Child> {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if is_text_busy(&e) && tries < RETRIES => {
+                tries += 1;
+                tokio::time::sleep(PAUSE).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_text_busy(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(nix::libc::ETXTBSY)
 }
 

@@ -377,18 +377,7 @@ async fn run_probe(bin: &Path, arg: &str) -> Result<String, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let child = async {
-        let mut tries = 0;
-        loop {
-            match cmd.output().await {
-                Err(e) if busy::is_text_busy(&e) && tries < busy::RETRIES => {
-                    tries += 1;
-                    tokio::time::sleep(busy::PAUSE).await;
-                }
-                other => return other,
-            }
-        }
-    };
+    let child = async { busy::spawn(&mut cmd).await?.wait_with_output().await };
     match tokio::time::timeout(PROBE_TIMEOUT, child).await {
         Err(_) => Err(format!(
             "no answer within {}",

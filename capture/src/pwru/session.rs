@@ -513,17 +513,7 @@ async fn supervise(
     }
     let t0 = Instant::now();
     status.started = Some(SystemTime::now());
-    let mut tries = 0;
-    let spawned = loop {
-        match cmd.spawn() {
-            Err(e) if busy::is_text_busy(&e) && tries < busy::RETRIES => {
-                tries += 1;
-                tokio::time::sleep(busy::PAUSE).await;
-            }
-            other => break other,
-        }
-    };
-    let mut child = match spawned {
+    let mut child = match busy::spawn(&mut cmd).await {
         Ok(c) => c,
         Err(e) => {
             status.reason = format!("cannot start {}: {e}", binary.display());
