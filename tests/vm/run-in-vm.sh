@@ -223,18 +223,15 @@ elif grep -q 'Oops: int3' "$RUN/console.log"; then
     # tell it from a crash of the code under test.
     echo "$PROG: guest kernel oops: int3 at a code-patching site (kernel $kver): $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
     rc=126
-elif [ ! -e "$SHARE/started" ] && grep -q 'Kernel panic' "$RUN/console.log"; then
-    # The kernel died while booting, before the command existed (seen on 6.12 under
-    # emulation: text_poke_early patching a static call). Nothing of the command ran, so it
-    # gets the same status as the int3 death: the caller may run it again.
-    echo "$PROG: guest kernel panicked while booting, before the command ran (kernel $kver): $(grep -m1 -o 'Kernel panic.*' "$RUN/console.log") $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
-    rc=126
 elif grep -q 'Kernel panic' "$RUN/console.log"; then
-    # The kernel died while the command ran. Seen once on 6.1 under emulation with the real
-    # pwru's kprobes live on the receive path ("Fatal exception in interrupt", RIP 0): kprobes
-    # patch text with int3 as trampolines do. tailtrap's own code cannot take a kernel down
-    # short of a kernel bug, so this too may be run again once, and says so.
-    echo "$PROG: guest kernel panicked while the command ran (kernel $kver): $(grep -m1 -o 'Kernel panic.*' "$RUN/console.log") $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
+    # The kernel died. Before the command existed: seen on 6.12 under emulation
+    # (text_poke_early patching a static call). While it ran: seen once on 6.1 under
+    # emulation with the real pwru's kprobes live on the receive path ("Fatal exception in
+    # interrupt", RIP 0); kprobes patch text with int3 as trampolines do. tailtrap's own code
+    # cannot take a kernel down short of a kernel bug, so either gets the same status as the
+    # int3 death: the caller may run it again once, and says so.
+    if [ -e "$SHARE/started" ]; then when="while the command ran"; else when="while booting, before the command ran"; fi
+    echo "$PROG: guest kernel panicked $when (kernel $kver): $(grep -m1 -o 'Kernel panic.*' "$RUN/console.log") $(grep -m1 -o 'RIP: 0010:[^ ]*' "$RUN/console.log")" >&2
     rc=126
 else
     echo "$PROG: the VM ended without the command's exit status (kernel $kver, qemu status $qrc)" >&2; rc=125
