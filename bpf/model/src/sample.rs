@@ -171,9 +171,15 @@ pub struct SocketQueue {
 pub const COMM_MAX: usize = 15;
 
 /// A process command name as the kernel reports it (`task->comm`): at most [`COMM_MAX`]
-/// bytes of text.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Comm(String);
+/// bytes of text, held inline. Inline because a sample is made for every captured SKB (up to
+/// the rate limit, 2 000 a second) on the ring-buffer thread and freed on another: a heap
+/// string per sample left the allocator's per-thread caches holding memory across threads.
+#[derive(Clone, Copy, Default)]
+pub struct Comm {
+    len: u8,
+    /// Valid UTF-8 in `..len`, zeros after it.
+    bytes: [u8; COMM_MAX],
+}
 
 /// A command name longer than [`COMM_MAX`] bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -185,51 +191,116 @@ impl Comm {
     /// whatever the kernel hands over can be shown.
     pub fn from_kernel(raw: &[u8]) -> Comm {
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        let mut s = String::from_utf8_lossy(&raw[..end.min(COMM_MAX)]).into_owned();
-        // A replacement character can make the string longer than the bytes it replaced.
-        while s.len() > COMM_MAX {
-            s.pop();
+        let raw = &raw[..end.min(COMM_MAX)];
+        match std::str::from_utf8(raw) {
+            Ok(text) => Comm::from_short(text),
+            Err(_) => {
+                let mut text = String::from_utf8_lossy(raw).into_owned();
+                // A replacement character can make the text longer than the bytes it replaced.
+                while text.len() > COMM_MAX {
+                    text.pop();
+                }
+                Comm::from_short(&text)
+            }
         }
-        Comm(s)
+    }
+
+    /// `text`, known to be at most [`COMM_MAX`] bytes.
+    fn from_short(text: &str) -> Comm {
+        let mut comm = Comm::default();
+        comm.bytes[..text.len()].copy_from_slice(text.as_bytes());
+        comm.len = text.len() as u8;
+        comm
     }
 
     /// The name as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // Only ever filled from a `&str` cut at a character boundary.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
     }
 
     /// True when there was no process context.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len == 0
     }
 }
 
 impl TryFrom<String> for Comm {
     type Error = CommTooLong;
     fn try_from(s: String) -> Result<Comm, CommTooLong> {
+        Comm::try_from(s.as_str()).map_err(|_| CommTooLong(s))
+    }
+}
+
+impl TryFrom<&str> for Comm {
+    type Error = CommTooLong;
+    fn try_from(s: &str) -> Result<Comm, CommTooLong> {
         if s.len() > COMM_MAX {
-            return Err(CommTooLong(s));
+            return Err(CommTooLong(s.to_owned()));
         }
-        Ok(Comm(s))
+        Ok(Comm::from_short(s))
+    }
+}
+
+impl PartialEq for Comm {
+    fn eq(&self, other: &Comm) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Comm {}
+
+impl std::hash::Hash for Comm {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialOrd for Comm {
+    fn partial_cmp(&self, other: &Comm) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Comm {
+    fn cmp(&self, other: &Comm) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for Comm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl Serialize for Comm {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
+        s.serialize_str(self.as_str())
     }
 }
 
 impl<'de> Deserialize<'de> for Comm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Comm, D::Error> {
-        let s = String::deserialize(d)?;
-        Comm::try_from(s).map_err(serde::de::Error::custom)
+        // A visitor sees the text in the reader's buffer, so reading a stored sample
+        // allocates nothing for its name either.
+        struct CommText;
+        impl serde::de::Visitor<'_> for CommText {
+            type Value = Comm;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a command name of at most {COMM_MAX} bytes")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Comm, E> {
+                Comm::try_from(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(CommText)
     }
 }
 
@@ -383,6 +454,26 @@ mod tests {
         assert!(Comm::try_from("a".repeat(16)).is_err());
         let r: Result<Comm, _> = serde_json::from_str(&format!("\"{}\"", "b".repeat(16)));
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn comm_is_stored_as_the_string_it_used_to_be() {
+        // Stored samples were written when the name was a `String`; the bytes must not move.
+        for name in ["", "nginx", "123456789012345", "résumé"] {
+            let comm = Comm::try_from(name).unwrap();
+            let stored = postcard::to_allocvec(&name.to_owned()).unwrap();
+            assert_eq!(postcard::to_allocvec(&comm).unwrap(), stored, "{name}");
+            let back: Comm = postcard::from_bytes(&stored).unwrap();
+            assert_eq!(back.as_str(), name);
+        }
+        let too_long = postcard::to_allocvec(&"x".repeat(16)).unwrap();
+        assert!(postcard::from_bytes::<Comm>(&too_long).is_err());
+        // Equal names are equal whatever was built how; order is the text's.
+        assert_eq!(
+            Comm::from_kernel(b"web\0\0zzz"),
+            Comm::try_from("web").unwrap()
+        );
+        assert!(Comm::try_from("b").unwrap() > Comm::try_from("ab").unwrap());
     }
 
     #[test]
