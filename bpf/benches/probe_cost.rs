@@ -24,7 +24,7 @@
 //! duration (default 3). kernel.bpf_stats_enabled is switched on for the run and restored.
 //! tests/bench/probe-cost-vm.sh runs it on the stock kernels under qemu.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::mem::MaybeUninit;
 use std::net::{TcpListener, TcpStream, UdpSocket};
@@ -36,15 +36,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bpf::{CaptureControl, CaptureLimits, CaptureReader, ProbeConfig, ProbeSet, ServiceSpec};
-use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::skel::Skel;
 use model::Probe;
 
-#[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, unreachable_pub)]
-mod floor_skel {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
-
+#[path = "support/reference.rs"]
+mod reference;
 mod support;
+use reference::Reference;
 use support::{StatsEnabled, MESSAGE, STATS_SYSCTL};
 
 /// Flight-recorder threshold: the lookup is paid, nothing is slow enough to be recorded.
@@ -125,15 +123,6 @@ enum Order {
     ProbesFirst,
 }
 
-/// Which reference program of the floor object.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-enum Reference {
-    /// Empty: the floor.
-    Empty,
-    /// Reads the stamp and its clock: the clock floor.
-    Clock,
-}
-
 /// (run_time_ns, run_cnt) deltas of one phase in one order.
 #[derive(Default)]
 struct Measured {
@@ -194,19 +183,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ..ProbeConfig::default()
     };
 
-    // The floor object needs the hooks the probes use (fentry or tp_btf, per kernel).
-    let attach_points: HashSet<String> = ProbeSet::load(&with_services, &mut |_| {})?
-        .prog_stats()
-        .into_iter()
-        .map(|s| s.attach_point)
-        .collect();
     let mut storage = MaybeUninit::uninit();
-    let mut open = floor_skel::FloorSkelBuilder::default().open(&mut storage)?;
-    for mut prog in open.open_object_mut().progs_mut() {
-        let wanted = attach_points.contains(prog.section().to_string_lossy().as_ref());
-        prog.set_autoload(wanted);
-    }
-    let floor = open.load()?;
+    let floor = reference::load(
+        &mut storage,
+        &with_services,
+        &[Reference::Empty, Reference::Clock],
+    )?;
 
     // results[phase] = one Measured per order
     let mut results: Vec<Vec<Measured>> = PHASES.iter().map(|_| Vec::new()).collect();
@@ -233,11 +215,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     links.push(prog.attach().map_err(|e| e.to_string())?);
                     let id =
                         libbpf_rs::Program::id_from_fd(prog.as_fd()).map_err(|e| e.to_string())?;
-                    let kind = if prog.name().to_string_lossy().starts_with("clock_") {
-                        Reference::Clock
-                    } else {
-                        Reference::Empty
-                    };
+                    let kind = Reference::of(&prog.name().to_string_lossy());
                     ids.insert(id, (prog.section().to_string_lossy().into_owned(), kind));
                 }
                 Ok(ids)

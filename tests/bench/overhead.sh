@@ -1,5 +1,6 @@
 #!/bin/bash
 # overhead.sh [--quick] [--runs N] [--secs S] [--tailtrap PATH] [--vm SERIES] [--stress] [--no-pin]
+#             [--floors]
 #
 # What tailtrap costs a real server: nginx on loopback serving 1 kB and 10 kB files, wrk with
 # 10 and 100 connections, N runs of S seconds per configuration, the configurations
@@ -12,6 +13,10 @@
 #            exceeded opens an incident, capture threshold 1us, so records flow at the default
 #            rate limit (2000/s) for the whole run
 #   hist     `tailtrap hist` alone (probes and histograms, no detector, no capture)
+# and with --floors two more, the probe-cost bench's reference programs on the same hooks
+# (bpf/examples/reference_programs.rs), no tailtrap:
+#   floor    empty programs: what any tool pays for being called at these hooks
+#   clock    programs that only read the stamp and the clock: what any latency probe pays
 # Reports req/s and wrk's p50/p99/p99.9 per configuration as ratios to "none" of the same run
 # (median and min-max over runs), and the BPF programs' CPU share (sum of run_time_ns over
 # wall time, kernel.bpf_stats_enabled on) per program.
@@ -33,6 +38,8 @@
 #                    nginx's worker runs on CPU 1 and wrk (one thread) on CPU 0: unpinned, on
 #                    2 CPUs, where the three threads land changes from run to run, and
 #                    "none" alone moved by up to a third between 30 s runs on an idle host.
+#   --floors         add the floor and clock configurations (above): how much of tailtrap's
+#                    loss any probe on these hooks would cause on this machine
 # Environment: CARGO_TARGET_DIR; VM_MEM, VM_CPUS, VM_TIMEOUT for --vm.
 # Output: the tables on stdout; raw per-run figures in $OUT (default /tmp/tailtrap-overhead).
 
@@ -43,7 +50,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 die() { echo "$PROG: $*" >&2; exit 2; }
 say() { echo "$PROG: $*" >&2; }
 
-RUNS=3; SECS=30; TAILTRAP=; VMSERIES=; STRESS=0; PIN=1
+RUNS=3; SECS=30; TAILTRAP=; VMSERIES=; STRESS=0; PIN=1; FLOORS=0
 args=("$@")
 while [ $# -gt 0 ]; do
     case $1 in
@@ -54,6 +61,7 @@ while [ $# -gt 0 ]; do
         --vm) [ $# -ge 2 ] || die "--vm needs a value"; VMSERIES=$2; shift 2 ;;
         --stress) STRESS=1; shift ;;
         --no-pin) PIN=0; shift ;;
+        --floors) FLOORS=1; shift ;;
         *) die "unknown argument '$1' (see the header of $0)" ;;
     esac
 done
@@ -83,6 +91,14 @@ if [ -z "$TAILTRAP" ]; then
 fi
 [ -x "$TAILTRAP" ] || die "no tailtrap binary at $TAILTRAP"
 TAILTRAP=$(readlink -f "$TAILTRAP")
+# The reference programs for --floors, built beside the default binary (also for a guest,
+# which sees the host's files).
+REFERENCE=${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/reference_programs
+if [ $FLOORS = 1 ] && { [ -z "$VMSERIES" ] || [ ! -x "$REFERENCE" ]; }; then
+    say "building the reference programs (cargo build --release -p bpf --example reference_programs)"
+    (cd "$ROOT" && cargo build --release -p bpf --example reference_programs >&2) ||
+        die "building the reference programs failed"
+fi
 
 # ---- in a guest: the same script, same options, without --vm
 if [ -n "$VMSERIES" ]; then
@@ -96,7 +112,7 @@ if [ -n "$VMSERIES" ]; then
         case $a in --vm|--tailtrap) skip=1; continue ;; esac
         inner+=("$a")
     done
-    export VM_TIMEOUT=${VM_TIMEOUT:-$(( RUNS * 16 * (SECS + 15) + 600 ))}
+    export VM_TIMEOUT=${VM_TIMEOUT:-$(( RUNS * 4 * (FLOORS ? 6 : 4) * (SECS + 15) + 600 ))}
     # The guest's writes land in a discarded tmpfs: share $OUT read-write so the raw
     # figures outlive the guest.
     OUT=${OUT:-/tmp/tailtrap-overhead}; mkdir -p "$OUT" || die "cannot create $OUT"
@@ -221,6 +237,13 @@ start_config() { # name
         none) return 0 ;;
         hist) "$TAILTRAP" hist --config "$WORK/hist.toml" --json > /dev/null 2>"$WORK/logs/hist.log" &
               TT_PID=$!; sleep 3 ;;
+        floor|clock)
+            "$REFERENCE" "$1" > "$WORK/logs/$1.out" 2>&1 & TT_PID=$!
+            for _ in $(seq 150); do
+                grep -q '^attached' "$WORK/logs/$1.out" && break
+                kill -0 $TT_PID 2>/dev/null || { say "reference programs exited: $(cat "$WORK/logs/$1.out")"; return 1; }
+                sleep 0.2
+            done ;;
         daemon|armed)
             "$TAILTRAP" run --config "$WORK/$1.toml" 2>"$WORK/logs/$1.log" & TT_PID=$!
             for _ in $(seq 150); do
@@ -241,7 +264,8 @@ bpf_times() {
     bpftool prog show --json 2>/dev/null | python3 -c '
 import json, sys
 progs = json.load(sys.stdin)
-names = ("ip_start", "tcp_start", "udp_start", "socket_enqueued", "tcp_socket", "udp_socket")
+names = ("ip_start", "tcp_start", "udp_start", "socket_enqueued", "tcp_socket", "udp_socket",
+         "floor_", "clock_")
 for p in progs:
     n = p.get("name", "")
     if n.startswith(names):
@@ -253,13 +277,19 @@ BPF=$OUT/bpf.tsv
 printf 'size\tconns\trun\tconfig\trps\tp50_us\tp99_us\tp999_us\terrors\n' > "$RESULTS"
 printf 'size\tconns\trun\tconfig\tprogram\trun_time_ns\trun_cnt\twall_ns\n' > "$BPF"
 kernel=$(uname -r)
-total=$(( 2 * 2 * RUNS * 4 )); n=0
+# Programs of another tailtrap (a running daemon, a soak) run in every configuration and
+# would be counted in its CPU share: say so, in the log and in the tables.
+ALREADY=$(bpf_times | wc -l)
+[ "$ALREADY" = 0 ] || say "warning: $ALREADY tailtrap BPF programs were already attached (another daemon?): every configuration pays for them and the CPU shares include them"
+CONFIGS=(none daemon armed hist)
+[ $FLOORS = 1 ] && CONFIGS+=(floor clock)
+total=$(( 2 * 2 * RUNS * ${#CONFIGS[@]} )); n=0
 say "kernel $kernel: $total wrk runs of ${SECS}s (about $(( total * (SECS + 6) / 60 )) min)"
 for size in 1k 10k; do
     for conns in 10 100; do
         for run in $(seq "$RUNS"); do
-            order=(none daemon armed hist)
-            k=$(( (run - 1) % 4 ))
+            order=("${CONFIGS[@]}")
+            k=$(( (run - 1) % ${#CONFIGS[@]} ))
             for cfg in "${order[@]:k}" "${order[@]:0:k}"; do
                 n=$((n + 1))
                 start_config $cfg || die "$cfg did not start"
@@ -297,15 +327,17 @@ for size in 1k 10k; do
 done
 
 # ---- tables
-python3 - "$RESULTS" "$BPF" "$kernel" "$RUNS" "$SECS" "$WRK_DESC" <<'EOF'
+python3 - "$RESULTS" "$BPF" "$kernel" "$RUNS" "$SECS" "$WRK_DESC" "$ALREADY" <<'EOF'
 import csv, statistics, sys
 from collections import defaultdict
-results, bpf, kernel, runs, secs, wrk_desc = sys.argv[1:7]
+results, bpf, kernel, runs, secs, wrk_desc, already = sys.argv[1:8]
 rows = list(csv.DictReader(open(results), delimiter="\t"))
 by = {(r["size"], r["conns"], r["run"], r["config"]): r for r in rows}
-configs = ["daemon", "armed", "hist"]
+configs = [c for c in ("daemon", "armed", "hist", "floor", "clock") if any(r["config"] == c for r in rows)]
 print(f"tailtrap overhead: kernel {kernel}, nginx on loopback, {wrk_desc}, {runs} run(s) x {secs} s")
 print("ratios to 'none' of the same run: median [min-max]; req/s below 1 is a loss, latency above 1 an inflation")
+if already != "0":
+    print(f"warning: {already} tailtrap BPF programs of another process ran throughout: these figures are not tailtrap's alone")
 print()
 print(f"{'file':<5} {'conns':>5} {'config':<7} {'req/s (none)':>13} {'req/s':>20} {'p50':>20} {'p99':>20} {'p99.9':>20}")
 def cell(vals):
@@ -360,7 +392,7 @@ for r in b:
     share[(r["config"], r["program"])].append(100.0 * int(r["run_time_ns"]) / wall)
     calls[(r["config"], r["program"])].append(int(r["run_cnt"]) / (wall / 1e9))
 print("BPF CPU share (run_time_ns over wall time, % of one CPU; mean over all sizes, conns and runs)")
-print(f"{'config':<7} {'program':<28} {'% CPU':>8} {'calls/s':>12} {'ns/call':>9}")
+print(f"{'config':<7} {'program':<30} {'% CPU':>8} {'calls/s':>12} {'ns/call':>9}")
 for cfg in configs:
     total = 0.0
     for (c, prog) in sorted(k for k in share if k[0] == cfg):
@@ -370,7 +402,7 @@ for cfg in configs:
             continue  # a variant not attached on this kernel, or no such traffic
         total += s
         ns = s / 100 * 1e9 / cps if cps > 0 else 0
-        print(f"{cfg:<7} {prog:<28} {s:>8.3f} {cps:>12.0f} {ns:>9.1f}")
-    print(f"{cfg:<7} {'all programs':<28} {total:>8.3f}")
+        print(f"{cfg:<7} {prog:<30} {s:>8.3f} {cps:>12.0f} {ns:>9.1f}")
+    print(f"{cfg:<7} {'all programs':<30} {total:>8.3f}")
 EOF
 say "raw figures: $RESULTS, $BPF"

@@ -1,0 +1,58 @@
+//! The reference programs of `floor.bpf.c`, loaded on the hooks tailtrap's probes use on
+//! this kernel (fentry or tp_btf, as the probes' own attach choice decides). Shared by the
+//! probe-cost bench and the `reference_programs` example that nginx's overhead bench runs.
+
+use std::collections::HashSet;
+use std::mem::MaybeUninit;
+
+use bpf::{ProbeConfig, ProbeSet};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::OpenObject;
+
+#[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, unreachable_pub)]
+mod floor_skel {
+    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+}
+
+pub use floor_skel::FloorSkel;
+
+/// Which reference program of the floor object.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Reference {
+    /// Empty: the floor, what being called at all costs.
+    Empty,
+    /// Reads the stamp and its clock: the clock floor, what any latency probe must pay.
+    Clock,
+}
+
+impl Reference {
+    /// Which reference a program of the floor object is, by its name.
+    pub fn of(program_name: &str) -> Reference {
+        if program_name.starts_with("clock_") {
+            Reference::Clock
+        } else {
+            Reference::Empty
+        }
+    }
+}
+
+/// Load (not attach) the reference programs of `kinds` on the hooks `config`'s probes
+/// attach to here. The probes are loaded once to learn those hooks, then dropped.
+pub fn load<'obj>(
+    storage: &'obj mut MaybeUninit<OpenObject>,
+    config: &ProbeConfig,
+    kinds: &[Reference],
+) -> Result<FloorSkel<'obj>, Box<dyn std::error::Error>> {
+    let attach_points: HashSet<String> = ProbeSet::load(config, &mut |_| {})?
+        .prog_stats()
+        .into_iter()
+        .map(|s| s.attach_point)
+        .collect();
+    let mut open = floor_skel::FloorSkelBuilder::default().open(storage)?;
+    for mut prog in open.open_object_mut().progs_mut() {
+        let hook = attach_points.contains(prog.section().to_string_lossy().as_ref());
+        let kind = kinds.contains(&Reference::of(&prog.name().to_string_lossy()));
+        prog.set_autoload(hook && kind);
+    }
+    Ok(open.load()?)
+}
