@@ -20,12 +20,16 @@
 #   VM_APPEND="..."      extra kernel command line
 #   VM_VERBOSE=1         stream the guest console (kernel log) to stderr
 #   VM_KEEP=1            keep the per-run directory (console.log, qemu.log)
+#   VM_CONSOLE_KEEP=FILE when the run fails, copy the whole guest console there (the summary
+#                        below shows only its end, where a hang's first report is long gone)
+#   VM_LOCKUP_SECS=120   a guest CPU reported stuck this long (soft lockup) ends the run
 #   VM_CACHE             where the unpacked vmlinux and initramfs per kernel are kept
 #                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
 #   VM_QEMU=qemu-system-x86_64  VM_CPU=max
 # Exit status: COMMAND's; 124 on timeout; 125 when the VM could not be set up or died; 126
 # when the guest kernel died: an unhandled int3 at a code-patching site, or a panic while
-# booting or while the command ran (see below).
+# booting or while the command ran, or a CPU stuck in the kernel for VM_LOCKUP_SECS (see
+# below).
 #
 # Acceleration is TCG (software emulation, ~10-30x slower guest code): the nested /dev/kvm of
 # the development hosts cannot run an unmodified kernel.  Boot takes ~3 s because the bzImage's
@@ -202,6 +206,18 @@ timeout -k 10 "$TMO" "$QEMU" -accel tcg,thread=multi -cpu "${VM_CPU:-max}" -m "$
     "${rwargs[@]}" \
     </dev/null >"$RUN/qemu.log" 2>&1 &
 qpid=$!
+# A guest CPU stuck in the kernel never comes back: the watchdog repeats its report with a
+# growing time until the timeout, 20 minutes later. Stop at the first report past
+# VM_LOCKUP_SECS instead (shorter reports come and go when the host is overloaded).
+lockup_secs=${VM_LOCKUP_SECS:-120}
+( while kill -0 $qpid 2>/dev/null; do
+      stuck=$(grep -oE 'soft lockup - CPU#[0-9]+ stuck for [0-9]+s' "$RUN/console.log" 2>/dev/null |
+                  grep -oE '[0-9]+s$' | tr -d s | sort -n | tail -n 1)
+      if [ "${stuck:-0}" -ge "$lockup_secs" ]; then
+          : > "$RUN/lockup"; kill $qpid 2>/dev/null; break
+      fi
+      sleep 5
+  done ) & readers+=($!)
 # Waiting on a background qemu (instead of running it in the foreground) lets INT/TERM stop
 # the VM at once through the trap above.
 wait $qpid; qrc=$?; qpid=""
@@ -214,8 +230,25 @@ done
 if [ -s "$SHARE/rc" ]; then
     exit "$(cat "$SHARE/rc")"
 fi
-if [ $qrc = 124 ] || [ $qrc = 137 ]; then
+first_report() { # pattern: the kernel's first report matching it, with its stack
+    grep -m1 -A 40 -E "$1" "$RUN/console.log" | sed -n '1,/^\[ *[0-9.]*\] *<\/TASK>/p'
+}
+if [ -e "$RUN/lockup" ]; then
+    # A CPU spinning in the kernel (a lock never released, a wait that never ends). Seen once
+    # on 6.1 under emulation, in the UDP slow-reader test's traffic task, with the host
+    # loaded by three soaks and a CI run; its first report was lost with the console, which
+    # is why failed runs now keep it (VM_CONSOLE_KEEP). A BPF program cannot loop (the
+    # verifier bounds it), so a lockup is a kernel bug whichever program is attached; it gets
+    # the status of a kernel death, and its first report is printed whole.
+    echo "$PROG: guest kernel hung: a CPU stuck in the kernel for over ${lockup_secs}s (kernel $kver); first report: $(grep -m1 -o 'soft lockup - CPU#[0-9]* stuck for [0-9]*s! \[[^]]*\]' "$RUN/console.log")" >&2
+    echo "---- its first report:" >&2; first_report 'soft lockup|self-detected stall' >&2
+    rc=126
+elif [ $qrc = 124 ] || [ $qrc = 137 ]; then
     echo "$PROG: timed out after ${TMO}s (kernel $kver)" >&2; rc=124
+    if grep -qE 'soft lockup|self-detected stall' "$RUN/console.log"; then
+        echo "---- the guest kernel's first stall report:" >&2
+        first_report 'soft lockup|self-detected stall' >&2
+    fi
 elif grep -q 'Oops: int3' "$RUN/console.log"; then
     # A breakpoint left at a call site the kernel was patching (a BPF trampoline attached or
     # detached) that its int3 handler no longer recognised: seen only in guests under
@@ -238,4 +271,7 @@ else
 fi
 echo "---- qemu log (last 20 lines):" >&2; tail -n 20 "$RUN/qemu.log" >&2
 echo "---- guest console (last 40 lines):" >&2; tail -n 40 "$RUN/console.log" >&2
+if [ -n "${VM_CONSOLE_KEEP:-}" ] && cp "$RUN/console.log" "$VM_CONSOLE_KEEP" 2>/dev/null; then
+    echo "$PROG: the whole guest console: $VM_CONSOLE_KEEP" >&2
+fi
 exit $rc

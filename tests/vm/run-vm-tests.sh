@@ -105,20 +105,23 @@ for s in "${series[@]}"; do
         echo "==== kernel $TAILTRAP_KERNEL: $name" >&2
         start=$(date +%s)
         # One rerun, said in the summary, when the guest kernel died (run-in-vm.sh status 126:
-        # an unhandled int3 at a call site it was patching, or a panic while booting or under
-        # pwru's kprobes): an artefact of the guest kernel under software emulation that no
-        # test can prevent. A second death fails the tier; any other failure stands.
+        # an unhandled int3 at a call site it was patching, a panic while booting or under
+        # pwru's kprobes, a CPU stuck in the kernel): an artefact of the guest kernel under
+        # software emulation that no test can prevent. A second death fails the tier; any
+        # other failure stands. A failed run keeps the whole guest console beside its log.
         rerun=""
         for attempt in 1 2; do
+            rm -f "$log.console"
             # cargo runs integration tests from the package directory; do the same.
-            (cd "$ROOT/tests" && "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 --include-ignored "${extra[@]}") 2>&1 |
+            (cd "$ROOT/tests" && VM_CONSOLE_KEEP="$log.console" "$HERE/run-in-vm.sh" "${KDIR[$s]}" -- "$exe" --test-threads=1 --include-ignored "${extra[@]}") 2>&1 |
                 tee "$log"
             rc=${PIPESTATUS[0]}
             [ "$rc" = 126 ] && [ "$attempt" = 1 ] || break
             cp "$log" "$log.guest-died"
+            [ -e "$log.console" ] && mv "$log.console" "$log.guest-died.console"
             rerun=" (rerun after the guest kernel died, first log: $name.log.guest-died)"
             reruns=$((reruns + 1))
-            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died (int3 oops or a panic); running it once more" >&2
+            echo "run-vm-tests: $name on $TAILTRAP_KERNEL: the guest kernel died (int3 oops, panic or lockup); running it once more" >&2
         done
         secs=$(( $(date +%s) - start ))
         # libtest's own count: "test result: ok. 8 passed; 0 failed; 1 ignored; ..."
