@@ -9,6 +9,11 @@
 #                     [--out DIR]     where series.csv and the daemon's log go
 #                                     (default: a new /tmp/tailtrap-soak-* directory)
 #                     [--cache-bytes N] storage.cache_bytes (default: the built-in one)
+#                     [--max-bytes N] storage.max_bytes, the live data's budget (default
+#                                     256 MiB); a small one holds the live data flat, to
+#                                     tell memory that follows the data from memory that
+#                                     follows time (sled's files may then exceed it: see
+#                                     rotate_min_bytes in docs/storage.md)
 #                     [--bin DIR]     where tailtrap and tailtrap-traffic are (default: the
 #                                     release build, $CARGO_TARGET_DIR/release), so a before
 #                                     and an after build can run side by side
@@ -27,6 +32,7 @@ minutes=120
 every=5
 out=""
 cache_bytes=""
+budget=$((256 << 20))
 bin=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,12 +40,14 @@ while [ $# -gt 0 ]; do
         --every) every=${2:?--every needs a number}; shift 2 ;;
         --out) out=${2:?--out needs a directory}; shift 2 ;;
         --cache-bytes) cache_bytes=${2:?--cache-bytes needs a number}; shift 2 ;;
+        --max-bytes) budget=${2:?--max-bytes needs a number}; shift 2 ;;
         --bin) bin=${2:?--bin needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 case "$cache_bytes" in *[!0-9]*) echo "--cache-bytes must be a number of bytes" >&2; exit 2 ;; esac
+case "$budget" in ''|*[!0-9]*) echo "--max-bytes must be a number of bytes" >&2; exit 2 ;; esac
 for v in "$minutes" "$every"; do
     case "$v" in ''|*[!0-9]*|0) echo "--minutes and --every must be positive numbers" >&2; exit 2 ;; esac
 done
@@ -54,7 +62,6 @@ mkdir -p "$out"
 # Private copies: a rebuild during the soak must not change what runs.
 cp "$bin/tailtrap" "$bin/tailtrap-traffic" "$out/"
 tt="$out/tailtrap"
-budget=$((256 << 20))
 
 pids=()
 cleanup() {
