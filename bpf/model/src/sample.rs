@@ -191,18 +191,14 @@ impl Comm {
     /// whatever the kernel hands over can be shown.
     pub fn from_kernel(raw: &[u8]) -> Comm {
         let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        let raw = &raw[..end.min(COMM_MAX)];
-        match std::str::from_utf8(raw) {
-            Ok(text) => Comm::from_short(text),
-            Err(_) => {
-                let mut text = String::from_utf8_lossy(raw).into_owned();
-                // A replacement character can make the text longer than the bytes it replaced.
-                while text.len() > COMM_MAX {
-                    text.pop();
-                }
-                Comm::from_short(&text)
-            }
+        // Borrowed (no allocation) when the bytes are valid UTF-8, as they nearly always are.
+        let text = String::from_utf8_lossy(&raw[..end.min(COMM_MAX)]);
+        // A replacement character can make the text longer than the bytes it replaced.
+        let mut cut = text.len().min(COMM_MAX);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
         }
+        Comm::from_short(&text[..cut])
     }
 
     /// `text`, known to be at most [`COMM_MAX`] bytes.
