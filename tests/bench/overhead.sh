@@ -66,6 +66,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs must be a positive integer, not '$RUNS'"
+CONFIGS=(none daemon armed hist)
+[ $FLOORS = 1 ] && CONFIGS+=(floor clock)
 [[ $SECS =~ ^[1-9][0-9]*$ ]] || die "--secs must be a positive integer, not '$SECS'"
 [ "$(id -u)" = 0 ] || die "needs root (BPF, nginx on a port, installing packages)"
 
@@ -112,7 +114,7 @@ if [ -n "$VMSERIES" ]; then
         case $a in --vm|--tailtrap) skip=1; continue ;; esac
         inner+=("$a")
     done
-    export VM_TIMEOUT=${VM_TIMEOUT:-$(( RUNS * 4 * (FLOORS ? 6 : 4) * (SECS + 15) + 600 ))}
+    export VM_TIMEOUT=${VM_TIMEOUT:-$(( RUNS * 4 * ${#CONFIGS[@]} * (SECS + 15) + 600 ))}
     # The guest's writes land in a discarded tmpfs: share $OUT read-write so the raw
     # figures outlive the guest.
     OUT=${OUT:-/tmp/tailtrap-overhead}; mkdir -p "$OUT" || die "cannot create $OUT"
@@ -281,16 +283,13 @@ kernel=$(uname -r)
 # would be counted in its CPU share: say so, in the log and in the tables.
 ALREADY=$(bpf_times | wc -l)
 [ "$ALREADY" = 0 ] || say "warning: $ALREADY tailtrap BPF programs were already attached (another daemon?): every configuration pays for them and the CPU shares include them"
-CONFIGS=(none daemon armed hist)
-[ $FLOORS = 1 ] && CONFIGS+=(floor clock)
 total=$(( 2 * 2 * RUNS * ${#CONFIGS[@]} )); n=0
 say "kernel $kernel: $total wrk runs of ${SECS}s (about $(( total * (SECS + 6) / 60 )) min)"
 for size in 1k 10k; do
     for conns in 10 100; do
         for run in $(seq "$RUNS"); do
-            order=("${CONFIGS[@]}")
             k=$(( (run - 1) % ${#CONFIGS[@]} ))
-            for cfg in "${order[@]:k}" "${order[@]:0:k}"; do
+            for cfg in "${CONFIGS[@]:k}" "${CONFIGS[@]:0:k}"; do
                 n=$((n + 1))
                 start_config $cfg || die "$cfg did not start"
                 # Warm-up under load: the daemon's first intervals, nginx's caches.
