@@ -217,10 +217,11 @@ lockup_secs=${VM_LOCKUP_SECS:-120}
           : > "$RUN/lockup"; kill $qpid 2>/dev/null; break
       fi
       sleep 5
-  done ) & readers+=($!)
+  done ) & watcher=$!; readers+=($watcher)
 # Waiting on a background qemu (instead of running it in the foreground) lets INT/TERM stop
 # the VM at once through the trap above.
 wait $qpid; qrc=$?; qpid=""
+kill $watcher 2>/dev/null # asleep between looks: its job ended with qemu
 # The readers end at EOF once qemu is gone; one whose fifo qemu never opened is killed.
 for _ in $(seq 10); do
     alive=0; for p in "${readers[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
