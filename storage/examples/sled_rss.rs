@@ -17,10 +17,13 @@
 //! calls that reopened the engine (flush, drop, open) are counted and their times printed,
 //! and a reader thread reports its slowest read (what any other thread waits meanwhile).
 //!
-//! `--raw MIB [--value-bytes N] [--touch K] [--cache-bytes N]` instead drives sled alone:
-//! `MIB` MiB of `N`-byte values under increasing keys (as sample chunks are), each read
-//! back `K` times after it is written, RSS printed after each MiB; then the engine is
-//! dropped and reopened.
+//! `--raw MIB [--value-bytes N] [--touch K] [--cache-bytes N] [--reopen-every M] [--keep K]`
+//! instead drives sled alone: `MIB` MiB of `N`-byte values under increasing keys (as sample
+//! chunks are), each read back `K` times after it is written, RSS and heap printed after
+//! each MiB; then the engine is dropped and reopened. `--reopen-every M` also drops and
+//! reopens it after every `M` MiB, as the store's recycling does, and `--keep K` removes
+//! what is older than the last `K` MiB written, as retention does: whether reopens alone
+//! leave memory behind.
 //!
 //! With `SLED_RSS_EXIT_LIVE=1` it exits before dropping the store at the end, so that
 //! `heaptrack` lists what the store still holds as leaked. glibc's tunables apply as usual
@@ -53,6 +56,8 @@ struct Args {
     value_bytes: usize,
     touch: u64,
     prefill_mib: u64,
+    reopen_every: u64,
+    keep_mib: u64,
 }
 
 fn args() -> Args {
@@ -69,6 +74,8 @@ fn args() -> Args {
         value_bytes: 28 << 10,
         touch: 0,
         prefill_mib: 0,
+        reopen_every: 0,
+        keep_mib: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -86,6 +93,8 @@ fn args() -> Args {
             "--value-bytes" => a.value_bytes = value.parse().unwrap(),
             "--touch" => a.touch = value.parse().unwrap(),
             "--prefill" => a.prefill_mib = value.parse().unwrap(),
+            "--reopen-every" => a.reopen_every = value.parse().unwrap(),
+            "--keep" => a.keep_mib = value.parse().unwrap(),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -105,6 +114,17 @@ fn rss_mib() -> f64 {
         .parse()
         .unwrap();
     kib / 1024.0
+}
+
+/// Bytes held allocated, MiB, by glibc's count: in its arenas (what of RSS is live heap
+/// rather than allocator slack, binary or stacks), and in blocks mapped on their own
+/// (sled's page-table blocks are among them: 1 MiB each, mostly never touched, so mostly
+/// not resident).
+fn heap_mib() -> (f64, f64) {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let info = unsafe { libc::mallinfo2() };
+    let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+    (mib(info.uordblks), mib(info.hblkhd))
 }
 
 fn histogram(second: u64, probe: usize) -> Histogram {
@@ -190,12 +210,14 @@ fn raw(a: &Args, dir: &std::path::Path) {
         "raw sled: cache_capacity {cache}, {} B values, each read back {} times",
         a.value_bytes, a.touch
     );
-    println!("mib_written,rss_mib");
-    let db = open();
-    let tree = db.open_tree("samples").unwrap();
+    println!("mib_written,rss_mib,arena_mib,mapped_mib,reopens");
+    let mut db = open();
+    let mut tree = db.open_tree("samples").unwrap();
     let per_mib = ((1u64 << 20) / a.value_bytes as u64).max(1);
     let mut key = 0u64;
-    println!("0,{:.1}", rss_mib());
+    let mut reopens = 0;
+    let (arena, mapped) = heap_mib();
+    println!("0,{:.1},{arena:.2},{mapped:.1},0", rss_mib());
     for mib in 1..=a.raw_mib.unwrap_or(0) {
         for _ in 0..per_mib {
             key += 1;
@@ -204,8 +226,23 @@ fn raw(a: &Args, dir: &std::path::Path) {
             for _ in 0..a.touch {
                 tree.get(key.to_be_bytes()).unwrap();
             }
+            if a.keep_mib > 0 && key > a.keep_mib * per_mib {
+                tree.remove((key - a.keep_mib * per_mib).to_be_bytes())
+                    .unwrap();
+            }
         }
-        println!("{mib},{:.1}", rss_mib());
+        if a.reopen_every > 0 && mib % a.reopen_every == 0 {
+            db.flush().unwrap();
+            drop(tree);
+            drop(db);
+            db = open();
+            tree = db.open_tree("samples").unwrap();
+            reopens += 1;
+        }
+        storage_release_retired();
+        let rss = rss_mib();
+        let (arena, mapped) = heap_mib();
+        println!("{mib},{rss:.1},{arena:.2},{mapped:.1},{reopens}");
     }
     drop(tree);
     drop(db);
@@ -218,6 +255,11 @@ fn raw(a: &Args, dir: &std::path::Path) {
         rss_mib()
     );
     drop(db);
+}
+
+/// What the store does after its writes: hand this thread's retired sled memory on.
+fn storage_release_retired() {
+    crossbeam_epoch::pin().flush();
 }
 
 fn main() {
@@ -283,7 +325,9 @@ fn main() {
     let mut open: Option<storage::Incident> = None;
     let mut seq = 0u64;
     let wall = Instant::now();
-    println!("minute,rss_mib,live_bytes,disk_bytes,wall_s,reopens,slowest_call_ms");
+    println!(
+        "minute,rss_mib,arena_mib,mapped_mib,live_bytes,disk_bytes,wall_s,reopens,slowest_call_ms"
+    );
     for minute in 1..=a.minutes {
         for s in 0..60 {
             let second = (minute - 1) * 60 + s;
@@ -336,8 +380,10 @@ fn main() {
             });
         }
         println!(
-            "{minute},{:.1},{},{},{:.1},{},{:.1}",
+            "{minute},{:.1},{:.2},{:.1},{},{},{:.1},{},{:.1}",
             rss_mib(),
+            heap_mib().0,
+            heap_mib().1,
             store.stats().live_bytes,
             store.size_on_disk().unwrap(),
             wall.elapsed().as_secs_f64(),
