@@ -29,15 +29,34 @@ pub struct AppState {
     pub status: Box<dyn Fn() -> StatusReport + Send + Sync>,
 }
 
-/// The bound socket; removes its file when dropped.
+/// The bound socket; removes its file when dropped, if the file is still the one it bound.
 pub struct Socket {
     listener: Option<UnixListener>,
     path: PathBuf,
+    /// Device and inode of the socket file as bound.
+    file: Option<(u64, u64)>,
+}
+
+/// Device and inode of the file at `path`, if there is one.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl Drop for Socket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Another daemon may have bound the same path since (after this one's file was
+        // removed by hand): its file must stay, or its clients lose it.
+        if self.file.is_some() && file_id(&self.path) == self.file {
+            let _ = std::fs::remove_file(&self.path);
+        } else {
+            tracing::warn!(
+                path = %self.path.display(),
+                "the API socket path now holds another file; left in place"
+            );
+        }
     }
 }
 
@@ -67,6 +86,7 @@ pub async fn bind(path: &Path) -> anyhow::Result<Socket> {
     let socket = Socket {
         listener: Some(listener),
         path: path.to_path_buf(),
+        file: file_id(path),
     };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("restricting {} to mode 0600", path.display()))?;
@@ -373,5 +393,23 @@ mod tests {
         let _ = server.await;
         assert!(!path.exists(), "the socket file is removed with the server");
         assert!(Client::connect(&path).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_socket_leaves_a_later_daemons_socket_file_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let first = bind(&path).await.unwrap();
+        // The first daemon's file removed by hand, and a second daemon started on the path.
+        std::fs::remove_file(&path).unwrap();
+        let second = bind(&path).await.unwrap();
+        drop(first);
+        assert!(
+            path.exists(),
+            "the first daemon's exit removed the second's socket"
+        );
+        let _client = tokio::net::UnixStream::connect(&path).await.unwrap();
+        drop(second);
+        assert!(!path.exists(), "the second daemon's own socket is removed");
     }
 }
