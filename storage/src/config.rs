@@ -48,7 +48,8 @@ pub struct StoreConfig {
     /// Rotate into a fresh database when the on-disk size exceeds this many times the live
     /// data (and `rotate_min_bytes`).
     pub max_amplification: f64,
-    /// Never rotate a database smaller than this on disk.
+    /// Never rotate a database smaller than this on disk, nor one within
+    /// `max_amplification` × `max_bytes` (whichever is smaller).
     pub rotate_min_bytes: u64,
     /// The engine's memory, bytes: sled's page cache, and how much may go through the
     /// engine (written, removed or read) before the store reopens it to free what sled

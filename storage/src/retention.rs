@@ -245,12 +245,13 @@ impl Store {
     }
 
     /// Rotate when sled's files exceed `max_amplification` times the live data (and
-    /// `rotate_min_bytes`); returns what was done, or `None` when not needed.
+    /// [`rotation_floor`](Self::rotation_floor)); returns what was done, or `None` when not
+    /// needed.
     pub fn maybe_rotate(&self) -> Result<Option<RotationReport>> {
         let disk = self.size_on_disk()?;
         let live = self.live_bytes().max(1);
         let limit = (live as f64 * self.cfg.max_amplification) as u64;
-        if disk <= self.cfg.rotate_min_bytes || disk <= limit {
+        if disk <= self.rotation_floor() || disk <= limit {
             return Ok(None);
         }
         tracing::warn!(
@@ -260,6 +261,14 @@ impl Store {
             disk as f64 / live as f64
         );
         self.rotate().map(Some)
+    }
+
+    /// Files no larger than this are never rotated: `rotate_min_bytes`, or
+    /// `max_amplification` × `max_bytes` when that is smaller, so that the files of a small
+    /// budget stay within that many times it instead of growing to the 256 MiB floor.
+    pub(crate) fn rotation_floor(&self) -> u64 {
+        let budget_bound = (self.cfg.max_bytes as f64 * self.cfg.max_amplification) as u64;
+        self.cfg.rotate_min_bytes.min(budget_bound)
     }
 
     /// Copy every valid record into a fresh database and swap it in place of the current

@@ -494,3 +494,56 @@ fn full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored() {
     s.flush().unwrap();
     assert!(sample_count(&s, first) >= 101);
 }
+
+/// A small budget bounds the files too: below `rotate_min_bytes`, the rotation floor is
+/// `max_amplification` × `max_bytes`; a large budget keeps the 256 MiB floor.
+#[test]
+fn a_small_budget_rotates_below_the_size_floor() {
+    let churn = |max_bytes: u64| {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig {
+            max_bytes,
+            history: vec![HistoryLevel {
+                resolution: Duration::from_secs(1),
+                keep: Duration::from_secs(3600),
+            }],
+            ..StoreConfig::default()
+        };
+        assert_eq!(cfg.rotate_min_bytes, 256 << 20);
+        let s = Store::open(dir.path().join("db"), cfg).unwrap();
+        let keep = s.open_incident(&new_incident("web", T0)).unwrap();
+        s.put_samples(
+            &(0..100)
+                .map(|i| sample(keep.id, i, T0 + i))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        for k in 0..20u64 {
+            let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
+            s.put_samples(
+                &(0..2000)
+                    .map(|i| sample(inc.id, i, T0 + i))
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap();
+            s.close_incident(&mut inc, T0 + k).unwrap();
+        }
+        s.flush().unwrap();
+        s.enforce_retention(T0 + 31 * DAY).unwrap();
+        s.flush().unwrap();
+        let disk = s.stats().size_on_disk;
+        let rotated = s.maybe_rotate().unwrap();
+        let kept = sample_count(&s, keep.id);
+        (disk, rotated, kept)
+    };
+    // 1 MiB (the least budget) × 4 = a 4 MiB floor, below what the churn leaves on disk.
+    let (disk, rotated, kept) = churn(1 << 20);
+    assert!(disk > 4 << 20, "the churn left only {disk} B on disk");
+    let rep = rotated.expect("files past 4x a 1 MiB budget rotate");
+    assert!(rep.size_after < rep.size_before, "{rep:?}");
+    assert_eq!(kept, 100);
+    let (disk, rotated, kept) = churn(1 << 30);
+    assert!(disk < 256 << 20);
+    assert!(rotated.is_none(), "a 1 GiB budget keeps the 256 MiB floor");
+    assert_eq!(kept, 100);
+}
