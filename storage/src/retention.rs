@@ -49,8 +49,17 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Step by which the oldest history is trimmed when over budget.
+/// Longest step by which the oldest history is trimmed when over budget.
 const HISTORY_TRIM_STEP: u64 = 3600 * 1_000_000_000;
+/// Shortest step: the finest level's chunk at its default resolution.
+const HISTORY_TRIM_MIN_STEP: u64 = 60 * 1_000_000_000;
+
+/// How much of the oldest history one trimming step deletes: an eighth of what is kept,
+/// between a minute and an hour. A fixed hour deleted all of a young store's history at
+/// once (40 minutes of it, for a 2 MiB budget), where a few minutes were enough.
+fn history_trim_step(oldest_ns: u64, now_ns: u64) -> u64 {
+    (now_ns.saturating_sub(oldest_ns) / 8).clamp(HISTORY_TRIM_MIN_STEP, HISTORY_TRIM_STEP)
+}
 
 impl Store {
     /// Delete what is past its age, then, while live data is over `max_bytes`, the oldest
@@ -106,7 +115,7 @@ impl Store {
             let Some(oldest) = self.oldest_history_ns()? else {
                 break;
             };
-            let cut = oldest.saturating_add(HISTORY_TRIM_STEP);
+            let cut = oldest.saturating_add(history_trim_step(oldest, now_ns));
             tracing::info!(
                 before_ns = cut,
                 "over the size budget: deleting the oldest history"

@@ -547,3 +547,49 @@ fn a_small_budget_rotates_below_the_size_floor() {
     assert!(rotated.is_none(), "a 1 GiB budget keeps the 256 MiB floor");
     assert_eq!(kept, 100);
 }
+
+/// Over budget with less than an hour of history, trimming takes the oldest minutes, not
+/// all of it (it used to delete an hour at a time).
+#[test]
+fn a_young_stores_history_is_trimmed_from_its_oldest_minutes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        max_bytes: 1 << 20,
+        ..StoreConfig::default()
+    };
+    let s = Store::open(dir.path().join("db"), cfg).unwrap();
+    let mut h = Histogram::new();
+    for v in 0..200u64 {
+        h.record(v * 7919 % 100_000_000);
+    }
+    // 40 minutes of four streams at 1 s, over the 1 MiB budget.
+    let first = T0 - 40 * 60 * SEC;
+    let mut t = first;
+    while t < T0 {
+        for service in ["web", "db"] {
+            for probe in [Probe::TcpSocketRead, Probe::TcpSocketEnqueued] {
+                s.record_history(service, probe, t, &h).unwrap();
+            }
+        }
+        t += SEC;
+    }
+    s.flush().unwrap();
+    assert!(s.stats().live_bytes > 1 << 20, "{:?}", s.stats());
+    let rep = s.enforce_retention(T0).unwrap();
+    assert!(!rep.still_over_budget, "{rep:?}");
+    assert!(rep.history_points > 0);
+    let left = s
+        .history("web", Probe::TcpSocketRead, first, T0, T0)
+        .unwrap();
+    assert_eq!(left.resolution, Duration::from_secs(1));
+    let (oldest, newest) = (left.points[0].0, left.points.last().unwrap().0);
+    assert_eq!(newest, T0 - SEC, "the newest point stays");
+    assert!(oldest > first, "the oldest points went");
+    // About a quarter had to go: most of the 40 minutes stay (an hour-long step kept 13,
+    // the part after the hour boundary).
+    assert!(
+        T0 - oldest >= 25 * 60 * SEC,
+        "at least the newest 25 minutes of 40 are kept, {} s left",
+        (T0 - oldest) / SEC
+    );
+}
