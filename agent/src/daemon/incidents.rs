@@ -2,7 +2,7 @@
 //! changed as capture and pwru report, and found again by the detector's identity of an
 //! incident (never by its service alone).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -10,16 +10,24 @@ use detector::IncidentKey;
 use storage::{IncidentState, NewIncident, Store};
 
 use super::unix_ns;
-use super::writer::FlushSoon;
+use super::writer::{self, FlushSoon, RecordQueue};
 use crate::api::OpenIncident;
 use crate::output::{headline, probe_list, stage};
+
+/// Closed records kept for the changes that still come after closing (pwru's and
+/// capture's outcome), so that a change starts from the loop's own copy rather than from a
+/// store that may not have written the close yet.
+const RECENTLY_CLOSED: usize = 64;
 
 /// The open incidents, by the detector's key.
 pub(super) struct Incidents {
     store: Arc<Store>,
     /// Opening and closing are made durable by the flush thread, not on the loop.
     flush: FlushSoon,
+    /// Changed records go to the store through the sample thread.
+    records: RecordQueue,
     open: HashMap<IncidentKey, Open>,
+    closed: VecDeque<storage::Incident>,
 }
 
 struct Open {
@@ -28,11 +36,23 @@ struct Open {
 }
 
 impl Incidents {
-    pub(super) fn new(store: Arc<Store>, flush: FlushSoon) -> Incidents {
+    pub(super) fn new(store: Arc<Store>, flush: FlushSoon, records: RecordQueue) -> Incidents {
         Incidents {
             store,
             flush,
+            records,
             open: HashMap::new(),
+            closed: VecDeque::new(),
+        }
+    }
+
+    /// Store a changed record through the sample thread, or here when it cannot take it.
+    fn write(&self, record: &storage::Incident, durable: bool) {
+        if let Err(record) = self.records.send(Box::new(record.clone()), durable) {
+            writer::store_record(&self.store, &record);
+            if durable {
+                self.flush.request();
+            }
         }
     }
 
@@ -82,9 +102,13 @@ impl Incidents {
     /// Change an incident's record (open or already closed) and store it.
     pub(super) fn update(&mut self, id: u64, f: impl FnOnce(&mut storage::Incident)) {
         let mut loaded;
-        let record = match self.open.values_mut().find(|o| o.record.id == id) {
-            Some(o) => &mut o.record,
-            None => match self.store.incident(id) {
+        let record = if let Some(o) = self.open.values_mut().find(|o| o.record.id == id) {
+            &mut o.record
+        } else if let Some(r) = self.closed.iter_mut().find(|r| r.id == id) {
+            r
+        } else {
+            // Closed long ago: every change of it was written by now.
+            match self.store.incident(id) {
                 Ok(Some(r)) => {
                     loaded = r;
                     &mut loaded
@@ -94,12 +118,11 @@ impl Incidents {
                     tracing::error!(incident = id, error = %e, "reading the incident failed");
                     return;
                 }
-            },
+            }
         };
         f(record);
-        if let Err(e) = self.store.update_incident(record) {
-            tracing::error!(incident = id, error = %e, "storing the incident's status failed");
-        }
+        let record = record.clone();
+        self.write(&record, false);
     }
 
     /// More probes or a stronger shift: the record follows.
@@ -110,17 +133,16 @@ impl Incidents {
         open.record.probes = inc.probes.clone();
         open.record.evidence_json = json(&inc);
         open.record.stages_json = json(&inc.stage);
-        if let Err(e) = self.store.update_incident(&open.record) {
-            tracing::error!(incident = open.record.id, error = %e, "storing the incident's update failed");
-        }
+        let record = open.record.clone();
         tracing::info!(
-            incident = open.record.id,
+            incident = record.id,
             service = %inc.service,
             probes = %probe_list(&inc.probes),
             headline = %headline(&inc),
             "incident updated"
         );
         open.detail = inc;
+        self.write(&record, false);
     }
 
     /// The detector closed it: close the record.
@@ -134,15 +156,13 @@ impl Incidents {
         open.record.stages_json = json(&inc.stage);
         open.record.counters.intervals = intervals(inc.opened_at, closed_at);
         let id = open.record.id;
-        match self
-            .store
-            .close_incident_buffered(&mut open.record, unix_ns(closed_at))
-        {
-            Ok(()) => self.flush.request(),
-            Err(e) => {
-                tracing::error!(incident = id, error = %e, "closing the incident in the store failed")
-            }
+        open.record.state = IncidentState::Closed;
+        open.record.closed_ns = Some(unix_ns(closed_at));
+        self.write(&open.record, true);
+        if self.closed.len() == RECENTLY_CLOSED {
+            self.closed.pop_front();
         }
+        self.closed.push_back(open.record);
         let lasted = closed_at.duration_since(inc.opened_at).unwrap_or_default();
         tracing::info!(
             incident = id,

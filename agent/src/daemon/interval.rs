@@ -143,7 +143,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let capture = CaptureController::start(&mut kernel, &config.capture);
         let writer = Writer::start(store.clone());
         DaemonCore {
-            incidents: Incidents::new(store.clone(), writer.flush_soon()),
+            incidents: Incidents::new(store.clone(), writer.flush_soon(), writer.records()),
             writer,
             config,
             kernel,
@@ -180,6 +180,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
     pub(super) fn sync_storage(&mut self) {
         self.writer.sync();
         self.count_written_samples();
+    }
+
+    /// Wait until the incident records changed so far are stored (tests read them from
+    /// the store).
+    #[cfg(test)]
+    pub(super) fn sync_records(&self) {
+        self.writer.sync();
     }
 
     /// The pwru side.

@@ -304,6 +304,8 @@ impl Harness {
     }
 
     fn incident(&self, id: u64) -> storage::Incident {
+        // Record changes reach the store through the sample thread.
+        self.core.sync_records();
         self.store.incident(id).unwrap().expect("incident stored")
     }
 }
