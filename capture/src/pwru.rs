@@ -33,7 +33,7 @@ pub use request::{
     stage_functions, FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits,
     SessionRequest,
 };
-pub use session::{ManagerConfig, SessionManager, SessionState, SessionStatus};
+pub use session::{ManagerConfig, Reservation, SessionManager, SessionState, SessionStatus};
 pub use stderr::AttachReport;
 pub use timeline::{
     clock_offset, wall_minus_mono_ns, ClockOffset, Passes, SampleKey, Step, Timeline, TracePoint,

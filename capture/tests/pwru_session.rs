@@ -441,6 +441,22 @@ async fn a_failed_prerequisite_check_is_repeated_at_the_next_request() {
     assert_eq!(st.reason, stale.summary);
 }
 
+/// A session asked for is busy before its task claims the slot, and a reservation does
+/// not make its own session skip.
+#[tokio::test]
+async fn a_reserved_session_is_busy_before_it_runs() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let mgr = rig.manager();
+    assert!(!mgr.is_busy());
+    let reservation = mgr.reserve();
+    assert!(mgr.is_busy(), "asked for, not started yet");
+    let (st, _) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    assert_eq!(st.state, SessionState::Ok, "{st:#?}");
+    assert!(mgr.is_busy(), "still reserved until its owner drops it");
+    drop(reservation);
+    assert!(!mgr.is_busy());
+}
+
 #[tokio::test]
 async fn one_at_a_time_and_stop() {
     let rig = Rig::new("ok", "tcp612.jsonl");

@@ -86,6 +86,8 @@ impl PwruSessions {
 impl PwruStarter for PwruSessions {
     fn start(&mut self, incident: u64, request: SessionRequest) {
         let (manager, store, done) = (self.manager.clone(), self.store.clone(), self.done.clone());
+        // Busy from now, not only once the task below has claimed the slot.
+        let reservation = manager.reserve();
         self.sessions.spawn(async move {
             let (tx, mut rx) = mpsc::channel(LINE_BUFFER);
             let run = manager.run(request, tx);
@@ -105,6 +107,7 @@ impl PwruStarter for PwruSessions {
                     status = &mut run => break status,
                 }
             };
+            drop(reservation);
             // The sender went away with the finished session: take what is left.
             while let Some(line) = rx.recv().await {
                 writer.push(line);

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -213,6 +213,8 @@ struct Inner {
     config: ManagerConfig,
     slot: Mutex<Slot>,
     next_id: AtomicU64,
+    /// Sessions asked for and not yet over (see [`SessionManager::reserve`]).
+    reserved: AtomicUsize,
 }
 
 /// The binary to run and, for a manager made from a failed prerequisite check, when to
@@ -235,6 +237,18 @@ struct Slot {
 /// Frees the slot however the session ends (including cancellation of `run`).
 struct SlotGuard {
     inner: Arc<Inner>,
+}
+
+/// A session asked for and not over yet; see [`SessionManager::reserve`].
+#[derive(Debug)]
+pub struct Reservation {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.inner.reserved.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Drop for SlotGuard {
@@ -286,13 +300,27 @@ impl SessionManager {
                 config,
                 slot: Mutex::new(Slot::default()),
                 next_id: AtomicU64::new(1),
+                reserved: AtomicUsize::new(0),
             }),
         }
     }
 
-    /// Whether a session is running now.
+    /// Whether a session is running now, or was asked for and has not ended yet.
     pub fn is_busy(&self) -> bool {
-        lock(&self.inner.slot).running.is_some()
+        self.inner.reserved.load(Ordering::SeqCst) > 0 || lock(&self.inner.slot).running.is_some()
+    }
+
+    /// Count a session as asked for from now until the returned guard is dropped: hold it
+    /// from the request to the end of [`SessionManager::run`], so that [`is_busy`] says yes
+    /// before the task running the session has claimed the slot (on a loaded host a status
+    /// read in that gap saw pwru idle while a session was about to start).
+    ///
+    /// [`is_busy`]: SessionManager::is_busy
+    pub fn reserve(&self) -> Reservation {
+        self.inner.reserved.fetch_add(1, Ordering::SeqCst);
+        Reservation {
+            inner: self.inner.clone(),
+        }
     }
 
     /// Ask the running session, if any, to end now (SIGTERM, then SIGKILL after its
