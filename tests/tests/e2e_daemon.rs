@@ -170,13 +170,19 @@ cooldown = "1s"
         Duration::from_secs(60),
         "no open incident and no pwru session",
         || {
-            let (s, _) = cli_json(&config, &["status", "--json"]);
+            // Incidents first, pwru last: a session is asked for while its incident is
+            // open (on a slow guest, seconds after it opened), so incidents all closed and
+            // then pwru idle means no session is coming; the other order could see pwru
+            // idle just before a request and the incident closed just after.
             let slow_incidents = incidents_of(&config, "slow");
-            let calm = s["pwru"]["busy"] == false
-                && slow_incidents
-                    .iter()
-                    .chain(&incidents_of(&config, "quiet"))
-                    .all(|i| i["state"] == "closed");
+            let closed = slow_incidents
+                .iter()
+                .chain(&incidents_of(&config, "quiet"))
+                .all(|i| i["state"] == "closed");
+            let calm = closed && {
+                let (s, _) = cli_json(&config, &["status", "--json"]);
+                s["pwru"]["busy"] == false
+            };
             calm.then(|| slow_incidents.iter().map(id_of).collect())
         },
     );
