@@ -10,7 +10,7 @@ use detector::IncidentKey;
 use storage::{IncidentState, NewIncident, Store};
 
 use super::unix_ns;
-use super::writer::{self, FlushSoon, RecordQueue};
+use super::writer::{self, FlushSoon, SampleQueue};
 use crate::api::OpenIncident;
 use crate::output::{headline, probe_list, stage};
 
@@ -25,7 +25,7 @@ pub(super) struct Incidents {
     /// Opening and closing are made durable by the flush thread, not on the loop.
     flush: FlushSoon,
     /// Changed records go to the store through the sample thread.
-    records: RecordQueue,
+    records: SampleQueue,
     open: HashMap<IncidentKey, Open>,
     closed: VecDeque<storage::Incident>,
 }
@@ -36,7 +36,7 @@ struct Open {
 }
 
 impl Incidents {
-    pub(super) fn new(store: Arc<Store>, flush: FlushSoon, records: RecordQueue) -> Incidents {
+    pub(super) fn new(store: Arc<Store>, flush: FlushSoon, records: SampleQueue) -> Incidents {
         Incidents {
             store,
             flush,
@@ -47,8 +47,8 @@ impl Incidents {
     }
 
     /// Store a changed record through the sample thread, or here when it cannot take it.
-    fn write(&self, record: &storage::Incident, durable: bool) {
-        if let Err(record) = self.records.send(Box::new(record.clone()), durable) {
+    fn write(&self, record: storage::Incident, durable: bool) {
+        if let Err(record) = self.records.record(Box::new(record), durable) {
             writer::store_record(&self.store, &record);
             if durable {
                 self.flush.request();
@@ -122,7 +122,7 @@ impl Incidents {
         };
         f(record);
         let record = record.clone();
-        self.write(&record, false);
+        self.write(record, false);
     }
 
     /// More probes or a stronger shift: the record follows.
@@ -142,7 +142,7 @@ impl Incidents {
             "incident updated"
         );
         open.detail = inc;
-        self.write(&record, false);
+        self.write(record, false);
     }
 
     /// The detector closed it: close the record.
@@ -158,7 +158,7 @@ impl Incidents {
         let id = open.record.id;
         open.record.state = IncidentState::Closed;
         open.record.closed_ns = Some(unix_ns(closed_at));
-        self.write(&open.record, true);
+        self.write(open.record.clone(), true);
         if self.closed.len() == RECENTLY_CLOSED {
             self.closed.pop_front();
         }

@@ -7,7 +7,7 @@
 //! behind history; what became of each batch comes back to the loop, which counts it with
 //! its incidents (the loop owns the incident records). An incident is opened on the loop
 //! (its id is needed at once, before its samples are queued); every later change of its
-//! record goes through the sample thread's queue ([`RecordQueue`]), in order with the
+//! record goes through the sample thread's queue ([`SampleQueue`]), in order with the
 //! samples, so the loop never waits on the engine (an engine reopen holds it 11-70 ms).
 //! The fsync that makes an opened or closed incident durable runs on a fourth thread,
 //! asked for without waiting ([`FlushSoon`]).
@@ -104,30 +104,35 @@ impl FlushSoon {
     }
 }
 
-/// Changed incident records for the sample thread, queued behind the samples sent before.
-/// Shared with the writer, which closes it when the thread stops.
+/// The sample thread's queue: sample batches, and the incidents' changed records behind
+/// the samples sent before them. Shared by the writer and the incidents; the writer closes
+/// it when the thread stops.
 #[derive(Clone)]
-pub(super) struct RecordQueue(Arc<Mutex<Option<SyncSender<SampleJob>>>>);
+pub(super) struct SampleQueue(Arc<Mutex<Option<SyncSender<SampleJob>>>>);
 
-impl RecordQueue {
-    /// Queue `record` for storing; handed back when it cannot be queued (the thread is
-    /// behind or stopped), for the caller to store itself: a record change is never dropped.
-    pub(super) fn send(
+impl SampleQueue {
+    /// Queue `job` without waiting; handed back when the thread is behind or stopped.
+    fn try_send(&self, job: SampleJob) -> Result<(), SampleJob> {
+        let queue = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match queue.as_ref() {
+            None => Err(job),
+            Some(tx) => tx.try_send(job).map_err(|e| match e {
+                TrySendError::Full(job) | TrySendError::Disconnected(job) => job,
+            }),
+        }
+    }
+
+    /// Queue `record` for storing; handed back when it cannot be queued, for the caller to
+    /// store itself: a record change is never dropped.
+    pub(super) fn record(
         &self,
         record: Box<storage::Incident>,
         durable: bool,
     ) -> Result<(), Box<storage::Incident>> {
-        let queue = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tx) = queue.as_ref() else {
-            return Err(record);
-        };
-        match tx.try_send(SampleJob::Record { record, durable }) {
+        match self.try_send(SampleJob::Record { record, durable }) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
-                SampleJob::Record { record, .. } => Err(record),
-                // Only records are sent here.
-                _ => unreachable!("a record was sent"),
-            },
+            Err(SampleJob::Record { record, .. }) => Err(record),
+            Err(_) => unreachable!("a record was sent"),
         }
     }
 
@@ -143,8 +148,7 @@ pub(super) struct Writer {
     flush: Option<SyncSender<()>>,
     threads: Vec<JoinHandle<()>>,
     dropped: Arc<AtomicU64>,
-    samples: Option<SyncSender<SampleJob>>,
-    records: RecordQueue,
+    samples: SampleQueue,
     sample_thread: Option<JoinHandle<()>>,
     written: Receiver<SamplesWritten>,
     dropped_samples: AtomicU64,
@@ -207,14 +211,15 @@ impl Writer {
             Ok(t) => threads.push(t),
             Err(e) => tracing::error!(error = %e, "cannot start the retention thread"),
         }
-        let samples = sample_thread.is_some().then_some(samples);
+        let samples = SampleQueue(Arc::new(Mutex::new(
+            sample_thread.is_some().then_some(samples),
+        )));
         Writer {
             jobs: Some(jobs),
             retention: Some(retention),
             flush: Some(flush),
             threads,
             dropped,
-            records: RecordQueue(Arc::new(Mutex::new(samples.clone()))),
             samples,
             sample_thread,
             written,
@@ -231,23 +236,16 @@ impl Writer {
         pre_trigger: bool,
     ) -> Option<SamplesWritten> {
         let n = samples.len() as u64;
-        let refused = match &self.samples {
-            None => Some(SamplesWritten::of(&samples, pre_trigger, false)),
-            Some(tx) => match tx.try_send(SampleJob::Batch {
+        let refused = match self.samples.try_send(SampleJob::Batch {
+            samples,
+            pre_trigger,
+        }) {
+            Ok(()) => None,
+            Err(SampleJob::Batch {
                 samples,
                 pre_trigger,
-            }) {
-                Ok(()) => None,
-                Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => match job {
-                    SampleJob::Batch {
-                        samples,
-                        pre_trigger,
-                    } => Some(SamplesWritten::of(&samples, pre_trigger, false)),
-                    SampleJob::Record { .. } => None,
-                    #[cfg(test)]
-                    SampleJob::Barrier(_) => None,
-                },
-            },
+            }) => Some(SamplesWritten::of(&samples, pre_trigger, false)),
+            Err(_) => unreachable!("a batch was sent"),
         };
         if refused.is_some() {
             self.dropped_samples.fetch_add(n, Ordering::Relaxed);
@@ -263,8 +261,7 @@ impl Writer {
     /// Write the samples still queued and stop their thread (shutdown: their counts go
     /// into the incident records before those are closed).
     pub(super) fn finish_samples(&mut self) {
-        self.samples = None;
-        self.records.close();
+        self.samples.close();
         if let Some(t) = self.sample_thread.take() {
             if t.join().is_err() {
                 tracing::error!("the sample writer thread panicked");
@@ -289,9 +286,9 @@ impl Writer {
         }
     }
 
-    /// The queue for changed incident records (see [`RecordQueue`]).
-    pub(super) fn records(&self) -> RecordQueue {
-        self.records.clone()
+    /// The queue the incidents' changed records go through (see [`SampleQueue`]).
+    pub(super) fn records(&self) -> SampleQueue {
+        self.samples.clone()
     }
 
     /// A handle for asking the flush thread to flush.
@@ -356,7 +353,14 @@ impl Writer {
             }
         }
         let (tx, rx) = mpsc::channel();
-        if let Some(samples) = &self.samples {
+        // Cloned out of the lock: the send may wait for room.
+        let samples = self
+            .samples
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(samples) = samples {
             if samples.send(SampleJob::Barrier(tx)).is_ok() {
                 let _ = rx.recv();
             }
@@ -383,8 +387,7 @@ impl Drop for Writer {
     fn drop(&mut self) {
         self.jobs = None;
         self.retention = None;
-        self.samples = None;
-        self.records.close();
+        self.samples.close();
         for t in self.threads.drain(..).chain(self.sample_thread.take()) {
             let _ = t.join();
         }
@@ -553,11 +556,11 @@ mod tests {
         let mut rec = opened(&store);
         for n in 1..=20 {
             rec.counters.intervals = n;
-            records.send(Box::new(rec.clone()), false).unwrap();
+            records.record(Box::new(rec.clone()), false).unwrap();
         }
         rec.state = IncidentState::Closed;
         rec.closed_ns = Some(1_700_000_001_000_000_000);
-        records.send(Box::new(rec.clone()), true).unwrap();
+        records.record(Box::new(rec.clone()), true).unwrap();
         writer.sync();
         let stored = store.incident(rec.id).unwrap().unwrap();
         assert_eq!(stored.counters.intervals, 20, "the last change wins");
@@ -566,7 +569,7 @@ mod tests {
         // Stopped: the change comes back for the caller to store; nothing is dropped.
         writer.finish_samples();
         rec.pwru.message = "after the stop".into();
-        let back = records.send(Box::new(rec.clone()), false).unwrap_err();
+        let back = records.record(Box::new(rec.clone()), false).unwrap_err();
         assert_eq!(*back, rec);
     }
 }
