@@ -188,6 +188,24 @@ fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
     assert_eq!(rep.still_over_budget, s.stats().live_bytes > 1 << 20);
 }
 
+/// Churn: 20 incidents of 2000 samples written, closed, then deleted by age, which leaves
+/// sled's files bloated.
+fn bloat(s: &Store) {
+    for k in 0..20u64 {
+        let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
+        s.put_samples(
+            &(0..2000)
+                .map(|i| sample(inc.id, i, T0 + i))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        s.close_incident(&mut inc, T0 + k).unwrap();
+    }
+    s.flush().unwrap();
+    s.enforce_retention(T0 + 31 * DAY).unwrap();
+    s.flush().unwrap();
+}
+
 #[test]
 fn rotation_keeps_every_record_and_shrinks_the_files() {
     let dir = tempfile::tempdir().unwrap();
@@ -210,20 +228,7 @@ fn rotation_keeps_every_record_and_shrinks_the_files() {
     .unwrap();
     s.put_baseline("web", Probe::TcpSocketRead, b"baseline")
         .unwrap();
-    // Churn: lots written, then deleted by age, leaves sled's files bloated.
-    for k in 0..20u64 {
-        let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
-        s.put_samples(
-            &(0..2000)
-                .map(|i| sample(inc.id, i, T0 + i))
-                .collect::<Vec<_>>(),
-        )
-        .unwrap();
-        s.close_incident(&mut inc, T0 + k).unwrap();
-    }
-    s.flush().unwrap();
-    s.enforce_retention(T0 + 31 * DAY).unwrap();
-    s.flush().unwrap();
+    bloat(&s);
     let before = s.stats();
     let rep = s
         .maybe_rotate()
@@ -518,19 +523,7 @@ fn a_small_budget_rotates_below_the_size_floor() {
                 .collect::<Vec<_>>(),
         )
         .unwrap();
-        for k in 0..20u64 {
-            let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
-            s.put_samples(
-                &(0..2000)
-                    .map(|i| sample(inc.id, i, T0 + i))
-                    .collect::<Vec<_>>(),
-            )
-            .unwrap();
-            s.close_incident(&mut inc, T0 + k).unwrap();
-        }
-        s.flush().unwrap();
-        s.enforce_retention(T0 + 31 * DAY).unwrap();
-        s.flush().unwrap();
+        bloat(&s);
         let disk = s.stats().size_on_disk;
         let rotated = s.maybe_rotate().unwrap();
         let kept = sample_count(&s, keep.id);
