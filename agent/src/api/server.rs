@@ -54,7 +54,7 @@ impl Drop for Socket {
         } else {
             tracing::warn!(
                 path = %self.path.display(),
-                "the API socket path now holds another file; left in place"
+                "the API socket path no longer holds the file this daemon bound; left in place"
             );
         }
     }
