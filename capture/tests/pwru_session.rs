@@ -458,7 +458,7 @@ async fn a_reserved_session_is_busy_before_it_runs() {
 }
 
 #[tokio::test]
-async fn one_at_a_time_and_stop() {
+async fn one_at_a_time_and_close() {
     let rig = Rig::new("ok", "tcp612.jsonl");
     let mgr = rig.manager();
     let first = {
@@ -480,7 +480,7 @@ async fn one_at_a_time_and_stop() {
     assert_eq!(busy.reason, "the pwru session for \"web\" is still running");
     assert!(busy.argv.is_empty() && busy.started.is_none());
 
-    assert!(mgr.stop());
+    assert!(mgr.close());
     let (st, lines) = first.await.unwrap();
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     assert_eq!(
@@ -491,7 +491,22 @@ async fn one_at_a_time_and_stop() {
         )
     );
     assert!(!mgr.is_busy());
-    assert!(!mgr.stop());
+    assert!(!mgr.close());
+}
+
+/// A session asked for just before a shutdown must not start pwru after it.
+#[tokio::test]
+async fn a_closed_manager_starts_no_session() {
+    let rig = Rig::new("ok", "tcp612.jsonl");
+    let mgr = rig.manager();
+    let reservation = mgr.reserve();
+    assert!(!mgr.close(), "nothing was running yet");
+    let (st, lines) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    assert_eq!(st.state, SessionState::Unavailable, "{st:#?}");
+    assert_eq!(st.reason, "tailtrap is stopping: no new pwru session");
+    assert!(st.argv.is_empty() && st.started.is_none() && lines.is_empty());
+    drop(reservation);
+    assert!(!mgr.is_busy());
 }
 
 #[tokio::test]

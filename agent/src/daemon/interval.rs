@@ -15,7 +15,7 @@ use super::capture::CaptureController;
 use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
-use super::pwru::{self, Finished, PwruStarter};
+use super::pwru::{self, Finished, PwruStarter, SessionNews};
 use super::writer::{SamplesWritten, Writer};
 use super::{lock, unix_ns};
 use crate::api::{KernelCounters, LatencyRow};
@@ -394,26 +394,45 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             cgroup_dir: cgroup_dir.as_deref(),
             flows,
         };
-        let chosen = SessionRequest::for_incident(&self.config.pwru, &scope)
-            .map_err(|e| e.to_string())
-            .and_then(pwru::choose_functions);
-        match chosen {
-            Ok(pwru::FunctionChoice { request, summary }) => {
-                tracing::info!(incident = id, filter = %request.filter().expression(), %summary, "pwru session requested");
+        // The session's task checks the functions against the kernel (see
+        // `pwru::choose_functions`): reading the kernel's BTF must not hold up the loop.
+        match SessionRequest::for_incident(&self.config.pwru, &scope) {
+            Ok(request) => {
+                let filter = request.filter().expression();
+                tracing::info!(incident = id, %filter, "pwru session requested");
                 self.incidents.update(id, |r| {
                     r.pwru.state = PwruState::Running;
                     r.pwru.started_ns = Some(unix_ns(now));
-                    r.pwru.message =
-                        format!("requested: {}; {summary}", request.filter().expression());
+                    r.pwru.message = format!("requested: {filter}");
                 });
                 self.pwru.start(id, request);
             }
-            Err(why) => self.incidents.update(id, |r| r.pwru.message = why),
+            Err(e) => self
+                .incidents
+                .update(id, |r| r.pwru.message = e.to_string()),
         }
     }
 
+    /// News from a pwru session's task.
+    pub(super) fn pwru_news(&mut self, news: SessionNews) {
+        match news {
+            SessionNews::Chosen { incident, summary } => self.pwru_chosen(incident, &summary),
+            SessionNews::Finished(done) => self.pwru_finished(*done),
+        }
+    }
+
+    /// The kernel check chose a session's functions: keep the choice with its incident.
+    fn pwru_chosen(&mut self, incident: u64, summary: &str) {
+        self.incidents.update(incident, |r| {
+            if r.pwru.state == PwruState::Running && !r.pwru.message.contains("; functions") {
+                r.pwru.message.push_str("; ");
+                r.pwru.message.push_str(summary);
+            }
+        });
+    }
+
     /// A pwru session ended: record its status with its incident (open or not).
-    pub(super) fn pwru_finished(&mut self, done: Finished) {
+    fn pwru_finished(&mut self, done: Finished) {
         lock(&self.status).pwru_finished(done.status.state.name());
         let status = pwru::status_of(&done.status, done.stored);
         tracing::info!(
@@ -424,15 +443,15 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             "pwru session ended"
         );
         self.incidents.update(done.incident, |record| {
-            // Keep the kernel check's choice of functions with the outcome.
+            // Keep the kernel check's choice of functions (`pwru_chosen`) with the outcome.
             let functions = record
                 .pwru
                 .message
-                .split_once("; functions: ")
+                .split_once("; functions")
                 .map(|(_, f)| f.to_owned());
             record.pwru = status;
             if let Some(f) = functions {
-                record.pwru.message.push_str("; functions: ");
+                record.pwru.message.push_str("; functions");
                 record.pwru.message.push_str(&f);
             }
             record.counters.store_errors += done.store_errors;

@@ -37,7 +37,7 @@ use crate::metrics;
 use interval::{DaemonCore, Now};
 use kernel::BpfKernel;
 use live::Live;
-use pwru::{Finished, PwruSessions};
+use pwru::{PwruSessions, SessionNews};
 
 /// How long start-up waits for another process (a CLI reading the database) to let go of
 /// the database lock.
@@ -104,7 +104,7 @@ struct Daemon {
     store: Arc<Store>,
     live: Arc<Mutex<Live>>,
     /// Ends of pwru sessions, for the incidents' records.
-    pwru_done: mpsc::Receiver<Finished>,
+    pwru_news: mpsc::Receiver<SessionNews>,
     /// What the metrics listener serves, when `[metrics]` is enabled.
     metrics: Option<Arc<metrics::Shared>>,
 }
@@ -159,14 +159,14 @@ impl Daemon {
         if prereq.is_usable() || ignore {
             pwru::warm_kernel_functions(&config.pwru);
         }
-        let (pwru_done_tx, pwru_done) = mpsc::channel(16);
+        let (pwru_news_tx, pwru_news) = mpsc::channel(16);
         let live = Arc::new(Mutex::new(Live::new(
             &config,
             probes.attachments(),
             (prereq, ignore, manager.clone()),
             started,
         )));
-        let pwru = PwruSessions::new(manager, store.clone(), pwru_done_tx);
+        let pwru = PwruSessions::new(manager, store.clone(), pwru_news_tx);
         let kernel = BpfKernel::new(probes);
         let core = DaemonCore::new(
             config,
@@ -181,7 +181,7 @@ impl Daemon {
             config_path,
             store,
             live,
-            pwru_done,
+            pwru_news,
             metrics: None,
         })
     }
@@ -232,7 +232,7 @@ impl Daemon {
                     last_tick = now.wall;
                     notify(&[NotifyState::Watchdog]);
                 }
-                Some(done) = self.pwru_done.recv() => self.core.pwru_finished(done),
+                Some(news) = self.pwru_news.recv() => self.core.pwru_news(news),
                 _ = signals.hup.recv() => {
                     notify(&[NotifyState::Reloading]);
                     self.reload();
@@ -246,8 +246,8 @@ impl Daemon {
         notify(&[NotifyState::Stopping]);
         let wait = self.core.config().pwru.limits().kill_grace() + PWRU_STOP_SLACK;
         self.core.pwru_mut().stop(wait).await;
-        while let Ok(done) = self.pwru_done.try_recv() {
-            self.core.pwru_finished(done);
+        while let Ok(news) = self.pwru_news.try_recv() {
+            self.core.pwru_news(news);
         }
         self.core.stop(Now::read());
         if let Some(m) = metrics {

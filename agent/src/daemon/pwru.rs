@@ -24,6 +24,19 @@ const BATCH: usize = 128;
 /// Lines wait at most this long before they are written.
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
 
+/// What a session's task tells the interval loop, the only writer of incident records.
+pub(super) enum SessionNews {
+    /// The kernel check chose the functions pwru traces (before pwru starts).
+    Chosen {
+        /// The incident the session runs for.
+        incident: u64,
+        /// One line: the chosen functions and the dropped ones with why.
+        summary: String,
+    },
+    /// The session ended (or never ran).
+    Finished(Box<Finished>),
+}
+
 /// How a session ended, for the incident's record.
 pub(super) struct Finished {
     /// The incident it ran for.
@@ -49,27 +62,27 @@ pub(super) struct PwruSessions {
     manager: SessionManager,
     store: Arc<Store>,
     sessions: JoinSet<()>,
-    done: mpsc::Sender<Finished>,
+    news: mpsc::Sender<SessionNews>,
 }
 
 impl PwruSessions {
     pub(super) fn new(
         manager: SessionManager,
         store: Arc<Store>,
-        done: mpsc::Sender<Finished>,
+        news: mpsc::Sender<SessionNews>,
     ) -> PwruSessions {
         PwruSessions {
             manager,
             store,
             sessions: JoinSet::new(),
-            done,
+            news,
         }
     }
 
     /// Shutdown: stop a running session and wait at most `wait` for every one to end
     /// (their outcomes are then in the [`Finished`] channel).
     pub(super) async fn stop(&mut self, wait: Duration) {
-        if self.manager.stop() {
+        if self.manager.close() {
             tracing::info!("stopping the running pwru session");
         }
         let sessions = &mut self.sessions;
@@ -85,10 +98,39 @@ impl PwruSessions {
 
 impl PwruStarter for PwruSessions {
     fn start(&mut self, incident: u64, request: SessionRequest) {
-        let (manager, store, done) = (self.manager.clone(), self.store.clone(), self.done.clone());
+        let (manager, store, news) = (self.manager.clone(), self.store.clone(), self.news.clone());
         // Busy from now, not only once the task below has claimed the slot.
         let reservation = manager.reserve();
         self.sessions.spawn(async move {
+            // Checking the functions may parse the kernel's BTF (seconds on a slow host
+            // when the read-ahead has not finished): here, never on the interval loop.
+            let service = request.service().to_owned();
+            let checked = tokio::task::spawn_blocking(move || choose_functions(request))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(format!("no session: checking pwru's functions failed: {e}"))
+                });
+            let request = match checked {
+                Ok(FunctionChoice { request, summary }) => {
+                    tracing::info!(incident, %summary, "pwru functions chosen");
+                    let chosen = SessionNews::Chosen { incident, summary };
+                    if news.send(chosen).await.is_err() {
+                        return;
+                    }
+                    request
+                }
+                Err(why) => {
+                    drop(reservation);
+                    let finished = Finished {
+                        incident,
+                        status: SessionStatus::unavailable(&service, why),
+                        stored: 0,
+                        store_errors: 0,
+                    };
+                    send_finished(&news, finished).await;
+                    return;
+                }
+            };
             let (tx, mut rx) = mpsc::channel(LINE_BUFFER);
             let run = manager.run(request, tx);
             tokio::pin!(run);
@@ -119,13 +161,22 @@ impl PwruStarter for PwruSessions {
                 stored: writer.stored,
                 store_errors: writer.errors,
             };
-            if done.send(finished).await.is_err() {
-                tracing::warn!(
-                    incident,
-                    "pwru session ended after the daemon stopped listening"
-                );
-            }
+            send_finished(&news, finished).await;
         });
+    }
+}
+
+async fn send_finished(news: &mpsc::Sender<SessionNews>, finished: Finished) {
+    let incident = finished.incident;
+    if news
+        .send(SessionNews::Finished(Box::new(finished)))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            incident,
+            "pwru session ended after the daemon stopped listening"
+        );
     }
 }
 

@@ -20,7 +20,7 @@ use storage::{CaptureState, IncidentState, PwruState, SampleFilter, Store, Store
 use super::interval::{DaemonCore, Now};
 use super::kernel::Kernel;
 use super::lock;
-use super::pwru::PwruStarter;
+use super::pwru::{self, PwruStarter, SessionNews};
 use crate::config::{ApiConfig, Config, DaemonConfig};
 
 const SERVICE: &str = "web";
@@ -221,8 +221,11 @@ fn config() -> Config {
 
 impl Harness {
     fn new(kernel: FakeKernel) -> Harness {
+        Harness::with_config(kernel, config())
+    }
+
+    fn with_config(kernel: FakeKernel, config: Config) -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        let config = config();
         let store = Arc::new(Store::open(dir.path().join("db"), config.storage.clone()).unwrap());
         let detector = Detector::new(config.detector.clone());
         let pwru = FakePwru::default();
@@ -371,15 +374,42 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
         request.filter().expression(),
         "tcp and dst port 8080 and dst host 10.0.0.1 and (src host 10.0.0.5 or src host 10.0.0.6)"
     );
-    // Only functions pwru selects on this kernel (BTF rule) reach the request.
-    let names = request.filter_funcs().names();
-    assert!(names.iter().any(|n| n == "tcp_v4_rcv"), "{names:?}");
+    // The loop hands the request on unchecked: its session's task checks the functions
+    // against the kernel (here the real one), so that reading BTF never holds up the loop.
+    let asked = request.filter_funcs().names().to_vec();
+    let drop_points = ["kfree_skb_reason", "sk_skb_reason_drop"];
     assert!(
-        !names.iter().any(|n| n == "skb_copy_datagram_iter"),
+        drop_points.iter().all(|d| asked.iter().any(|n| n == d)),
+        "{asked:?}"
+    );
+    let rec = h.incident(id);
+    assert_eq!(
+        rec.pwru.message,
+        format!("requested: {}", request.filter().expression())
+    );
+    assert_eq!(rec.pwru.state, PwruState::Running);
+    // Only functions pwru selects on this kernel (BTF rule) are kept.
+    let choice = pwru::choose_functions(request.clone()).expect("functions left");
+    let names = choice.request.filter_funcs().names();
+    assert!(names.iter().any(|n| n == "tcp_v4_rcv"), "{names:?}");
+    assert!(names.iter().all(|n| asked.contains(n)), "{names:?}");
+    // A kernel has one of the two drop points as a traceable function, never both.
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| drop_points.contains(&n.as_str()))
+            .count(),
+        1,
         "{names:?}"
     );
+    h.core.pwru_news(SessionNews::Chosen {
+        incident: id,
+        summary: choice.summary.clone(),
+    });
+    let rec = h.incident(id);
     assert!(
-        rec.pwru.message.contains("; functions: "),
+        rec.pwru.message.ends_with(&format!("; {}", choice.summary))
+            && choice.summary.starts_with("functions: "),
         "{}",
         rec.pwru.message
     );
@@ -413,6 +443,22 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
     assert_eq!(rec.capture.emitted, 4);
     assert_eq!(kernel.state().disarmed, [SLOT]);
     assert!(kernel.state().armed.is_empty());
+
+    // The session's outcome comes after the close and keeps the functions chosen.
+    h.core
+        .pwru_news(SessionNews::Finished(Box::new(pwru::Finished {
+            incident: id,
+            status: capture::pwru::SessionStatus::unavailable(SERVICE, "no binary".into()),
+            stored: 0,
+            store_errors: 0,
+        })));
+    let rec = h.incident(id);
+    assert_eq!(rec.state, IncidentState::Closed);
+    assert_eq!(rec.pwru.state, PwruState::NotRun);
+    assert_eq!(
+        rec.pwru.message,
+        format!("unavailable: no binary; {}", choice.summary)
+    );
 
     // Baselines went to the store on the way.
     let saved = h.store.baselines().unwrap();

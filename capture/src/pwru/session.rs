@@ -72,7 +72,8 @@ pub enum SessionState {
     SkippedCooldown,
     /// Not run: another session was running.
     SkippedBusy,
-    /// Not run: pwru's prerequisites are not met on this host.
+    /// Not run: pwru cannot run here now (its prerequisites are not met, none of the
+    /// functions asked for is traced on this kernel, or tailtrap is stopping).
     Unavailable,
 }
 
@@ -178,6 +179,11 @@ impl SessionStatus {
         ]
     }
 
+    /// A session that did not run because pwru cannot run here now; `reason` says why.
+    pub fn unavailable(service: &str, reason: String) -> Self {
+        Self::not_run(service, SessionState::Unavailable, reason)
+    }
+
     fn not_run(service: &str, state: SessionState, reason: String) -> Self {
         SessionStatus {
             service: service.to_owned(),
@@ -232,6 +238,8 @@ struct Slot {
     running: Option<(String, Arc<Notify>)>,
     /// Last start per service.
     last_start: HashMap<String, Instant>,
+    /// Set by [`SessionManager::close`]: no session starts any more.
+    closed: bool,
 }
 
 /// Frees the slot however the session ends (including cancellation of `run`).
@@ -323,11 +331,14 @@ impl SessionManager {
         }
     }
 
-    /// Ask the running session, if any, to end now (SIGTERM, then SIGKILL after its
-    /// grace period); its `run` call returns once pwru is reaped. Returns whether one
-    /// was running.
-    pub fn stop(&self) -> bool {
-        match &lock(&self.inner.slot).running {
+    /// Shutdown: ask the running session, if any, to end now (SIGTERM, then SIGKILL after
+    /// its grace period; its `run` call returns once pwru is reaped), and turn down every
+    /// later one (`unavailable`), so that a session asked for just before the shutdown
+    /// cannot start pwru after it. Returns whether one was running.
+    pub fn close(&self) -> bool {
+        let mut slot = lock(&self.inner.slot);
+        slot.closed = true;
+        match &slot.running {
             Some((_, n)) => {
                 n.notify_one();
                 true
@@ -411,6 +422,12 @@ impl SessionManager {
     fn claim(&self, service: &str) -> Result<(SlotGuard, Arc<Notify>), Box<SessionStatus>> {
         let cooldown = self.inner.config.cooldown;
         let mut slot = lock(&self.inner.slot);
+        if slot.closed {
+            return Err(Box::new(SessionStatus::unavailable(
+                service,
+                "tailtrap is stopping: no new pwru session".to_owned(),
+            )));
+        }
         if let Some((busy_with, _)) = &slot.running {
             return Err(Box::new(SessionStatus::not_run(
                 service,
