@@ -323,6 +323,12 @@ impl Store {
         Ok(())
     }
 
+    /// Whether the live data is over `max_bytes` (until retention trims it). Cheap: the
+    /// store keeps the count as it writes and removes.
+    pub fn over_budget(&self) -> bool {
+        self.live_bytes() > self.cfg.max_bytes
+    }
+
     /// Current counters.
     pub fn stats(&self) -> StoreStats {
         let c = &self.counters;

@@ -100,6 +100,11 @@ impl Now {
     }
 }
 
+/// Shortest time between retention passes asked for because the store is over its size
+/// budget (a pass that cannot bring it under, everything left being too young, is not
+/// repeated every interval).
+const OVER_BUDGET_RETENTION_GAP: Duration = Duration::from_secs(30);
+
 /// Everything the interval loop owns.
 pub(super) struct DaemonCore<K, P> {
     config: Config,
@@ -285,7 +290,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             self.save_baselines(now.mono);
             phases.mark("baseline save");
         }
-        if elapsed(self.last_retention, now.mono) >= self.config.daemon.retention_every {
+        let since_retention = elapsed(self.last_retention, now.mono);
+        // Over its size budget the store is trimmed now, not at the next period: a burst
+        // of samples into a small budget would otherwise stay over it for up to
+        // `retention_every`.
+        let over_budget = since_retention >= OVER_BUDGET_RETENTION_GAP && self.store.over_budget();
+        if since_retention >= self.config.daemon.retention_every || over_budget {
             self.last_retention = now.mono;
             // Retention and rotation read and rewrite much of the database: on their
             // own thread.

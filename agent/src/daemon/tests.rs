@@ -674,3 +674,55 @@ fn samples_still_queued_at_a_stop_are_stored_and_counted_with_the_interrupted_in
         .unwrap();
     assert_eq!(page.samples.len() as u64, rec.capture.stored);
 }
+
+/// A store over its size budget is trimmed within half a minute, not at the next retention
+/// period (an hour here): a burst into a small budget must not stay over it that long.
+#[test]
+fn a_store_over_its_budget_is_trimmed_before_the_retention_period() {
+    let mut config = config();
+    config.daemon.retention_every = Duration::from_secs(3600);
+    config.storage.max_bytes = 1 << 20;
+    let mut h = Harness::with_config(FakeKernel::default(), config);
+    // A closed incident whose samples alone are over the budget.
+    let opened = h.now_ns();
+    let mut old = h
+        .store
+        .open_incident(&storage::NewIncident {
+            service: "old".into(),
+            probes: vec![HOT],
+            opened_ns: opened,
+            evidence_json: "{}".into(),
+            stages_json: "{}".into(),
+        })
+        .unwrap();
+    for batch in 0..100u64 {
+        let samples: Vec<Sample> = (batch * 1000..(batch + 1) * 1000)
+            .map(|i| model::fixtures::sample(old.id, i, opened + i))
+            .collect();
+        h.store.put_samples(&samples).unwrap();
+        if h.store.over_budget() {
+            break;
+        }
+    }
+    h.store.close_incident(&mut old, opened + 1).unwrap();
+    assert!(h.store.over_budget());
+
+    // Not before the 30 s gap (the loop does not ask every interval)...
+    for _ in 0..29 {
+        h.tick(QUIET_NS);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(h.store.over_budget(), "trimmed before the 30 s gap");
+    // ...then at once, on the retention thread: the oldest closed incident goes.
+    h.tick(QUIET_NS);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.store.incident(old.id).unwrap().is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        h.store.incident(old.id).unwrap().is_none(),
+        "not trimmed 30 s after the gap: {:?}",
+        h.store.stats()
+    );
+    assert!(!h.store.over_budget());
+}
