@@ -79,8 +79,8 @@ impl PwruSessions {
         }
     }
 
-    /// Shutdown: stop a running session and wait at most `wait` for every one to end
-    /// (their outcomes are then in the [`Finished`] channel).
+    /// Shutdown: stop a running session, turn down those not started yet, and wait at
+    /// most `wait` for every one to end (their outcomes are then in the news channel).
     pub(super) async fn stop(&mut self, wait: Duration) {
         if self.manager.close() {
             tracing::info!("stopping the running pwru session");
