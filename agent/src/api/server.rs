@@ -15,7 +15,7 @@ use serde::Serialize;
 use storage::Store;
 use tokio::net::UnixListener;
 
-use super::limits::{LimitedListener, Limits};
+use super::limits::{CountAnswers, LimitedListener, Limits};
 use super::query::{
     self, HistoryParams, IncidentsParams, MarkParams, PwruParams, QueryError, SamplesParams,
 };
@@ -130,9 +130,22 @@ pub async fn serve_with(
         })
         .with_state(state);
     // The socket file stays owned by `socket` while serving, so it is removed on the way out.
-    let served = axum::serve(LimitedListener::new(listener, limits), app).await;
+    let served = serve_app(listener, limits, app).await;
     drop(socket);
     served.context("serving the API")
+}
+
+/// Serve `app` on `listener` under `limits` until an error.
+pub(crate) async fn serve_app(
+    listener: UnixListener,
+    limits: Limits,
+    app: Router,
+) -> std::io::Result<()> {
+    axum::serve(
+        LimitedListener::new(listener, limits),
+        CountAnswers::new(app),
+    )
+    .await
 }
 
 /// The API served on a runtime of its own: one worker and at most [`API_QUERY_THREADS`]
