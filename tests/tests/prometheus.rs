@@ -194,7 +194,9 @@ ports = [{quiet}]
     // Fast reads until both services' baselines are warm.
     let _quiet_traffic = LoopingClient::start(quiet.addr(), Proto::Tcp);
     let _slow_traffic = LoopingClient::start(slow.addr(), Proto::Tcp);
-    daemon.wait_for(Duration::from_secs(60), "warm baselines", || {
+    // Warm-up counts intervals of traffic, not seconds: a starved machine runs fewer of
+    // them per second.
+    daemon.wait_for(Duration::from_secs(180), "warm baselines", || {
         baselines_warm(&status(), READ_PROBE, &["slow", "quiet"]).then_some(())
     });
 
