@@ -440,6 +440,12 @@ pub fn print_pwru_status(i: &Incident) {
         };
         t.add_row(["message".to_owned(), message.to_owned()]);
         if let Some(f) = functions {
+            // Without tracefs's list only BTF was checked: a row of its own, not the tail
+            // of the last dropped function.
+            let (f, unlisted) = match f.split_once("; available_filter_functions unreadable: ") {
+                Some((f, why)) => (f, Some(why)),
+                None => (f, None),
+            };
             let (chosen, dropped) = match f.split_once("; dropped: ") {
                 Some((c, d)) => (c, Some(d)),
                 None => (f, None),
@@ -447,6 +453,12 @@ pub fn print_pwru_status(i: &Incident) {
             t.add_row(["functions".to_owned(), chosen.replace(',', ", ")]);
             if let Some(d) = dropped {
                 t.add_row(["dropped functions".to_owned(), d.replace("), ", ")\n")]);
+            }
+            if let Some(why) = unlisted {
+                t.add_row([
+                    "function list".to_owned(),
+                    format!("unreadable, only BTF checked:\n{}", why.replace("; ", "\n")),
+                ]);
             }
         }
         if let Some(c) = command {
