@@ -97,9 +97,9 @@ impl Store {
             rep.history_points += self.trim_history(level as u8, cut, false, &mut rep)?;
         }
 
-        if self.live_bytes() > cfg.max_bytes {
+        if self.over_budget() {
             for (_, inc) in &incidents {
-                if self.live_bytes() <= cfg.max_bytes {
+                if !self.over_budget() {
                     break;
                 }
                 if ended_ns(inc).is_some() && self.incident_exists(inc.id)? {
@@ -111,7 +111,7 @@ impl Store {
                 }
             }
         }
-        while self.live_bytes() > cfg.max_bytes {
+        while self.over_budget() {
             let Some(oldest) = self.oldest_history_ns()? else {
                 break;
             };
@@ -129,7 +129,7 @@ impl Store {
         // more than the leaves the pass paged in. What it deleted counts toward
         // `cache_bytes` like any write.
         self.maybe_recycle();
-        rep.still_over_budget = self.live_bytes() > cfg.max_bytes;
+        rep.still_over_budget = self.over_budget();
         if rep.still_over_budget {
             tracing::warn!(
                 live_bytes = self.live_bytes(),
