@@ -111,10 +111,14 @@ impl FlushSoon {
 pub(super) struct SampleQueue(Arc<Mutex<Option<SyncSender<SampleJob>>>>);
 
 impl SampleQueue {
+    /// The thread's sender, none once it stopped.
+    fn sender(&self) -> Option<SyncSender<SampleJob>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Queue `job` without waiting; handed back when the thread is behind or stopped.
     fn try_send(&self, job: SampleJob) -> Result<(), SampleJob> {
-        let queue = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        match queue.as_ref() {
+        match self.sender() {
             None => Err(job),
             Some(tx) => tx.try_send(job).map_err(|e| match e {
                 TrySendError::Full(job) | TrySendError::Disconnected(job) => job,
@@ -353,14 +357,8 @@ impl Writer {
             }
         }
         let (tx, rx) = mpsc::channel();
-        // Cloned out of the lock: the send may wait for room.
-        let samples = self
-            .samples
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(samples) = samples {
+        // Out of the lock: the send may wait for room.
+        if let Some(samples) = self.samples.sender() {
             if samples.send(SampleJob::Barrier(tx)).is_ok() {
                 let _ = rx.recv();
             }
