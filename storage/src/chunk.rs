@@ -4,9 +4,10 @@
 //!
 //! A chunk's key is `incident | time of its first sample | sequence number of its first
 //! sample`; its value is a [`SAMPLE_CHUNK_VERSION`] envelope around the samples in time
-//! order, each sample with its skb address (envelope version 3). Chunks of version 2
-//! (samples without the address) and records of schema 1 (one such sample each, envelope
-//! version 1) are still read; their samples have no address. A
+//! order, each sample with its skb address, compressed (envelope version 4, below).
+//! Uncompressed chunks (version 3), chunks of version 2 (samples without the address) and
+//! records of schema 1 (one such sample each, envelope version 1) are still read; the
+//! samples of the last two have no address. A
 //! sample's sequence number is `batch id << 20 | chunk number in the batch << 8 |
 //! index in the chunk`, so the chunk holding a sample is found from the sequence number
 //! alone.
@@ -14,7 +15,7 @@
 use model::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue};
 use serde::Deserialize;
 
-use crate::codec::{self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_VERSION};
+use crate::codec::{self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_VERSION};
 use crate::error::{Result, StoreError};
 use crate::keys;
 
@@ -67,19 +68,74 @@ pub(crate) fn encode_batch(batch_id: u64, samples: &[Sample]) -> Result<Vec<Enco
             });
         }
         let seq = (batch_id << BATCH_INDEX_BITS) | ((chunks.len() as u64) << INDEX_BITS);
-        let value = codec::encode_as(
-            SAMPLE_CHUNK_VERSION,
-            "sample chunk",
-            &chunk,
-            MAX_CHUNK_BYTES,
-            codec::HEADER + 2 + chunk.len() * TYPICAL_SAMPLE_BYTES,
-        )?;
+        let value = encode_compressed(chunk)?;
         chunks.push(EncodedChunk {
             key: keys::sample(first.incident, first.time_ns, seq),
             value,
         });
     }
     Ok(chunks)
+}
+
+/// A version 4 chunk: the envelope around `sample count | uncompressed length` (postcard
+/// varints) and the lz4 block of the samples' postcard encoding (a version 3 payload).
+/// Samples of one incident repeat their flow, cgroup, process and nearby times: the block
+/// is 4-6 times smaller, on disk and in what sled keeps in memory of recent writes.
+fn encode_compressed(chunk: &[&Sample]) -> Result<Vec<u8>> {
+    let kind = "sample chunk";
+    let mut raw = Vec::with_capacity(2 + chunk.len() * TYPICAL_SAMPLE_BYTES);
+    raw = postcard::to_extend(chunk, raw).map_err(|source| StoreError::Encode { kind, source })?;
+    if raw.len() > MAX_CHUNK_BYTES {
+        return Err(StoreError::TooLarge {
+            kind,
+            size: raw.len(),
+            max: MAX_CHUNK_BYTES,
+        });
+    }
+    let mut out = Vec::with_capacity(
+        codec::HEADER + 20 + lz4_flex::block::get_maximum_output_size(raw.len()),
+    );
+    out.extend_from_slice(&[SAMPLE_CHUNK_VERSION, 0, 0, 0, 0]);
+    let mut out = postcard::to_extend(&(chunk.len(), raw.len()), out)
+        .map_err(|source| StoreError::Encode { kind, source })?;
+    out.extend_from_slice(&lz4_flex::block::compress(&raw));
+    codec::seal(kind, out, MAX_STORED_CHUNK_BYTES)
+}
+
+/// Cap on a stored version 4 chunk: the largest block lz4 can make of a full chunk.
+const MAX_STORED_CHUNK_BYTES: usize =
+    codec::HEADER + 20 + (MAX_CHUNK_BYTES / 255) + 16 + MAX_CHUNK_BYTES;
+
+/// The samples of a version 4 chunk. The claimed lengths are checked before anything is
+/// allocated for them, so a damaged record whose checksum happens to match cannot ask for
+/// more memory than a full chunk.
+fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
+    let payload = codec::verify_as(SAMPLE_CHUNK_VERSION, value)?;
+    let bad = |why: String| DecodeError::Payload(why);
+    let ((count, raw_len), block) = postcard::take_from_bytes::<(usize, usize)>(payload)
+        .map_err(|e| bad(format!("chunk header: {e}")))?;
+    if raw_len > MAX_CHUNK_BYTES || count > SAMPLES_PER_CHUNK {
+        return Err(bad(format!(
+            "chunk claims {count} samples in {raw_len} bytes, over the caps of \
+             {SAMPLES_PER_CHUNK} and {MAX_CHUNK_BYTES}"
+        )));
+    }
+    let raw =
+        lz4_flex::block::decompress(block, raw_len).map_err(|e| bad(format!("lz4 block: {e}")))?;
+    if raw.len() != raw_len {
+        return Err(bad(format!(
+            "lz4 block gave {} bytes, the header says {raw_len}",
+            raw.len()
+        )));
+    }
+    let samples: Vec<Sample> = postcard::from_bytes(&raw).map_err(|e| bad(e.to_string()))?;
+    if samples.len() != count {
+        return Err(bad(format!(
+            "chunk holds {} samples, the header says {count}",
+            samples.len()
+        )));
+    }
+    Ok(samples)
 }
 
 /// A sample as version 1 records and version 2 chunks hold it: before the skb address.
@@ -133,13 +189,14 @@ pub(crate) fn decode(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
         Some(&codec::RECORD_VERSION) => codec::decode::<SampleV2>(value).map(|s| vec![s.into()]),
         Some(&SAMPLE_CHUNK_V2) => codec::decode_as::<Vec<SampleV2>>(SAMPLE_CHUNK_V2, value)
             .map(|v| v.into_iter().map(Sample::from).collect()),
-        _ => codec::decode_as(SAMPLE_CHUNK_VERSION, value),
+        Some(&SAMPLE_CHUNK_V3) => codec::decode_as(SAMPLE_CHUNK_V3, value),
+        _ => decode_compressed(value),
     }
 }
 
 /// Whether a stored samples record is a chunk (of any layout), not a one-sample record.
 pub(crate) fn is_chunk(value: &[u8]) -> bool {
-    matches!(value.first(), Some(&v) if v == SAMPLE_CHUNK_VERSION || v == SAMPLE_CHUNK_V2)
+    matches!(value.first(), Some(&v) if v == SAMPLE_CHUNK_VERSION || v == SAMPLE_CHUNK_V3 || v == SAMPLE_CHUNK_V2)
 }
 
 /// How many samples a stored record holds, without decoding them: a chunk's length prefix,
@@ -147,10 +204,12 @@ pub(crate) fn is_chunk(value: &[u8]) -> bool {
 pub(crate) fn sample_count(value: &[u8]) -> u64 {
     let chunk = match value.first() {
         Some(&SAMPLE_CHUNK_V2) => codec::verify_as(SAMPLE_CHUNK_V2, value),
+        Some(&SAMPLE_CHUNK_V3) => codec::verify_as(SAMPLE_CHUNK_V3, value),
         _ => codec::verify_as(SAMPLE_CHUNK_VERSION, value),
     };
     if let Ok(payload) = chunk {
-        // postcard writes a sequence's length first, as a varint usize.
+        // postcard writes a sequence's length first, as a varint usize; a compressed
+        // chunk's header starts with the same count.
         return postcard::take_from_bytes::<usize>(payload).map_or(0, |(n, _)| n as u64);
     }
     u64::from(codec::verify_as(codec::RECORD_VERSION, value).is_ok())
@@ -217,6 +276,104 @@ mod tests {
         chunk[last] ^= 1;
         assert_eq!(sample_count(&chunk), 0);
         assert_eq!(decode(&chunk), Err(DecodeError::Checksum));
+    }
+
+    /// A version 3 chunk, as builds before compression wrote them.
+    fn uncompressed(samples: &[Sample]) -> Vec<u8> {
+        codec::encode_as(SAMPLE_CHUNK_V3, "test", &samples, MAX_CHUNK_BYTES, 64).unwrap()
+    }
+
+    /// A version 4 envelope around `header` and `block`, its checksum right.
+    fn sealed(header: (usize, usize), block: &[u8]) -> Vec<u8> {
+        let out = postcard::to_extend(&header, vec![SAMPLE_CHUNK_VERSION, 0, 0, 0, 0]).unwrap();
+        let mut out = out;
+        out.extend_from_slice(block);
+        codec::seal("test", out, usize::MAX).unwrap()
+    }
+
+    #[test]
+    fn chunks_are_compressed_and_uncompressed_ones_still_read() {
+        let batch: Vec<Sample> = (0..256).map(|t| sample(1, 1_000_000 + t * 977)).collect();
+        let chunk = encode_batch(1, &batch).unwrap().remove(0).value;
+        assert_eq!(chunk[0], SAMPLE_CHUNK_VERSION);
+        assert_eq!(decode(&chunk).unwrap(), batch);
+        assert_eq!(sample_count(&chunk), 256);
+        assert!(is_chunk(&chunk));
+        let old = uncompressed(&batch);
+        assert!(
+            chunk.len() * 2 < old.len(),
+            "compressed {} bytes, uncompressed {}",
+            chunk.len(),
+            old.len()
+        );
+        assert_eq!(decode(&old).unwrap(), batch);
+        assert_eq!(sample_count(&old), 256);
+        assert!(is_chunk(&old));
+        assert_eq!(
+            codec::verify(&old).map(<[u8]>::len),
+            Ok(old.len() - codec::HEADER)
+        );
+    }
+
+    #[test]
+    fn a_compressed_chunk_whose_header_lies_is_an_error_not_an_allocation() {
+        let batch: Vec<Sample> = (0..3).map(|t| sample(1, t)).collect();
+        let raw = postcard::to_allocvec(&batch).unwrap();
+        let block = lz4_flex::block::compress(&raw);
+        assert_eq!(decode(&sealed((3, raw.len()), &block)).unwrap(), batch);
+        for (header, block, why) in [
+            ((3, 1 << 40), &block[..], "over the caps"),
+            ((1000, raw.len()), &block[..], "over the caps"),
+            ((2, raw.len()), &block[..], "the header says 2"),
+            ((3, raw.len() + 7), &block[..], "the header says"),
+            ((3, raw.len()), &block[..block.len() - 3], "lz4 block"),
+            ((3, raw.len()), &[0xff, 0xff, 0xff][..], "lz4 block"),
+        ] {
+            match decode(&sealed(header, block)) {
+                Err(DecodeError::Payload(e)) => assert!(e.contains(why), "{header:?}: {e}"),
+                other => panic!("{header:?}: {other:?}"),
+            }
+        }
+    }
+
+    fn fuzz_cases(default: u32) -> proptest::test_runner::Config {
+        let cases = std::env::var("TAILTRAP_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default);
+        proptest::test_runner::Config {
+            cases,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(fuzz_cases(256))]
+
+        /// The checksum catches flipped bytes; this is what decompression gets if a damaged
+        /// record's checksum matched anyway: any header and block, a real block cut or
+        /// overwritten. An error or samples, never a panic or an allocation past the cap.
+        #[test]
+        fn fuzz_compressed_chunks_behind_a_matching_checksum(
+            count in 0usize..600,
+            raw_len in proptest::prop_oneof![0usize..100_000, proptest::prelude::any::<usize>()],
+            junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            cut in 0usize..64,
+            at in 0usize..4096,
+        ) {
+            let _ = decode(&sealed((count, raw_len), &junk));
+            let batch: Vec<Sample> = (0..40).map(|t| sample(1, t)).collect();
+            let raw = postcard::to_allocvec(&batch).unwrap();
+            let mut block = lz4_flex::block::compress(&raw);
+            block.truncate(block.len().saturating_sub(cut));
+            if !junk.is_empty() && !block.is_empty() {
+                let i = at % block.len();
+                block[i] ^= junk[0] | 1;
+            }
+            let _ = decode(&sealed((count, raw_len), &block));
+            let _ = decode(&sealed((40, raw.len()), &block));
+        }
     }
 
     #[test]

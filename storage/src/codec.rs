@@ -10,9 +10,12 @@ use crate::error::{Result, StoreError};
 /// Version of the envelope and of the record layouts inside it, for every tree but samples.
 pub(crate) const RECORD_VERSION: u8 = 1;
 /// Version of the samples tree's records: a chunk of samples per record, each with its skb
-/// address. Version 2 chunks (samples without the address) and version 1 records (one such
-/// sample each) are still read.
-pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 3;
+/// address, lz4-compressed. Version 3 chunks (the same, uncompressed), version 2 chunks
+/// (samples without the address) and version 1 records (one such sample each) are still
+/// read.
+pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 4;
+/// Sample chunks written before they were compressed.
+pub(crate) const SAMPLE_CHUNK_V3: u8 = 3;
 /// Sample chunks written before samples carried the skb address.
 pub(crate) const SAMPLE_CHUNK_V2: u8 = 2;
 pub(crate) const HEADER: usize = 5;
@@ -94,6 +97,7 @@ pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
         // A history chunk's version is the same byte as a version-2 sample chunk's.
         Some(&v)
             if v == SAMPLE_CHUNK_VERSION
+                || v == SAMPLE_CHUNK_V3
                 || v == SAMPLE_CHUNK_V2
                 || v == crate::history::HISTORY_CHUNK_VERSION =>
         {

@@ -28,7 +28,8 @@ use crate::model::{CaptureState, Incident, IncidentState, NewIncident, PwruRecor
 /// 3: samples carry their skb address (chunk version 3); older chunks stay readable.
 /// 4: history is stored in chunks of points (version-2 history records); one-point
 /// records of earlier schemas stay readable beside them.
-pub const SCHEMA_VERSION: u32 = 4;
+/// 5: sample chunks are lz4-compressed (chunk version 4); uncompressed ones stay readable.
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
@@ -935,9 +936,9 @@ impl Store {
                 tracing::info!(
                     from = v,
                     to = SCHEMA_VERSION,
-                    "database schema upgraded: new samples and history are stored in chunks \
-                     (samples with their skb address), older records stay as they are and \
-                     readable"
+                    "database schema upgraded: new samples are stored in compressed chunks \
+                     with their skb address, history in chunks; older records stay as they \
+                     are and readable"
                 );
                 self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
             }

@@ -125,20 +125,28 @@ fn undecodable_records_are_skipped_counted_and_reported() {
         key.extend_from_slice(&(T0 + 3000).to_be_bytes());
         key.extend_from_slice(&(7u64 << 20).to_be_bytes());
         samples.insert(key, envelope(2, &chunk)).unwrap();
+        // An uncompressed chunk of version 3 (schema 4), with skb addresses: still read.
+        let v3: Vec<_> = (0..2).map(|i| sample(id, 1, T0 + 4000 + i)).collect();
+        let mut key = id.to_be_bytes().to_vec();
+        key.extend_from_slice(&(T0 + 4000).to_be_bytes());
+        key.extend_from_slice(&(8u64 << 20).to_be_bytes());
+        samples
+            .insert(key, envelope(3, &postcard::to_allocvec(&v3).unwrap()))
+            .unwrap();
         db.flush().unwrap();
     }
     let s = Store::open(&path, StoreConfig::default()).unwrap();
     let sum = s.sample_summary(id, &SampleFilter::default()).unwrap();
-    assert_eq!(sum.count, 3000 - 3 * 256 + 4);
+    assert_eq!(sum.count, 3000 - 3 * 256 + 6);
     assert_eq!(s.stats().undecodable_records, 3);
-    // Paging one by one crosses chunks, the schema-1 record and the version-2 chunk, each
-    // sample once; only the samples of today's chunks have an skb address.
+    // Paging one by one crosses chunks, the schema-1 record and the version-2 and -3
+    // chunks, each sample once; the samples of the first two have no skb address.
     let mut seen = Vec::new();
     let mut after = None;
     loop {
         let page = s.samples(id, &SampleFilter::default(), after, 1).unwrap();
         for x in &page.samples {
-            let old = x.time_ns == T0 + 5 || x.time_ns >= T0 + 3000;
+            let old = x.time_ns == T0 + 5 || (T0 + 3000..T0 + 4000).contains(&x.time_ns);
             assert_eq!(x.skb.is_none(), old, "{x:?}");
         }
         seen.extend(page.samples.iter().map(|x| (x.time_ns, x.tcp_seq)));
@@ -147,14 +155,14 @@ fn undecodable_records_are_skipped_counted_and_reported() {
             None => break,
         }
     }
-    assert_eq!(seen.len(), 3000 - 3 * 256 + 4);
+    assert_eq!(seen.len(), 3000 - 3 * 256 + 6);
     seen.sort_unstable();
     seen.dedup();
-    assert_eq!(seen.len(), 3000 - 3 * 256 + 4);
+    assert_eq!(seen.len(), 3000 - 3 * 256 + 6);
     let report = s.check(|_| {}).unwrap();
     let samples = report.trees.iter().find(|t| t.tree == "samples").unwrap();
-    assert_eq!((samples.records, samples.undecodable), (14, 3));
-    assert_eq!(report.samples, 3000 - 3 * 256 + 4);
+    assert_eq!((samples.records, samples.undecodable), (15, 3));
+    assert_eq!(report.samples, 3000 - 3 * 256 + 6);
     assert_eq!(report.undecodable, 3);
     assert_eq!(report.incidents_interrupted, 1);
     // Retention counts samples, not records: the intact old record is one sample, the
@@ -171,7 +179,7 @@ fn undecodable_records_are_skipped_counted_and_reported() {
     let mut inc = s.incident(id).unwrap().unwrap();
     s.close_incident(&mut inc, T0 + SEC).unwrap();
     let rep = s.enforce_retention(T0 + 10 * SEC).unwrap();
-    assert_eq!((rep.incidents, rep.samples), (1, 3000 - 3 * 256 + 4));
+    assert_eq!((rep.incidents, rep.samples), (1, 3000 - 3 * 256 + 6));
     let report = s.check(|_| {}).unwrap();
     let samples = report.trees.iter().find(|t| t.tree == "samples").unwrap();
     assert_eq!(samples.records, 0);

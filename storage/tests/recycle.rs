@@ -40,7 +40,7 @@ fn reopening_keeps_every_record() {
         let mut inc = s
             .open_incident(&new_incident("web", T0 + k * 600 * SEC))
             .unwrap();
-        for b in 0..40u64 {
+        for b in 0..100u64 {
             let batch: Vec<_> = (0..500)
                 .map(|i| sample(inc.id, b * 500 + i, T0 + k * 600 * SEC + b * SEC + i))
                 .collect();
@@ -57,7 +57,7 @@ fn reopening_keeps_every_record() {
                 .is_empty());
             seconds += 1;
         }
-        s.close_incident(&mut inc, T0 + k * 600 * SEC + 60 * SEC)
+        s.close_incident(&mut inc, T0 + k * 600 * SEC + 120 * SEC)
             .unwrap();
         ids.push(inc.id);
     }
@@ -66,12 +66,12 @@ fn reopening_keeps_every_record() {
     let stats = s.stats();
     assert!(
         stats.engine_reopens >= 3,
-        "{} reopens for 3 MB of samples",
+        "{} reopens for 150 000 samples",
         stats.engine_reopens
     );
     assert_eq!(stats.write_errors, 0);
     for id in &ids {
-        assert_eq!(sample_count(&s, *id), 20_000);
+        assert_eq!(sample_count(&s, *id), 50_000);
     }
     let history = s
         .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
@@ -85,12 +85,12 @@ fn reopening_keeps_every_record() {
     let s = Store::open(&path, cfg()).unwrap();
     assert_eq!(s.stats().live_bytes, live);
     for id in &ids {
-        assert_eq!(sample_count(&s, *id), 20_000);
+        assert_eq!(sample_count(&s, *id), 50_000);
         assert!(s.incident(*id).unwrap().unwrap().closed_ns.is_some());
     }
     let report = s.check(|_| {}).unwrap();
     assert_eq!(report.undecodable, 0);
-    assert_eq!(report.samples, 60_000);
+    assert_eq!(report.samples, 150_000);
 }
 
 #[test]

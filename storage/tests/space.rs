@@ -124,8 +124,9 @@ fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
     let mut closed = Vec::new();
     for k in 0..8u64 {
         let mut inc = s.open_incident(&new_incident("web", T0 + k * SEC)).unwrap();
+        // Compressed, 5000 samples are about 200 KB.
         s.put_samples(
-            &(0..2000)
+            &(0..5000)
                 .map(|i| sample(inc.id, i, T0 + i))
                 .collect::<Vec<_>>(),
         )
@@ -193,8 +194,9 @@ fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
 fn bloat(s: &Store) {
     for k in 0..20u64 {
         let mut inc = s.open_incident(&new_incident("web", T0)).unwrap();
+        // Samples are stored compressed (about 40 B each here): enough to churn MBs.
         s.put_samples(
-            &(0..2000)
+            &(0..5000)
                 .map(|i| sample(inc.id, i, T0 + i))
                 .collect::<Vec<_>>(),
         )

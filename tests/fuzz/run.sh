@@ -24,6 +24,7 @@ runs=(
     "capture|--test fuzz_pwru|$cases"
     "capture|--lib|$cases"
     "tailtrap|--bin tailtrap|$cases"
+    "storage|--lib|$cases"
     "storage|--test fuzz_records|$(( cases / 100 > 0 ? cases / 100 : 1 ))"
 )
 echo "building the test executables ..." >&2
