@@ -155,8 +155,12 @@ pub struct Store {
     engine: RwLock<Engine>,
     pub(crate) counters: Counters,
     live: [AtomicU64; 6],
-    /// Serialises incident id allocation.
-    id_lock: Mutex<()>,
+    /// The next incident id, once read from the database: numbering an incident then
+    /// needs no engine access (none waits on an engine reopen).
+    next_incident: Mutex<Option<u64>>,
+    /// Serialises writes of the stored counter of incident ids, so it only moves forward.
+    /// Not `next_incident`: numbering must not wait on a write that waits on the engine.
+    stored_next_lock: Mutex<()>,
     /// Serialises flushes, so generations reach the witness file in order.
     flush_lock: Mutex<()>,
     /// Serialises history writes, with the chunks being filled (see `history`).
@@ -243,7 +247,8 @@ impl Store {
             engine: RwLock::new(engine),
             counters: Counters::default(),
             live,
-            id_lock: Mutex::new(()),
+            next_incident: Mutex::new(None),
+            stored_next_lock: Mutex::new(()),
             flush_lock: Mutex::new(()),
             history_write: Mutex::default(),
             history_epoch: AtomicU64::new(0),
@@ -257,6 +262,13 @@ impl Store {
             pid_file: None,
         };
         store.check_schema(writable)?;
+        if writable {
+            let next = store.stored_next_incident()?;
+            *store
+                .next_incident
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(next);
+        }
         Ok(store)
     }
 
@@ -371,20 +383,42 @@ impl Store {
     /// the next flush (the engine's own within `flush_every`, or [`Store::flush_records`]).
     /// For a caller that must not wait on an fsync and asks for the flush elsewhere.
     pub fn open_incident_buffered(&self, new: &NewIncident) -> Result<Incident> {
-        keys::check_service(&new.service)?;
-        self.writable()?;
-        let _guard = self.id_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let incident = self.number_incident(new)?;
+        self.put_new_incident(&incident)?;
+        Ok(incident)
+    }
+
+    /// The id the next incident gets, from the database: the stored counter, or the newest
+    /// stored id + 1 if the counter lags (a damaged meta record must not make ids repeat).
+    fn stored_next_incident(&self) -> Result<u64> {
         let next = self.meta_get::<u64>(META_NEXT_INCIDENT)?.unwrap_or(1);
-        // The newest stored id wins if the counter lags (it is written first, but a damaged
-        // meta record must not make ids repeat).
         let last = self
             .engine()
             .tree(T::Incidents)
             .last()?
             .and_then(|(k, _)| keys::u64_at(&k, 0))
             .map_or(1, |id| id + 1);
-        let id = next.max(last);
-        let incident = Incident {
+        Ok(next.max(last))
+    }
+
+    /// A new open incident with its id, not stored yet: [`Store::put_new_incident`] stores
+    /// it. Numbering touches no engine (the next id is read when the store opens), so the
+    /// daemon's interval loop numbers an incident at once and hands the write to its
+    /// storage thread, ahead of the incident's samples. An id whose record is never stored
+    /// (a crash before the write) is simply not used again in this run.
+    pub fn number_incident(&self, new: &NewIncident) -> Result<Incident> {
+        keys::check_service(&new.service)?;
+        self.writable()?;
+        let id = {
+            let mut next = self.next_incident.lock().unwrap_or_else(|e| e.into_inner());
+            let id = match *next {
+                Some(id) => id,
+                None => self.stored_next_incident()?,
+            };
+            *next = Some(id + 1);
+            id
+        };
+        Ok(Incident {
             id,
             service: new.service.clone(),
             probes: new.probes.clone(),
@@ -396,11 +430,24 @@ impl Store {
             capture: Default::default(),
             pwru: Default::default(),
             counters: Default::default(),
-        };
-        let value = self.encode("incident", &incident, MAX_INCIDENT_BYTES)?;
-        self.meta_put(META_NEXT_INCIDENT, &(id + 1))?;
-        self.put(T::Incidents, &keys::incident(id), value)?;
-        Ok(incident)
+        })
+    }
+
+    /// Store an incident numbered by [`Store::number_incident`] (its record as it is now),
+    /// without waiting for the disk (see [`Store::open_incident_buffered`]).
+    pub fn put_new_incident(&self, incident: &Incident) -> Result<()> {
+        keys::check_service(&incident.service)?;
+        self.writable()?;
+        let value = self.encode("incident", incident, MAX_INCIDENT_BYTES)?;
+        let _serial = self
+            .stored_next_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let stored = self.meta_get::<u64>(META_NEXT_INCIDENT)?.unwrap_or(1);
+        if stored <= incident.id {
+            self.meta_put(META_NEXT_INCIDENT, &(incident.id + 1))?;
+        }
+        self.put(T::Incidents, &keys::incident(incident.id), value)
     }
 
     /// Replace a stored incident's record (status and counter updates). Durable within
@@ -1314,4 +1361,47 @@ fn available_bytes(path: &Path) -> Option<u64> {
     #[allow(clippy::useless_conversion)] // the field types differ between libcs
     let free = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
     Some(free)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// What an engine reopen or rotation does to every other caller (it holds the engine's
+    /// write lock for tens of ms): numbering an incident must not wait for it.
+    #[test]
+    fn numbering_an_incident_does_not_wait_for_the_engine() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = Arc::new(Store::open(dir.path().join("db"), StoreConfig::default()).unwrap());
+        let new = NewIncident {
+            service: "web".into(),
+            probes: Vec::new(),
+            opened_ns: 1,
+            evidence_json: String::new(),
+            stages_json: String::new(),
+        };
+        let held = store.engine.write().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let numbering = {
+            let store = Arc::clone(&store);
+            let new = new.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(store.number_incident(&new).map(|i| i.id));
+            })
+        };
+        let numbered = rx.recv_timeout(Duration::from_secs(10));
+        drop(held);
+        numbering.join().unwrap();
+        assert_eq!(
+            numbered
+                .expect("numbered while the engine was held")
+                .unwrap(),
+            1
+        );
+        // Storing it does take the engine, after the lock is gone.
+        let inc = store.number_incident(&new).unwrap();
+        store.put_new_incident(&inc).unwrap();
+        assert_eq!(store.incident(2).unwrap().map(|i| i.id), Some(2));
+    }
 }

@@ -44,6 +44,57 @@ fn incidents_get_increasing_ids_and_survive_reopen_closed_or_interrupted() {
     assert!(c.id > b);
 }
 
+/// The daemon numbers an incident on its interval loop and stores it later, from its
+/// storage thread: ids never repeat, whatever order the records are stored in, whether one
+/// is never stored, and after a restart.
+#[test]
+fn numbered_incidents_stored_later_or_never_keep_ids_unique() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir);
+    let first = s.open_incident(&new_incident("web", T0)).unwrap();
+    let a = s.number_incident(&new_incident("web", T0 + SEC)).unwrap();
+    let lost = s
+        .number_incident(&new_incident("web", T0 + 2 * SEC))
+        .unwrap();
+    let c = s
+        .number_incident(&new_incident("db", T0 + 3 * SEC))
+        .unwrap();
+    assert_eq!(
+        [a.id, lost.id, c.id],
+        [first.id + 1, first.id + 2, first.id + 3]
+    );
+    assert!(
+        s.incident(a.id).unwrap().is_none(),
+        "numbering stores nothing"
+    );
+    // Stored newest first; `lost` never (a crash before its write).
+    s.put_new_incident(&c).unwrap();
+    s.put_new_incident(&a).unwrap();
+    assert_eq!(s.incident(a.id).unwrap().unwrap(), a);
+    assert_eq!(s.incident(c.id).unwrap().unwrap().service, "db");
+    assert!(s.incident(lost.id).unwrap().is_none());
+    let d = s.open_incident(&new_incident("web", T0 + 4 * SEC)).unwrap();
+    assert_eq!(
+        d.id,
+        c.id + 1,
+        "the id never stored is not used again in this run"
+    );
+    s.flush().unwrap();
+    let e = s
+        .number_incident(&new_incident("web", T0 + 5 * SEC))
+        .unwrap();
+    drop(s);
+    // A restart continues after the newest stored id: `e`, numbered but not stored before
+    // the restart, is the only id that can come back.
+    let s = open(&dir);
+    let f = s.open_incident(&new_incident("web", T0 + 6 * SEC)).unwrap();
+    assert_eq!(f.id, e.id);
+    assert_eq!(
+        s.number_incident(&new_incident("web", T0)).unwrap().id,
+        f.id + 1
+    );
+}
+
 #[test]
 fn incident_listing_filters_and_pages_newest_first() {
     let dir = tempfile::tempdir().unwrap();

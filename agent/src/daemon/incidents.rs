@@ -49,7 +49,7 @@ impl Incidents {
     /// Store a changed record through the sample thread, or here when it cannot take it.
     fn write(&self, record: storage::Incident, durable: bool) {
         if let Err(record) = self.records.record(Box::new(record), durable) {
-            writer::store_record(&self.store, &record);
+            writer::store_record(&self.store, &record, false);
             if durable {
                 self.flush.request();
             }
@@ -65,16 +65,19 @@ impl Incidents {
             evidence_json: json(&inc),
             stages_json: json(&inc.stage),
         };
-        let record = match self.store.open_incident_buffered(&new) {
-            Ok(r) => {
-                self.flush.request();
-                r
-            }
+        // Numbered here without waiting on the store (an engine reopen holds it for tens
+        // of ms); the record is stored by the sample thread ahead of the incident's samples.
+        let record = match self.store.number_incident(&new) {
+            Ok(r) => r,
             Err(e) => {
                 tracing::error!(service = %inc.service, error = %e, "incident opened but could not be stored");
                 return None;
             }
         };
+        if let Err(record) = self.records.new_record(Box::new(record.clone())) {
+            writer::store_record(&self.store, &record, true);
+            self.flush.request();
+        }
         tracing::info!(
             incident = record.id,
             service = %inc.service,

@@ -64,10 +64,12 @@ enum SampleJob {
         samples: Vec<Sample>,
         pre_trigger: bool,
     },
-    /// An incident's record, changed; `durable`: flush soon after (closing).
+    /// An incident's record, changed; `durable`: flush soon after (opening, closing);
+    /// `new`: first stored now (numbered by the loop, which does not wait on the store).
     Record {
         record: Box<storage::Incident>,
         durable: bool,
+        new: bool,
     },
     /// Answered once every earlier batch is written.
     #[cfg(test)]
@@ -133,7 +135,29 @@ impl SampleQueue {
         record: Box<storage::Incident>,
         durable: bool,
     ) -> Result<(), Box<storage::Incident>> {
-        match self.try_send(SampleJob::Record { record, durable }) {
+        self.send_record(record, durable, false)
+    }
+
+    /// Queue a newly numbered incident's first record (stored durably, before any of its
+    /// samples, which are queued after it); handed back when the queue is full or closed.
+    pub(super) fn new_record(
+        &self,
+        record: Box<storage::Incident>,
+    ) -> Result<(), Box<storage::Incident>> {
+        self.send_record(record, true, true)
+    }
+
+    fn send_record(
+        &self,
+        record: Box<storage::Incident>,
+        durable: bool,
+        new: bool,
+    ) -> Result<(), Box<storage::Incident>> {
+        match self.try_send(SampleJob::Record {
+            record,
+            durable,
+            new,
+        }) {
             Ok(()) => Ok(()),
             Err(SampleJob::Record { record, .. }) => Err(record),
             Err(_) => unreachable!("a record was sent"),
@@ -411,8 +435,12 @@ fn sample_loop(
                 // The loop is gone only at shutdown, after this thread was joined.
                 let _ = written.send(SamplesWritten::of(&samples, pre_trigger, result.is_ok()));
             }
-            SampleJob::Record { record, durable } => {
-                store_record(store, &record);
+            SampleJob::Record {
+                record,
+                durable,
+                new,
+            } => {
+                store_record(store, &record, new);
                 if durable {
                     flush.request();
                 }
@@ -425,9 +453,15 @@ fn sample_loop(
     }
 }
 
-/// Store a changed incident record; a failure is logged (the store counts it).
-pub(super) fn store_record(store: &Store, record: &storage::Incident) {
-    if let Err(e) = store.update_incident(record) {
+/// Store an incident record, `new` (first stored now) or changed; a failure is logged
+/// (the store counts it).
+pub(super) fn store_record(store: &Store, record: &storage::Incident, new: bool) {
+    let stored = if new {
+        store.put_new_incident(record)
+    } else {
+        store.update_incident(record)
+    };
+    if let Err(e) = stored {
         tracing::error!(incident = record.id, error = %e, "storing the incident's record failed");
     }
 }
