@@ -1,7 +1,8 @@
 #!/bin/bash
 # tests/soak/run.sh — the soak: the real daemon for hours under steady loopback traffic with a
 # slowdown injected every few minutes (an incident opens and closes, capture arms, a pwru
-# stand-in session runs), recording once a minute: RSS, open fds, threads, child processes,
+# stand-in session runs), recording once a minute: RSS (and its anonymous and file-backed
+# parts), open fds, threads, child processes,
 # database bytes on disk and the worst interval lateness. Not part of CI. Needs root and a
 # release build, what users run (`cargo build --release --bins`).
 #   tests/soak/run.sh [--minutes N]   length (default 120)
@@ -158,7 +159,7 @@ status_field() { # name: a number of the daemon's facts in `tailtrap status --js
 }
 
 echo "soak: $minutes min, a 60 s slowdown every $every min; output in $out" >&2
-echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents" >"$out/series.csv"
+echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib" >"$out/series.csv"
 start=$(date +%s)
 worst_run=0
 for minute in $(seq 1 "$minutes"); do
@@ -172,6 +173,10 @@ for minute in $(seq 1 "$minutes"); do
     done
     kill -0 $daemon 2>/dev/null || { echo "the daemon died; log: $out/daemon.log" >&2; exit 1; }
     rss=$(awk '/^VmRSS/ {print $2}' /proc/$daemon/status)
+    # RSS split: the heap and other private memory, and the binary's and libraries' pages
+    # (which grow as code runs for the first time, e.g. the first retention pass).
+    anon=$(awk '/^RssAnon/ {print $2}' /proc/$daemon/status)
+    file=$(awk '/^RssFile/ {print $2}' /proc/$daemon/status)
     threads=$(awk '/^Threads/ {print $2}' /proc/$daemon/status)
     fds=$(ls /proc/$daemon/fd | wc -l)
     children=$(pgrep -P $daemon | wc -l)
@@ -180,7 +185,7 @@ for minute in $(seq 1 "$minutes"); do
         jq '.incidents | length')
     # The first minute includes start-up (loading the probes, the first intervals).
     (( minute > 1 && worst > worst_run )) && worst_run=$worst
-    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents"
+    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file"
     echo "$line" >>"$out/series.csv"
     echo "$line" >&2
 done
@@ -213,12 +218,13 @@ chart 3 "open fds per minute"
 ref_row=$(( minutes >= 20 ? 10 : (minutes + 1) / 2 ))
 verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budget="$budget" \
     -v leftover="$leftover" -v pdone="$pwru_done" -v pempty="$pwru_empty" -v plines="$pwru_lines" '
-    NR == r + 1 { rss0 = $2; fd0 = $3 }
-    NR == n + 1 { rss1 = $2; fd1 = $3; db = $6 }
+    NR == r + 1 { rss0 = $2; fd0 = $3; anon0 = $9; file0 = $10 }
+    NR == n + 1 { rss1 = $2; fd1 = $3; db = $6; anon1 = $9; file1 = $10 }
     END {
         fail = 0
         d = (rss1 - rss0) / rss0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
         printf "RSS flat: minute %d %d KiB, end %d KiB (%+.1f %%)  %s\n", r, rss0, rss1, d, ok ? "ok" : "FAILED"
+        printf "  of which anonymous %d -> %d KiB, file-backed (binary, libraries) %d -> %d KiB\n", anon0, anon1, file0, file1
         d = (fd1 - fd0) / fd0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
         printf "fds flat: minute %d %d, end %d (%+.1f %%)  %s\n", r, fd0, fd1, d, ok ? "ok" : "FAILED"
         ok = worst <= 100e6; fail += !ok
