@@ -118,6 +118,17 @@ pub struct PwruStatus {
     pub message: String,
 }
 
+impl PwruStatus {
+    /// How `message` starts while the incident waits for another incident's session to
+    /// end (`state` is then [`PwruState::Running`]: its session is asked for, not over).
+    pub const WAITING: &'static str = "waiting: ";
+
+    /// Whether the incident waits for the one session slot rather than running pwru.
+    pub fn is_waiting(&self) -> bool {
+        self.state == PwruState::Running && self.message.starts_with(Self::WAITING)
+    }
+}
+
 /// Counters of an incident that are not capture's or pwru's.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct IncidentCounters {

@@ -502,7 +502,12 @@ impl Store {
                     inc.capture.message =
                         "disarmed: tailtrap stopped while capture was armed".into();
                 }
-                if inc.pwru.state == PwruState::Running {
+                if inc.pwru.is_waiting() {
+                    inc.pwru.state = PwruState::NotRun;
+                    inc.pwru.message = "skipped-busy: tailtrap stopped while this incident \
+                                        waited for another incident's pwru session to end"
+                        .into();
+                } else if inc.pwru.state == PwruState::Running {
                     inc.pwru.state = PwruState::Failed;
                     inc.pwru.message =
                         "tailtrap stopped while pwru ran; the lines stored until then are kept"

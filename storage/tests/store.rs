@@ -9,8 +9,8 @@ use common::{new_incident, SEC, T0};
 use model::fixtures::sample;
 use model::{Histogram, Probe};
 use storage::{
-    FlowFilter, IncidentQuery, IncidentState, PwruRecord, SampleFilter, Store, StoreConfig,
-    StoreError,
+    FlowFilter, IncidentQuery, IncidentState, PwruRecord, PwruState, PwruStatus, SampleFilter,
+    Store, StoreConfig, StoreError,
 };
 
 fn open(dir: &tempfile::TempDir) -> Store {
@@ -20,21 +20,48 @@ fn open(dir: &tempfile::TempDir) -> Store {
 #[test]
 fn incidents_get_increasing_ids_and_survive_reopen_closed_or_interrupted() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = {
+    let (a, b, w) = {
         let s = open(&dir);
-        let a = s.open_incident(&new_incident("web", T0)).unwrap();
+        let mut a = s.open_incident(&new_incident("web", T0)).unwrap();
         let mut b = s.open_incident(&new_incident("db", T0 + SEC)).unwrap();
         assert!(b.id > a.id);
         b.capture.emitted = 12;
         s.close_incident(&mut b, T0 + 5 * SEC).unwrap();
+        // `a`'s session runs; `w` waits for it to end.
+        a.pwru.state = PwruState::Running;
+        a.pwru.message = "requested: tcp and dst port 80".into();
+        s.update_incident(&a).unwrap();
+        let mut w = s.open_incident(&new_incident("api", T0 + 2 * SEC)).unwrap();
+        w.pwru.state = PwruState::Running;
+        w.pwru.message = format!(
+            "{}the pwru session for \"web\" is running",
+            PwruStatus::WAITING
+        );
+        assert!(w.pwru.is_waiting() && !a.pwru.is_waiting());
+        s.update_incident(&w).unwrap();
         assert!(s.open_report().interrupted.is_empty());
-        (a.id, b.id)
+        (a.id, b.id, w.id)
     };
     let s = open(&dir);
-    // `a` was still open when the store went away.
-    assert_eq!(s.open_report().interrupted, vec![a]);
+    // `a` and `w` were still open when the store went away.
+    assert_eq!(s.open_report().interrupted, vec![a, w]);
     let ia = s.incident(a).unwrap().unwrap();
     assert_eq!(ia.state, IncidentState::Interrupted);
+    // Nothing of the previous run goes on: no state says it does.
+    assert_eq!(ia.pwru.state, PwruState::Failed);
+    assert!(ia
+        .pwru
+        .message
+        .starts_with("tailtrap stopped while pwru ran"));
+    let iw = s.incident(w).unwrap().unwrap();
+    assert_eq!(iw.pwru.state, PwruState::NotRun);
+    assert!(
+        iw.pwru
+            .message
+            .starts_with("skipped-busy: tailtrap stopped while this incident waited"),
+        "{}",
+        iw.pwru.message
+    );
     let ib = s.incident(b).unwrap().unwrap();
     assert_eq!(ib.state, IncidentState::Closed);
     assert_eq!(ib.closed_ns, Some(T0 + 5 * SEC));

@@ -109,6 +109,13 @@ fn start_run(label: &str, services: &[(&'static str, Proto)], setup: PwruSetup<'
             )
         })
         .collect();
+    // The 20 ms reader moves the body by 20 ms; a guest starved by a busy host moved a quiet
+    // UDP service's p90 by 7.5 ms on its own once, and that incident took the session
+    // meant for the other service. A 12 ms bar keeps such noise out.
+    let thresholds: String = services
+        .iter()
+        .map(|s| format!("[detector.services.{}]\nmin_delta = \"12ms\"\n\n", s.name))
+        .collect();
     let config = dir.join("tailtrap.toml");
     std::fs::write(
         &config,
@@ -128,6 +135,7 @@ listen = "127.0.0.1:0"
 
 {declared}
 {detector}
+{thresholds}
 # The clients' side of the traffic (replies to ephemeral ports) is `host`: its reads slow
 # down with the servers' and its incident would take the one pwru session first.
 [detector.services.host]
@@ -143,7 +151,9 @@ max_time = "10m"
 [pwru]
 binary = "{binary}"
 runtime_dir = "{dir}/run"
-cooldown = "10m"
+# Short, so that a session an earlier incident of the service used does not keep the
+# slowed service's own incident from its session.
+cooldown = "1s"
 {extra}
 "#,
             detector = SLOW_READER_DETECTOR,
@@ -184,18 +194,30 @@ fn read_probe(proto: Proto) -> &'static str {
 }
 
 impl Run {
-    /// Turn `service`'s reader 20 ms slow and wait for its incident and for the end of the
-    /// pwru session the incident asks for. The reader stays slow throughout, so the
-    /// session has slow packets to trace; `then_fast` turns it fast again afterwards.
+    /// Turn `service`'s reader 20 ms slow and wait for the end of the first pwru session
+    /// asked for after that on one of its incidents. The reader stays slow throughout, so
+    /// the session has slow packets to trace; `then_fast` turns it fast again afterwards.
+    /// The session may have to wait for another incident's session to end first (the
+    /// product runs one at a time): `budget` covers two.
     fn slow_until_session_ends(&self, service: &str, budget: Duration, then_fast: bool) -> Session {
         let svc = self.services.iter().find(|s| s.name == service).unwrap();
         let config = &self.config;
+        // An incident of the service open before the slowdown (noise) would run on into
+        // it and its session, if any, would have traced the fast reader.
+        self.daemon
+            .wait_for(Duration::from_secs(60), "no open incident", || {
+                let (s, _) = cli_json(config, &["status", "--json"]);
+                let open = s["open_incidents"].as_array()?;
+                (!open.iter().any(|o| o["service"] == service)).then_some(())
+            });
+        let slowed_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
         svc.server
             .set_read_delay(Duration::from_millis(20))
             .unwrap();
         let slowed = Instant::now();
-        // The first incident of the service whose session ran (an earlier one may have
-        // been skipped while another service's session held pwru).
         let (id, pwru) = self.daemon.wait_for(
             Duration::from_secs(60) + budget,
             &format!("the pwru session of an incident on `{service}`"),
@@ -206,7 +228,12 @@ impl Run {
                     let (v, _) =
                         cli_json(config, &["incidents", "show", &id.to_string(), "--json"]);
                     let p = &v["incident"]["pwru"];
-                    // A request skipped while another session ran is not this one's end.
+                    // A session that never started counts from its incident's opening.
+                    let asked_after = p["started_ns"]
+                        .as_u64()
+                        .or(v["incident"]["opened_ns"].as_u64())
+                        .is_some_and(|t| t >= slowed_ns);
+                    // Waiting, or skipped while another session ran, is not an end.
                     let skipped = p["message"]
                         .as_str()
                         .is_some_and(|m| m.starts_with("skipped-"));
@@ -215,7 +242,7 @@ impl Run {
                         || (p["state"] == "not-run"
                             && !skipped
                             && p["message"].as_str().is_some_and(|m| !m.is_empty()));
-                    ended.then(|| (id, p.clone()))
+                    (asked_after && ended).then(|| (id, p.clone()))
                 })
             },
         );
@@ -567,7 +594,7 @@ fn vm_only_real_pwru_traces_tcp_and_udp_slow_readers() {
             ignore_prerequisites: false,
         },
     );
-    let budget = REAL_ATTACH_TIMEOUT + REAL_KILL_GRACE + Duration::from_secs(60);
+    let budget = (REAL_ATTACH_TIMEOUT + REAL_KILL_GRACE + Duration::from_secs(60)) * 2;
     let tcp = run.slow_until_session_ends("slow-tcp", budget, true);
     let udp = run.slow_until_session_ends("slow-udp", budget, false);
     check_real_trace(&run, "slow-tcp", Proto::Tcp, &tcp);

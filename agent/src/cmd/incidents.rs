@@ -7,7 +7,8 @@ use std::time::SystemTime;
 use std::collections::BTreeMap;
 
 use storage::{
-    CaptureState, Incident, IncidentState, IncidentVerdict, PwruState, SampleSummary, Verdict,
+    CaptureState, Incident, IncidentState, IncidentVerdict, PwruState, PwruStatus, SampleSummary,
+    Verdict,
 };
 
 use crate::api::query::{IncidentsParams, MarkParams, SamplesParams};
@@ -201,7 +202,7 @@ fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>)
             d.as_ref().map_or_else(|| probe_names(i), headline),
             d.and_then(|d| d.stage)
                 .map_or_else(|| "-".into(), |s| s.verdict),
-            pwru_state(i.pwru.state).to_owned(),
+            pwru_state(&i.pwru).to_owned(),
             verdicts
                 .get(&i.id)
                 .map_or_else(|| "-".into(), |v| v.verdict.to_string()),
@@ -210,8 +211,11 @@ fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>)
     println!("{t}");
 }
 
-fn pwru_state(s: PwruState) -> &'static str {
-    match s {
+fn pwru_state(p: &PwruStatus) -> &'static str {
+    if p.is_waiting() {
+        return "waiting";
+    }
+    match p.state {
         PwruState::NotRun => "not run",
         PwruState::Running => "running",
         PwruState::Done => "done",
@@ -409,7 +413,7 @@ pub fn print_pwru_status(i: &Incident) {
     println!("\npwru");
     let p = &i.pwru;
     let mut t = table(["item", "value"]);
-    t.add_row(["state".to_owned(), pwru_state(p.state).to_owned()]);
+    t.add_row(["state".to_owned(), pwru_state(p).to_owned()]);
     let exit = match (p.exit_status, p.signal) {
         (Some(c), _) => format!("exit status {c}"),
         (None, Some(s)) => format!("signal {s}"),

@@ -97,6 +97,14 @@ impl Incidents {
         Some(id)
     }
 
+    /// The detector's view of an open incident, by store id.
+    pub(super) fn open_detail(&self, id: u64) -> Option<&detector::Incident> {
+        self.open
+            .values()
+            .find(|o| o.record.id == id)
+            .map(|o| &o.detail)
+    }
+
     /// The store id of an open incident.
     pub(super) fn id_of(&self, key: &IncidentKey) -> Option<u64> {
         self.open.get(key).map(|o| o.record.id)

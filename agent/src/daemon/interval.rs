@@ -9,13 +9,13 @@ use capture::pwru::{IncidentScope, SessionRequest};
 use detector::{Detector, Event};
 use model::Sample;
 use model::{Histogram, Probe};
-use storage::{CaptureState, CaptureStatus, PwruState, Store};
+use storage::{CaptureState, CaptureStatus, PwruState, PwruStatus, Store};
 
 use super::capture::CaptureController;
 use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
-use super::pwru::{self, Finished, PwruStarter, SessionNews};
+use super::pwru::{self, Finished, PwruStarter, QueueVerdict, SessionNews, SessionQueue};
 use super::writer::{SamplesWritten, Writer};
 use super::{lock, unix_ns};
 use crate::api::{KernelCounters, LatencyRow};
@@ -114,6 +114,8 @@ pub(super) struct DaemonCore<K, P> {
     store: Arc<Store>,
     incidents: Incidents,
     pwru: P,
+    /// Requests in flight and incidents waiting for the one session slot.
+    pwru_queue: SessionQueue,
     deltas: Deltas,
     status: Arc<Mutex<LoopStatus>>,
     /// History, baselines, retention and rotation, off the loop.
@@ -156,6 +158,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             detector,
             store,
             pwru,
+            pwru_queue: SessionQueue::default(),
             deltas: Deltas::default(),
             status: Arc::new(Mutex::new(LoopStatus::default())),
             intervals: 0,
@@ -248,6 +251,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 Event::Closed(inc) => {
                     if let Some(id) = self.incidents.id_of(&inc.key()) {
                         self.finish_capture(id, "the incident closed");
+                        self.stop_waiting(id, "the incident closed before that session ended");
                     }
                     self.incidents.closed(inc);
                 }
@@ -410,6 +414,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             Ok(request) => {
                 let filter = request.filter().expression();
                 tracing::info!(incident = id, %filter, "pwru session requested");
+                self.pwru_queue.requested(id, flows);
                 self.incidents.update(id, |r| {
                     r.pwru.state = PwruState::Running;
                     r.pwru.started_ns = Some(unix_ns(now));
@@ -441,8 +446,31 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         });
     }
 
-    /// A pwru session ended: record its status with its incident (open or not).
+    /// A pwru session ended: record its status with its incident (open or not), or, when
+    /// the slot was taken and the incident is open, let it wait; start a waiting one when
+    /// this session freed the slot.
     fn pwru_finished(&mut self, done: Finished) {
+        let open = self.incidents.open_detail(done.incident).is_some();
+        let freed = match self.pwru_queue.finished(&done, open) {
+            QueueVerdict::Waits => {
+                tracing::info!(
+                    incident = done.incident,
+                    busy = %done.status.reason,
+                    "pwru session waits for the running one to end"
+                );
+                self.incidents.update(done.incident, |r| {
+                    r.pwru.state = PwruState::Running;
+                    r.pwru.message = format!(
+                        "{}{}; this incident's session starts when it ends, if the incident \
+                         is still open",
+                        PwruStatus::WAITING,
+                        done.status.reason
+                    );
+                });
+                return;
+            }
+            QueueVerdict::Ended { freed } => freed,
+        };
         lock(&self.status).pwru_finished(done.status.state.name());
         let status = pwru::status_of(&done.status, done.stored);
         tracing::info!(
@@ -466,6 +494,47 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
             record.counters.store_errors += done.store_errors;
         });
+        if freed {
+            self.start_waiting();
+        }
+    }
+
+    /// The slot is free: ask for the session of the oldest waiting incident still open.
+    fn start_waiting(&mut self) {
+        let incidents = &self.incidents;
+        let Some((id, flows)) = self
+            .pwru_queue
+            .next(|id| incidents.open_detail(id).is_some())
+        else {
+            return;
+        };
+        let Some(inc) = self.incidents.open_detail(id).cloned() else {
+            return;
+        };
+        self.request_pwru(id, &inc, &flows, SystemTime::now());
+    }
+
+    /// `incident` no longer waits for the slot (`why`): it ends as skipped, with the
+    /// session that held the slot.
+    fn stop_waiting(&mut self, incident: u64, why: &str) {
+        if let Some(w) = self.pwru_queue.incident_closed(incident) {
+            self.record_not_waiting(w, why);
+        }
+    }
+
+    fn record_not_waiting(&mut self, w: pwru::Waiting, why: &str) {
+        lock(&self.status).pwru_finished(capture::pwru::SessionState::SkippedBusy.name());
+        self.incidents.update(w.incident, |r| {
+            r.pwru.state = PwruState::NotRun;
+            r.pwru.message = format!("skipped-busy: {}; {why}", w.busy);
+        });
+    }
+
+    /// Shutdown, before pwru stops: no incident waits for a session any more.
+    pub(super) fn stop_pwru_waiting(&mut self) {
+        for w in self.pwru_queue.close() {
+            self.record_not_waiting(w, "tailtrap stopped before that session ended");
+        }
     }
 
     /// Disarm the incident's capture and record why with it.

@@ -244,6 +244,7 @@ impl Daemon {
         };
         tracing::info!(signal = why, "stopping");
         notify(&[NotifyState::Stopping]);
+        self.core.stop_pwru_waiting();
         let wait = self.core.config().pwru.limits().kill_grace() + PWRU_STOP_SLACK;
         self.core.pwru_mut().stop(wait).await;
         while let Ok(news) = self.pwru_news.try_recv() {

@@ -1,7 +1,7 @@
 //! pwru sessions for incidents, each run on a worker: its lines go to the store as they
 //! come; its outcome goes back to the interval loop, the only writer of incident records.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,6 +47,102 @@ pub(super) struct Finished {
     pub(super) stored: u64,
     /// Lines that could not be stored.
     pub(super) store_errors: u64,
+}
+
+/// Incidents waiting at most: one per service in practice (a service has one incident
+/// open at a time), so this only bounds a host with that many services slowed at once.
+const MAX_WAITING: usize = 16;
+
+/// The one session slot's queue. A request that finds another incident's session running
+/// waits, while its incident stays open, and starts when a session that held the slot
+/// ends: the slowdown that is still going on gets its trace instead of none.
+#[derive(Default)]
+pub(super) struct SessionQueue {
+    /// The flows each request in flight named, by incident, to ask again with.
+    in_flight: HashMap<u64, Vec<Flow>>,
+    /// Oldest first.
+    waiting: VecDeque<Waiting>,
+    /// Stopping: nothing waits any more.
+    closed: bool,
+}
+
+/// An incident waiting for the slot.
+pub(super) struct Waiting {
+    /// The incident.
+    pub(super) incident: u64,
+    /// The flows its request named.
+    flows: Vec<Flow>,
+    /// Why it could not start (the session that held the slot).
+    pub(super) busy: String,
+}
+
+/// What a session's end means for the queue.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum QueueVerdict {
+    /// The request found the slot taken and its incident is open: it waits (not an end).
+    Waits,
+    /// The request is over; `freed` when its session had held the slot, so a waiting
+    /// incident may start now.
+    Ended { freed: bool },
+}
+
+impl SessionQueue {
+    /// A session was asked for `incident` on `flows`.
+    pub(super) fn requested(&mut self, incident: u64, flows: &[Flow]) {
+        self.in_flight.insert(incident, flows.to_vec());
+    }
+
+    /// A request ended as `done` says; `open` whether its incident is still open.
+    pub(super) fn finished(&mut self, done: &Finished, open: bool) -> QueueVerdict {
+        let flows = self.in_flight.remove(&done.incident);
+        let state = done.status.state;
+        if state == SessionState::SkippedBusy
+            && open
+            && !self.closed
+            && self.waiting.len() < MAX_WAITING
+        {
+            self.waiting.push_back(Waiting {
+                incident: done.incident,
+                flows: flows.unwrap_or_default(),
+                busy: done.status.reason.clone(),
+            });
+            return QueueVerdict::Waits;
+        }
+        let freed = matches!(
+            state,
+            SessionState::Ok
+                | SessionState::Failed
+                | SessionState::Timeout
+                | SessionState::NotReady
+        );
+        QueueVerdict::Ended { freed }
+    }
+
+    /// The oldest waiting incident that is still open (`open` says), taken off the queue
+    /// with the flows to ask for.
+    pub(super) fn next(&mut self, open: impl Fn(u64) -> bool) -> Option<(u64, Vec<Flow>)> {
+        if self.closed {
+            return None;
+        }
+        while let Some(w) = self.waiting.pop_front() {
+            if open(w.incident) {
+                return Some((w.incident, w.flows));
+            }
+        }
+        None
+    }
+
+    /// `incident` closed: it no longer waits. Its entry, if it waited.
+    pub(super) fn incident_closed(&mut self, incident: u64) -> Option<Waiting> {
+        let at = self.waiting.iter().position(|w| w.incident == incident)?;
+        self.waiting.remove(at)
+    }
+
+    /// Stopping: no incident waits from now on; those that did.
+    pub(super) fn close(&mut self) -> Vec<Waiting> {
+        self.closed = true;
+        self.waiting.drain(..).collect()
+    }
 }
 
 /// Where the interval loop hands the session an incident asks for.

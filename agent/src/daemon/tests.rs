@@ -10,7 +10,7 @@ use bpf::{
     CaptureCounters, CaptureError, CaptureLimits, CaptureRecord, Counters, ProgStats, ReadError,
     ServiceHist, ServiceSpec, Snapshot,
 };
-use capture::pwru::{PwruConfig, SessionRequest};
+use capture::pwru::{PwruConfig, SessionRequest, SessionState, SessionStatus};
 use capture::CaptureConfig;
 use detector::{Detector, DetectorConfig, Thresholds};
 use model::Sample;
@@ -725,4 +725,124 @@ fn a_store_over_its_budget_is_trimmed_before_the_retention_period() {
         h.store.stats()
     );
     assert!(!h.store.over_budget());
+}
+
+/// What another incident's session reports when it ends (`state`), for the queue tests.
+fn other_session_ended(state: SessionState) -> SessionNews {
+    SessionNews::Finished(Box::new(pwru::Finished {
+        // No such incident: its record is not this test's concern.
+        incident: 999,
+        status: SessionStatus {
+            state,
+            ..SessionStatus::unavailable("db", "the other service's session".into())
+        },
+        stored: 0,
+        store_errors: 0,
+    }))
+}
+
+/// `incident`'s request found the slot taken by the `db` service's session.
+fn found_busy(incident: u64) -> SessionNews {
+    SessionNews::Finished(Box::new(pwru::Finished {
+        incident,
+        status: SessionStatus::not_run(
+            SERVICE,
+            SessionState::SkippedBusy,
+            "the pwru session for \"db\" is still running".into(),
+        ),
+        stored: 0,
+        store_errors: 0,
+    }))
+}
+
+/// An incident whose session finds another incident's session running waits for it while
+/// it stays open, and gets its session once that one ends; closing ends the wait, with why.
+#[test]
+fn a_session_that_finds_the_slot_taken_waits_while_its_incident_is_open() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.warm_up();
+    let id = h.slow_until_open();
+    let asked = |h: &Harness| lock(&h.pwru.0).clone();
+    assert_eq!(asked(&h).len(), 1);
+
+    h.core.pwru_news(found_busy(id));
+    let rec = h.incident(id);
+    assert!(rec.pwru.is_waiting(), "{}", rec.pwru.message);
+    assert_eq!(
+        rec.pwru.message,
+        "waiting: the pwru session for \"db\" is still running; this incident's session \
+         starts when it ends, if the incident is still open"
+    );
+    // A request that never held the slot frees nothing.
+    h.core
+        .pwru_news(other_session_ended(SessionState::SkippedCooldown));
+    h.core
+        .pwru_news(other_session_ended(SessionState::Unavailable));
+    assert_eq!(asked(&h).len(), 1);
+
+    // The other session ends: this incident's is asked for again, on the same flows.
+    h.core.pwru_news(other_session_ended(SessionState::Timeout));
+    let requests = asked(&h);
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].0, id);
+    assert_eq!(
+        requests[1].1.filter().expression(),
+        requests[0].1.filter().expression()
+    );
+    let rec = h.incident(id);
+    assert!(!rec.pwru.is_waiting());
+    assert!(
+        rec.pwru.message.starts_with("requested: "),
+        "{}",
+        rec.pwru.message
+    );
+
+    // Taken again (a newer incident's request got there first): it waits again; the
+    // incident closes before the slot frees, so it ends skipped, saying why.
+    h.core.pwru_news(found_busy(id));
+    assert!(h.incident(id).pwru.is_waiting());
+    for _ in 0..8 {
+        h.tick(QUIET_NS);
+        if h.open_ids().is_empty() {
+            break;
+        }
+    }
+    assert!(h.open_ids().is_empty(), "the incident did not close");
+    let rec = h.incident(id);
+    assert_eq!(rec.pwru.state, PwruState::NotRun);
+    assert_eq!(
+        rec.pwru.message,
+        "skipped-busy: the pwru session for \"db\" is still running; the incident closed \
+         before that session ended"
+    );
+    // Nothing waits: the next end starts nothing, and a closed incident's busy request
+    // is final.
+    h.core.pwru_news(other_session_ended(SessionState::Ok));
+    h.core.pwru_news(found_busy(id));
+    assert_eq!(asked(&h).len(), 2);
+    assert_eq!(h.incident(id).pwru.state, PwruState::NotRun);
+}
+
+/// Stopping ends every wait with why, and no session starts after it.
+#[test]
+fn stopping_ends_the_wait_for_a_session() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    h.warm_up();
+    let id = h.slow_until_open();
+    h.core.pwru_news(found_busy(id));
+    assert!(h.incident(id).pwru.is_waiting());
+    h.core.stop_pwru_waiting();
+    let rec = h.incident(id);
+    assert_eq!(rec.pwru.state, PwruState::NotRun);
+    assert!(
+        rec.pwru
+            .message
+            .ends_with("; tailtrap stopped before that session ended"),
+        "{}",
+        rec.pwru.message
+    );
+    h.core.pwru_news(other_session_ended(SessionState::Ok));
+    assert_eq!(lock(&h.pwru.0).len(), 1);
 }

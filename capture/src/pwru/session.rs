@@ -184,7 +184,8 @@ impl SessionStatus {
         Self::not_run(service, SessionState::Unavailable, reason)
     }
 
-    fn not_run(service: &str, state: SessionState, reason: String) -> Self {
+    /// A session that did not run (`state` says which way: skipped or unavailable).
+    pub fn not_run(service: &str, state: SessionState, reason: String) -> Self {
         SessionStatus {
             service: service.to_owned(),
             state,
