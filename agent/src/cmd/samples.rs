@@ -234,8 +234,9 @@ pub(crate) async fn all_pwru_lines(source: &Source, id: u64) -> anyhow::Result<V
 
 /// The pwru lines that may hold the samples' packets: the incident's own session's, and
 /// those of the service's other incidents whose session ran while these samples were
-/// taken (an incident that closes and reopens while one session runs gets its request
-/// `skipped-busy`; that session traced its packets all the same).
+/// taken (an incident that closes and reopens while one session runs gets no session of
+/// its own, skipped for the service's cooldown; that session traced its packets all the
+/// same).
 async fn session_lines(
     source: &Source,
     id: u64,
