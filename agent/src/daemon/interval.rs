@@ -501,17 +501,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
 
     /// The slot is free: ask for the session of the oldest waiting incident still open.
     fn start_waiting(&mut self) {
-        let incidents = &self.incidents;
-        let Some((id, flows)) = self
-            .pwru_queue
-            .next(|id| incidents.open_detail(id).is_some())
-        else {
-            return;
-        };
-        let Some(inc) = self.incidents.open_detail(id).cloned() else {
-            return;
-        };
-        self.request_pwru(id, &inc, &flows, SystemTime::now());
+        while let Some((id, flows)) = self.pwru_queue.next() {
+            // A closing incident leaves the queue (`stop_waiting`); checked all the same.
+            if let Some(inc) = self.incidents.open_detail(id).cloned() {
+                self.request_pwru(id, &inc, &flows, SystemTime::now());
+                return;
+            }
+        }
     }
 
     /// `incident` no longer waits for the slot (`why`): it ends as skipped, with the

@@ -118,18 +118,9 @@ impl SessionQueue {
         QueueVerdict::Ended { freed }
     }
 
-    /// The oldest waiting incident that is still open (`open` says), taken off the queue
-    /// with the flows to ask for.
-    pub(super) fn next(&mut self, open: impl Fn(u64) -> bool) -> Option<(u64, Vec<Flow>)> {
-        if self.closed {
-            return None;
-        }
-        while let Some(w) = self.waiting.pop_front() {
-            if open(w.incident) {
-                return Some((w.incident, w.flows));
-            }
-        }
-        None
+    /// The oldest waiting incident, taken off the queue with the flows to ask for.
+    pub(super) fn next(&mut self) -> Option<(u64, Vec<Flow>)> {
+        self.waiting.pop_front().map(|w| (w.incident, w.flows))
     }
 
     /// `incident` closed: it no longer waits. Its entry, if it waited.

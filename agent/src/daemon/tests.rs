@@ -295,6 +295,17 @@ impl Harness {
         assert!(self.open_ids().is_empty());
     }
 
+    /// Quiet intervals, at most `max`, until no incident is open.
+    fn quiet_until_closed(&mut self, max: usize) {
+        for _ in 0..max {
+            self.tick(QUIET_NS);
+            if self.open_ids().is_empty() {
+                break;
+            }
+        }
+        assert!(self.open_ids().is_empty(), "the incident did not close");
+    }
+
     /// Slow intervals until an incident opens; its id.
     fn slow_until_open(&mut self) -> u64 {
         for _ in 0..5 {
@@ -429,13 +440,7 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
     assert_eq!(page.samples.len(), 7);
 
     // Quiet again: closed, disarmed with the reason.
-    for _ in 0..6 {
-        h.tick(QUIET_NS);
-        if h.open_ids().is_empty() {
-            break;
-        }
-    }
-    assert!(h.open_ids().is_empty(), "the incident did not close");
+    h.quiet_until_closed(6);
     let rec = h.incident(id);
     assert_eq!(rec.state, IncidentState::Closed);
     assert_eq!(rec.capture.state, CaptureState::Disarmed);
@@ -445,13 +450,10 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
     assert!(kernel.state().armed.is_empty());
 
     // The session's outcome comes after the close and keeps the functions chosen.
-    h.core
-        .pwru_news(SessionNews::Finished(Box::new(pwru::Finished {
-            incident: id,
-            status: capture::pwru::SessionStatus::unavailable(SERVICE, "no binary".into()),
-            stored: 0,
-            store_errors: 0,
-        })));
+    h.core.pwru_news(session_ended(
+        id,
+        SessionStatus::unavailable(SERVICE, "no binary".into()),
+    ));
     let rec = h.incident(id);
     assert_eq!(rec.state, IncidentState::Closed);
     assert_eq!(rec.pwru.state, PwruState::NotRun);
@@ -727,32 +729,38 @@ fn a_store_over_its_budget_is_trimmed_before_the_retention_period() {
     assert!(!h.store.over_budget());
 }
 
-/// What another incident's session reports when it ends (`state`), for the queue tests.
-fn other_session_ended(state: SessionState) -> SessionNews {
+/// `incident`'s session ended as `status` says, nothing stored.
+fn session_ended(incident: u64, status: SessionStatus) -> SessionNews {
     SessionNews::Finished(Box::new(pwru::Finished {
-        // No such incident: its record is not this test's concern.
-        incident: 999,
-        status: SessionStatus {
-            state,
-            ..SessionStatus::unavailable("db", "the other service's session".into())
-        },
+        incident,
+        status,
         stored: 0,
         store_errors: 0,
     }))
 }
 
+/// What another incident's session reports when it ends (`state`), for the queue tests.
+fn other_session_ended(state: SessionState) -> SessionNews {
+    // No such incident: its record is not this test's concern.
+    session_ended(
+        999,
+        SessionStatus {
+            state,
+            ..SessionStatus::unavailable("db", "the other service's session".into())
+        },
+    )
+}
+
 /// `incident`'s request found the slot taken by the `db` service's session.
 fn found_busy(incident: u64) -> SessionNews {
-    SessionNews::Finished(Box::new(pwru::Finished {
+    session_ended(
         incident,
-        status: SessionStatus::not_run(
+        SessionStatus::not_run(
             SERVICE,
             SessionState::SkippedBusy,
             "the pwru session for \"db\" is still running".into(),
         ),
-        stored: 0,
-        store_errors: 0,
-    }))
+    )
 }
 
 /// An incident whose session finds another incident's session running waits for it while
@@ -802,13 +810,7 @@ fn a_session_that_finds_the_slot_taken_waits_while_its_incident_is_open() {
     // incident closes before the slot frees, so it ends skipped, saying why.
     h.core.pwru_news(found_busy(id));
     assert!(h.incident(id).pwru.is_waiting());
-    for _ in 0..8 {
-        h.tick(QUIET_NS);
-        if h.open_ids().is_empty() {
-            break;
-        }
-    }
-    assert!(h.open_ids().is_empty(), "the incident did not close");
+    h.quiet_until_closed(8);
     let rec = h.incident(id);
     assert_eq!(rec.pwru.state, PwruState::NotRun);
     assert_eq!(
