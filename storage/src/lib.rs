@@ -26,6 +26,7 @@ mod query;
 mod retention;
 mod store;
 mod verdict;
+mod windows;
 
 pub use crate::model::{
     CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, NewIncident,

@@ -13,7 +13,8 @@ use crate::error::{Result, StoreError};
 use crate::history;
 use crate::keys;
 use crate::model::{Incident, IncidentState};
-use crate::store::{sibling, timestamp, unused_sibling, Store, META_ROTATIONS, T};
+use crate::store::{sibling, timestamp, unused_sibling, Engine, Store, META_ROTATIONS, T};
+use crate::windows;
 
 /// What one retention pass deleted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -182,18 +183,30 @@ impl Store {
 
     /// Delete every key starting with `prefix`; returns how many records, or for the
     /// samples tree how many samples, went.
+    /// In windows, with the engine reopened between them when due: an incident's samples
+    /// can be hundreds of MiB, which sled would otherwise hold until the pass ends.
     fn delete_prefix(&self, t: T, prefix: &[u8], rep: &mut RetentionReport) -> Result<u64> {
-        let tree = self.tree_outside(t);
         let mut n = 0;
-        for item in tree.scan_prefix(prefix) {
-            let (k, v) = item?;
-            rep.bytes_freed += self.remove(t, &k)?;
-            n += if t == T::Samples {
-                chunk::sample_count(&v)
-            } else {
-                1
-            };
-        }
+        let mut store = self;
+        windows::for_each_record(
+            &mut store,
+            |s| s.tree_outside(t),
+            windows::prefixed(prefix),
+            self.cfg.cache_bytes,
+            |s| {
+                s.maybe_recycle();
+                Ok(())
+            },
+            |s, k, v| {
+                rep.bytes_freed += s.remove(t, &k)?;
+                n += if t == T::Samples {
+                    chunk::sample_count(&v)
+                } else {
+                    1
+                };
+                Ok::<(), StoreError>(())
+            },
+        )?;
         Ok(n)
     }
 
@@ -301,29 +314,50 @@ impl Store {
         let mut dropped = 0u64;
         let mut copied = 0u64;
         {
+            // Copied in windows, both engines reopened between them: sled keeps what goes
+            // through it until its engine is dropped, so copying in one go held about
+            // twice the live data in memory.
             let fresh = Store::open_engine_at(&fresh_path, &self.cfg)?;
+            let mut copy = Copy {
+                source: guard,
+                fresh,
+                batch: sled::Batch::default(),
+                in_batch: 0,
+            };
             for t in T::ALL {
-                let mut batch = sled::Batch::default();
-                let mut in_batch = 0;
-                for item in guard.tree(t).iter() {
-                    let (k, v) = item?;
-                    if codec::verify(&v).is_err() {
-                        dropped += 1;
-                        continue;
-                    }
-                    copied += (k.len() + v.len()) as u64;
-                    batch.insert(k, v);
-                    in_batch += 1;
-                    if in_batch == 10_000 {
-                        fresh.tree(t).apply_batch(std::mem::take(&mut batch))?;
-                        in_batch = 0;
-                    }
-                }
-                fresh.tree(t).apply_batch(batch)?;
+                windows::for_each_record(
+                    &mut copy,
+                    |c| Box::new(c.source.tree(t).clone()),
+                    windows::whole(),
+                    self.cfg.cache_bytes,
+                    |c| {
+                        c.apply(t)?;
+                        c.fresh.db.flush()?;
+                        let fresh = std::mem::replace(&mut c.fresh, Store::temporary_engine()?);
+                        c.fresh = Store::reopen_files(fresh, &fresh_path, &self.cfg)?;
+                        self.reopen_held(&mut c.source)?;
+                        Ok::<(), StoreError>(())
+                    },
+                    |c, k, v| {
+                        if codec::verify(&v).is_err() {
+                            dropped += 1;
+                            return Ok(());
+                        }
+                        copied += (k.len() + v.len()) as u64;
+                        c.batch.insert(k, v);
+                        c.in_batch += 1;
+                        if c.in_batch == 10_000 {
+                            c.apply(t)?;
+                        }
+                        Ok(())
+                    },
+                )?;
+                copy.apply(t)?;
             }
-            let meta = fresh.tree(T::Meta);
+            let meta = copy.fresh.tree(T::Meta);
             meta.insert(META_ROTATIONS, codec::encode("meta", &(rotations + 1), 64)?)?;
-            fresh.db.flush()?;
+            copy.fresh.db.flush()?;
+            guard = copy.source;
         }
         // sled writes files by path (snapshots) until it is fully dropped, so the old engine
         // must be closed before the directories move: a throw-away in-memory engine stands
@@ -391,6 +425,26 @@ fn ended_ns(inc: &Incident) -> Option<u64> {
         IncidentState::Open => None,
         IncidentState::Closed => Some(inc.closed_ns.unwrap_or(inc.opened_ns)),
         IncidentState::Interrupted => Some(inc.closed_ns.unwrap_or(inc.opened_ns)),
+    }
+}
+
+/// Rotation's copy: the current engine (held for writing), the fresh one, and the batch
+/// being filled for it.
+struct Copy<'a> {
+    source: std::sync::RwLockWriteGuard<'a, Engine>,
+    fresh: Engine,
+    batch: sled::Batch,
+    in_batch: usize,
+}
+
+impl Copy<'_> {
+    /// Write the batch to tree `t` of the fresh engine.
+    fn apply(&mut self, t: T) -> Result<()> {
+        self.fresh
+            .tree(t)
+            .apply_batch(std::mem::take(&mut self.batch))?;
+        self.in_batch = 0;
+        Ok(())
     }
 }
 

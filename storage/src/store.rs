@@ -21,6 +21,7 @@ use crate::error::{Result, StoreError};
 use crate::keys;
 use crate::lock;
 use crate::model::{CaptureState, Incident, IncidentState, NewIncident, PwruRecord, PwruState};
+use crate::windows;
 
 /// Layout version of the database (trees, keys, record types).
 /// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens and
@@ -1035,6 +1036,41 @@ impl Store {
         })
     }
 
+    /// Drop the engine `guard` holds and open its files again without reading them, to
+    /// free what sled kept of a long pass (rotation's copy). Not while a tree handle is
+    /// out, which keeps the old files locked: then nothing is done and `false` returned.
+    pub(crate) fn reopen_held(&self, guard: &mut RwLockWriteGuard<'_, Engine>) -> Result<bool> {
+        if guard.stand_in || self.outside.load(Ordering::SeqCst) > 0 {
+            return Ok(false);
+        }
+        let placeholder = Store::temporary_engine()?;
+        let old = Store::replace_engine(guard, placeholder);
+        let done = retire(old);
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(RETIRE_WAIT) {
+            *self.retiring.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+            self.mark_failed();
+            return self.counted(Err(StoreError::Engine(ENGINE_STUCK.into())));
+        }
+        match try_open_patiently(&self.path, &self.cfg, Verify::No) {
+            Ok(engine) => {
+                drop(Store::replace_engine(guard, engine));
+                Ok(true)
+            }
+            Err(f) => {
+                self.mark_failed();
+                self.counted(Err(f.into_error(&self.path)))
+            }
+        }
+    }
+
+    /// Close `engine` (the files at `path`) and open them again without reading them.
+    pub(crate) fn reopen_files(engine: Engine, path: &Path, cfg: &StoreConfig) -> Result<Engine> {
+        if let Err(mpsc::RecvTimeoutError::Timeout) = retire(engine).recv_timeout(RETIRE_WAIT) {
+            return Err(StoreError::Engine(ENGINE_STUCK.into()));
+        }
+        try_open_patiently(path, cfg, Verify::No).map_err(|f| f.into_error(path))
+    }
+
     pub(crate) fn open_engine_at(path: &Path, cfg: &StoreConfig) -> Result<Engine> {
         open_engine(path, cfg, OnCorrupt::Fail).map(|(e, _)| e)
     }
@@ -1186,6 +1222,53 @@ fn classify(e: sled::Error) -> OpenFailure {
     }
 }
 
+/// An open sled database and its trees, before they become an [`Engine`].
+struct SledFiles {
+    db: sled::Db,
+    trees: Vec<sled::Tree>,
+}
+
+impl SledFiles {
+    fn open(config: &sled::Config) -> sled::Result<SledFiles> {
+        let db = config.open()?;
+        let trees = T::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<sled::Result<Vec<_>>>()?;
+        Ok(SledFiles { db, trees })
+    }
+
+    /// Close and open the same files again, dropping what sled held of them. sled's
+    /// threads release the files' lock a moment after the drop, so the open is retried
+    /// for a while.
+    fn reopen(&mut self, config: &sled::Config) -> sled::Result<()> {
+        let placeholder = Store::temporary_engine().map_err(|e| {
+            sled::Error::Io(io::Error::other(format!("in-memory stand-in engine: {e}")))
+        })?;
+        *self = SledFiles {
+            db: placeholder.db,
+            trees: placeholder.trees,
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            match SledFiles::open(config) {
+                Ok(files) => {
+                    *self = files;
+                    return Ok(());
+                }
+                Err(sled::Error::Io(e))
+                    if e.to_string().contains("could not acquire lock")
+                        && waited < Duration::from_secs(3) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                    waited += Duration::from_millis(20);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 fn try_open(
     path: &Path,
     cfg: &StoreConfig,
@@ -1204,20 +1287,26 @@ fn try_open(
     // Reading every record once (to count live bytes) makes damage anywhere in the files
     // show up now, at open, where it can be handled, rather than in a later query.
     let opened = catch_unwind(AssertUnwindSafe(|| -> sled::Result<Engine> {
-        let db = config.open()?;
-        let trees = T::ALL
-            .iter()
-            .map(|t| db.open_tree(t.name()))
-            .collect::<sled::Result<Vec<_>>>()?;
+        let mut files = SledFiles::open(&config)?;
         let mut live = [0u64; 6];
         if verify == Verify::Yes {
-            for (slot, tree) in live.iter_mut().zip(&trees) {
-                for item in tree.iter() {
-                    let (k, v) = item?;
-                    *slot += (k.len() + v.len()) as u64;
-                }
+            // In windows, reopening the files between them: read in one go, a large
+            // database stayed in memory until the daemon's first engine reopen.
+            for (i, slot) in live.iter_mut().enumerate() {
+                windows::for_each_record(
+                    &mut files,
+                    |f| Box::new(f.trees[i].clone()),
+                    windows::whole(),
+                    cfg.cache_bytes,
+                    |f| f.reopen(&config),
+                    |_, k, v| {
+                        *slot += (k.len() + v.len()) as u64;
+                        Ok(())
+                    },
+                )?;
             }
         }
+        let SledFiles { db, trees } = files;
         let generation = match trees[T::Meta.index()].get(META_GENERATION)? {
             Some(v) => codec::decode::<u64>(&v).unwrap_or(0),
             None => 0,
