@@ -4,14 +4,15 @@
 //!
 //! `cargo run --release -p storage --example sled_rss -- [--minutes N] [--every M]
 //!  [--rate SAMPLES_PER_S] [--cache-bytes N] [--max-bytes N] [--services N] [--retention-every M]
-//!  [--prefill MIB] [--dir PATH]`
+//!  [--prefill MIB] [--dir PATH] [--rotate yes]`
 //!
 //! Each simulated second writes one interval of history (every service × every probe); in
 //! the first minute of every `--every` minutes an incident is open and each second also
 //! writes a batch of `--rate` samples, as capture does. Retention and rotation run every
 //! `--retention-every` simulated minutes (10, the daemon's default), and the heap is
 //! trimmed before each reading, as in the daemon. At the
-//! end the store is dropped and opened again, to show what of the growth was the engine's.
+//! end the store is dropped and opened again, to show what of the growth was the engine's
+//! and what opening costs (`--rotate yes`: then rotated, with its peak RSS).
 //! `--prefill MIB` first stores a closed incident of that many MiB of samples and restarts
 //! the store, to time engine reopens on a large database. Every store call is timed: the
 //! calls that reopened the engine (flush, drop, open) are counted and their times printed,
@@ -58,6 +59,7 @@ struct Args {
     prefill_mib: u64,
     reopen_every: u64,
     keep_mib: u64,
+    rotate: bool,
 }
 
 fn args() -> Args {
@@ -76,6 +78,7 @@ fn args() -> Args {
         prefill_mib: 0,
         reopen_every: 0,
         keep_mib: 0,
+        rotate: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -95,6 +98,7 @@ fn args() -> Args {
             "--prefill" => a.prefill_mib = value.parse().unwrap(),
             "--reopen-every" => a.reopen_every = value.parse().unwrap(),
             "--keep" => a.keep_mib = value.parse().unwrap(),
+            "--rotate" => a.rotate = value == "yes",
             other => panic!("unknown argument {other}"),
         }
     }
@@ -120,6 +124,24 @@ fn rss_mib() -> f64 {
 /// rather than allocator slack, binary or stacks), and in blocks mapped on their own
 /// (sled's page-table blocks are among them: 1 MiB each, mostly never touched, so mostly
 /// not resident).
+/// Start a new peak for [`peak_mib`].
+fn reset_peak() {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+}
+
+/// The highest RSS since [`reset_peak`] (VmHWM).
+fn peak_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    kib / 1024.0
+}
+
 fn heap_mib() -> (f64, f64) {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let info = unsafe { libc::mallinfo2() };
@@ -418,11 +440,27 @@ fn main() {
     drop(store);
     println!("store dropped: RSS {:.1} MiB", rss_mib());
     let started = Instant::now();
+    reset_peak();
     let store = Store::open(&dir, cfg).unwrap();
     println!(
-        "reopened in {:?}: RSS {:.1} MiB, live {} B",
+        "reopened in {:?}: RSS {:.1} MiB (peak {:.1} MiB), live {} B",
         started.elapsed(),
         rss_mib(),
+        peak_mib(),
         store.stats().live_bytes
     );
+    if a.rotate {
+        let started = Instant::now();
+        reset_peak();
+        let rep = store.rotate().unwrap();
+        println!(
+            "rotated in {:?}: {} live bytes copied, disk {} -> {} B; RSS {:.1} MiB (peak {:.1} MiB)",
+            started.elapsed(),
+            rep.live_bytes,
+            rep.size_before,
+            rep.size_after,
+            rss_mib(),
+            peak_mib()
+        );
+    }
 }

@@ -343,10 +343,11 @@ impl Store {
                             dropped += 1;
                             return Ok(());
                         }
-                        copied += (k.len() + v.len()) as u64;
+                        let n = (k.len() + v.len()) as u64;
+                        copied += n;
                         c.batch.insert(k, v);
-                        c.in_batch += 1;
-                        if c.in_batch == 10_000 {
+                        c.in_batch += n;
+                        if c.in_batch >= BATCH_BYTES {
                             c.apply(t)?;
                         }
                         Ok(())
@@ -434,8 +435,13 @@ struct Copy<'a> {
     source: std::sync::RwLockWriteGuard<'a, Engine>,
     fresh: Engine,
     batch: sled::Batch,
-    in_batch: usize,
+    /// Bytes of keys and values in `batch`.
+    in_batch: u64,
 }
+
+/// Rotation writes its copy in batches of about this many bytes (by count, 10 000 sample
+/// chunks were 60 MB in memory at once).
+const BATCH_BYTES: u64 = 1 << 20;
 
 impl Copy<'_> {
     /// Write the batch to tree `t` of the fresh engine.
