@@ -3,7 +3,8 @@
 # slowdown injected every few minutes (an incident opens and closes, capture arms, a pwru
 # stand-in session runs), recording once a minute: RSS (and its anonymous and file-backed
 # parts), open fds, threads, child processes,
-# database bytes on disk and the worst interval lateness. Not part of CI. Needs root and a
+# database bytes on disk, the worst interval lateness, and the CPU time the hypervisor stole
+# from this machine with its load (what a late wake-up with no slow phase comes with). Not part of CI. Needs root and a
 # release build, what users run (`cargo build --release --bins`).
 #   tests/soak/run.sh [--minutes N]   length (default 120)
 #                     [--every M]     minutes between slowdowns (default 5)
@@ -159,7 +160,12 @@ status_field() { # name: a number of the daemon's facts in `tailtrap status --js
 }
 
 echo "soak: $minutes min, a 60 s slowdown every $every min; output in $out" >&2
-echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib" >"$out/series.csv"
+echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib,steal_ms,load1" >"$out/series.csv"
+# CPU time the hypervisor gave to other guests (steal, all CPUs): late wake-ups with no slow
+# phase in the daemon are the host's when they come with steal.
+steal_jiffies() { awk '/^cpu / {print $9}' /proc/stat; }
+hz=$(getconf CLK_TCK)
+steal_prev=$(steal_jiffies)
 start=$(date +%s)
 worst_run=0
 for minute in $(seq 1 "$minutes"); do
@@ -185,7 +191,11 @@ for minute in $(seq 1 "$minutes"); do
         jq '.incidents | length')
     # The first minute includes start-up (loading the probes, the first intervals).
     (( minute > 1 && worst > worst_run )) && worst_run=$worst
-    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file"
+    steal_now=$(steal_jiffies)
+    steal_ms=$(( (steal_now - steal_prev) * 1000 / hz ))
+    steal_prev=$steal_now
+    load1=$(cut -d' ' -f1 /proc/loadavg)
+    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file,$steal_ms,$load1"
     echo "$line" >>"$out/series.csv"
     echo "$line" >&2
 done
@@ -220,6 +230,7 @@ verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budg
     -v leftover="$leftover" -v pdone="$pwru_done" -v pempty="$pwru_empty" -v plines="$pwru_lines" '
     NR == r + 1 { rss0 = $2; fd0 = $3; anon0 = $9; file0 = $10 }
     NR == n + 1 { rss1 = $2; fd1 = $3; db = $6; anon1 = $9; file1 = $10 }
+    NR > 2 { steal_sum += $11; rows++; if ($7 > late) { late = $7; late_min = $1; late_steal = $11; late_load = $12 } }
     END {
         fail = 0
         d = (rss1 - rss0) / rss0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
@@ -229,6 +240,7 @@ verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budg
         printf "fds flat: minute %d %d, end %d (%+.1f %%)  %s\n", r, fd0, fd1, d, ok ? "ok" : "FAILED"
         ok = worst <= 100e6; fail += !ok
         printf "worst interval lateness after minute 1: %.1f ms (target <= 100 ms)  %s\n", worst / 1e6, ok ? "ok" : "FAILED"
+        if (rows) printf "  in minute %d: %d ms of CPU stolen by the hypervisor, load %s (the run: %.0f ms stolen a minute on average)\n", late_min, late_steal, late_load, steal_sum / rows
         ok = db <= budget; fail += !ok
         printf "database: %d bytes of a %d budget  %s\n", db, budget, ok ? "ok" : "FAILED"
         ok = leftover == 0; fail += !ok
