@@ -4,8 +4,8 @@
 # stand-in session runs), recording once a minute: RSS (and its anonymous and file-backed
 # parts), open fds, threads, child processes,
 # database bytes on disk, the worst interval lateness, and the CPU time the hypervisor stole
-# from this machine with its load (what a late wake-up with no slow phase comes with). Not part of CI. Needs root and a
-# release build, what users run (`cargo build --release --bins`).
+# from this machine with its load (what a late wake-up with no slow phase comes with). Not
+# part of CI. Needs root and a release build, what users run (`cargo build --release --bins`).
 #   tests/soak/run.sh [--minutes N]   length (default 120)
 #                     [--every M]     minutes between slowdowns (default 5)
 #                     [--out DIR]     where series.csv and the daemon's log go
