@@ -2,6 +2,7 @@
 //! database when sled's files grow far beyond the live data.
 
 use std::fs;
+use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -221,7 +222,6 @@ impl Store {
         by_start: bool,
         rep: &mut RetentionReport,
     ) -> Result<u64> {
-        let tree = self.tree_outside(T::History);
         let res = self
             .cfg
             .history
@@ -233,18 +233,31 @@ impl Store {
         for stream in self.history_stream_keys(level)? {
             let mut end = stream.clone();
             end.extend_from_slice(&cut_ns.to_be_bytes());
-            for item in tree.range(stream..end) {
-                let (k, v) = item?;
-                let chunk = v.first() == Some(&history::HISTORY_CHUNK_VERSION);
-                if chunk && !by_start {
-                    let start = keys::parse_history(&k).map_or(0, |(_, _, _, t)| t);
-                    if start.saturating_add(reach) >= cut_ns {
-                        continue;
+            // In windows, like every long pass: trimming for the budget can delete an
+            // eighth of all history at once.
+            let mut store = self;
+            windows::for_each_record(
+                &mut store,
+                |s| s.tree_outside(T::History),
+                (Bound::Included(stream.into()), Bound::Excluded(end.into())),
+                self.cfg.cache_bytes,
+                |s| {
+                    s.maybe_recycle();
+                    Ok(())
+                },
+                |s, k, v| {
+                    let chunk = v.first() == Some(&history::HISTORY_CHUNK_VERSION);
+                    if chunk && !by_start {
+                        let start = keys::parse_history(&k).map_or(0, |(_, _, _, t)| t);
+                        if start.saturating_add(reach) >= cut_ns {
+                            return Ok(());
+                        }
                     }
-                }
-                n += history::record_points(&v);
-                rep.bytes_freed += self.remove(T::History, &k)?;
-            }
+                    n += history::record_points(&v);
+                    rep.bytes_freed += s.remove(T::History, &k)?;
+                    Ok::<(), StoreError>(())
+                },
+            )?;
         }
         Ok(n)
     }

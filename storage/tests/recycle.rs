@@ -120,6 +120,12 @@ fn reopening_keeps_every_record() {
     for id in &ids {
         assert!(s.incident(*id).unwrap().is_none());
     }
+    // Past every level's keep: the history went too.
+    assert!(s
+        .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
+        .unwrap()
+        .points
+        .is_empty());
     let report = s.check(|_| {}).unwrap();
     assert_eq!(report.samples, 0);
     assert_eq!(report.live_bytes, s.stats().live_bytes);
