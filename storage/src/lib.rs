@@ -42,5 +42,7 @@ pub use query::{
     ProcessCount, SampleCursor, SampleFilter, SamplePage, SampleSummary, MAX_PAGE,
 };
 pub use retention::{RetentionReport, RotationReport};
-pub use store::{OpenReport, Store, StoreStats, MAX_SAMPLE_BATCH, SCHEMA_VERSION};
+pub use store::{
+    OpenReport, Store, StoreStats, INCIDENT_ID_RESERVE, MAX_SAMPLE_BATCH, SCHEMA_VERSION,
+};
 pub use verdict::{IncidentVerdict, Verdict, MAX_NOTE_BYTES};

@@ -80,6 +80,10 @@ impl T {
 
 const META_SCHEMA: &[u8] = b"schema";
 const META_NEXT_INCIDENT: &[u8] = b"next_incident";
+
+/// How far ahead of the incidents handed out the stored id counter is kept: after a crash,
+/// ids skip at most this many.
+pub const INCIDENT_ID_RESERVE: u64 = 16;
 const META_MOVED_ASIDE: &[u8] = b"moved_aside";
 pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
 const META_GENERATION: &[u8] = b"flush_generation";
@@ -159,6 +163,8 @@ pub struct Store {
     /// The next incident id, once read from the database: numbering an incident then
     /// needs no engine access (none waits on an engine reopen).
     next_incident: Mutex<Option<u64>>,
+    /// How far the stored counter reaches: ids below it may be handed out without a write.
+    reserved_incidents: AtomicU64,
     /// Serialises writes of the stored counter of incident ids, so it only moves forward.
     /// Not `next_incident`: numbering must not wait on a write that waits on the engine.
     stored_next_lock: Mutex<()>,
@@ -249,6 +255,7 @@ impl Store {
             counters: Counters::default(),
             live,
             next_incident: Mutex::new(None),
+            reserved_incidents: AtomicU64::new(0),
             stored_next_lock: Mutex::new(()),
             flush_lock: Mutex::new(()),
             history_write: Mutex::default(),
@@ -269,6 +276,9 @@ impl Store {
                 .next_incident
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = Some(next);
+            // Stored ahead, so that an id handed out and not stored before a crash is not
+            // handed out again after it; a clean close stores the exact next id.
+            store.reserve_incident_ids(next)?;
         }
         Ok(store)
     }
@@ -402,11 +412,30 @@ impl Store {
         Ok(next.max(last))
     }
 
+    /// Store `from + INCIDENT_ID_RESERVE` as the next incident id unless the stored one is
+    /// that far already.
+    fn reserve_incident_ids(&self, from: u64) -> Result<()> {
+        let _serial = self
+            .stored_next_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let want = from.saturating_add(INCIDENT_ID_RESERVE);
+        let stored = self.meta_get::<u64>(META_NEXT_INCIDENT)?.unwrap_or(1);
+        if stored < want {
+            self.meta_put(META_NEXT_INCIDENT, &want)?;
+        }
+        self.reserved_incidents
+            .fetch_max(stored.max(want), Ordering::Relaxed);
+        Ok(())
+    }
+
     /// A new open incident with its id, not stored yet: [`Store::put_new_incident`] stores
-    /// it. Numbering touches no engine (the next id is read when the store opens), so the
-    /// daemon's interval loop numbers an incident at once and hands the write to its
-    /// storage thread, ahead of the incident's samples. An id whose record is never stored
-    /// (a crash before the write) is simply not used again in this run.
+    /// it. Numbering touches no engine: ids come from memory, below a counter stored ahead
+    /// of them (when the store opens, then as incidents are stored), so the daemon's
+    /// interval loop numbers an incident at once and hands the write to its storage
+    /// thread, ahead of the incident's samples. An id handed out is never handed out
+    /// again, even when a crash came before its record was stored; after such a crash
+    /// the ids skip up to [`INCIDENT_ID_RESERVE`].
     pub fn number_incident(&self, new: &NewIncident) -> Result<Incident> {
         keys::check_service(&new.service)?;
         self.writable()?;
@@ -419,6 +448,13 @@ impl Store {
             *next = Some(id + 1);
             id
         };
+        if id >= self.reserved_incidents.load(Ordering::Relaxed) {
+            // Only when the storage thread stored none of the last ids (its writes failing):
+            // reserve here, on the caller's time, rather than risk an id twice.
+            if let Err(e) = self.reserve_incident_ids(id + 1) {
+                tracing::warn!(incident = id, error = %e, "could not store the incident id counter ahead");
+            }
+        }
         Ok(Incident {
             id,
             service: new.service.clone(),
@@ -440,13 +476,12 @@ impl Store {
         keys::check_service(&incident.service)?;
         self.writable()?;
         let value = self.encode("incident", incident, MAX_INCIDENT_BYTES)?;
-        let _serial = self
-            .stored_next_lock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let stored = self.meta_get::<u64>(META_NEXT_INCIDENT)?.unwrap_or(1);
-        if stored <= incident.id {
-            self.meta_put(META_NEXT_INCIDENT, &(incident.id + 1))?;
+        // Keep the stored counter at least half the reserve ahead of what was stored, so
+        // numbering never has to write it.
+        if self.reserved_incidents.load(Ordering::Relaxed)
+            < incident.id + 1 + INCIDENT_ID_RESERVE / 2
+        {
+            self.reserve_incident_ids(incident.id + 1)?;
         }
         self.put(T::Incidents, &keys::incident(incident.id), value)
     }
@@ -1090,6 +1125,17 @@ impl Drop for Store {
         } else {
             if let Err(e) = self.write_history_buffer() {
                 tracing::error!(error = %e, "the last history chunks could not be written");
+            }
+            // A clean close leaves the exact next id, not the reserve: ids skip only
+            // after a crash.
+            let next = *self.next_incident.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(next) = next {
+                let stored = self.meta_get::<u64>(META_NEXT_INCIDENT).ok().flatten();
+                if stored.is_some_and(|s| s > next) {
+                    if let Err(e) = self.meta_put(META_NEXT_INCIDENT, &next) {
+                        tracing::error!(error = %e, "the next incident id could not be stored");
+                    }
+                }
             }
             if let Err(e) = self.engine().db.flush() {
                 tracing::error!(error = %e, "final flush of the database failed");
