@@ -18,7 +18,8 @@
 #   --test NAME       only this test executable (file name under tests/tests, no .rs; repeatable)
 #   -- ARGS           passed to every test executable (e.g. a name filter)
 # Environment:
-#   TAILTRAP_VM_TEST_TIMEOUT=1200  seconds per test executable and kernel
+#   TAILTRAP_VM_TEST_TIMEOUT=1800  seconds per test executable and kernel (pwru_real took
+#                                  1091 s on 6.1 beside other builds, 537 s alone)
 #   TAILTRAP_REAL_PWRU  the real pwru binary for tests/tests/pwru_real.rs (else they skip)
 #   CARGO_TARGET_DIR, TAILTRAP_VMTEST_CACHE, VM_MEM, VM_CPUS, VM_VERBOSE as usual
 # Logs: <target dir>/vmtest-logs/<release>/<test>.log
@@ -92,7 +93,7 @@ if [ -n "${TAILTRAP_REAL_PWRU:-}" ]; then
     export TAILTRAP_REAL_PWRU
     VM_ENV="$VM_ENV TAILTRAP_REAL_PWRU"
 fi
-export VM_TIMEOUT=${TAILTRAP_VM_TEST_TIMEOUT:-1200}
+export VM_TIMEOUT=${TAILTRAP_VM_TEST_TIMEOUT:-1800}
 export CARGO_MANIFEST_DIR=$ROOT/tests
 summary=(); total_pass=0; total_fail=0; bad=0; reruns=0
 for s in "${series[@]}"; do
