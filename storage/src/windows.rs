@@ -7,8 +7,8 @@
 //! same until its first engine reopen). So a long pass stops after each window, lets go of
 //! its tree handle, lets the caller reopen the engine, and resumes after the last key it saw.
 //! A window is `storage.cache_bytes` (4 MiB by default): what sled may take in between two
-//! reopens anyway. Each reopen costs 20–50 ms; the 216 MiB database above is checked in
-//! 3.6 s with a 35 MiB peak (2.9 s, 222 MiB, in one go).
+//! reopens anyway. Each reopen costs 10–50 ms; the 216 MiB database above is checked in
+//! 3.6–4.1 s with a 35 MiB peak (2.9–3.5 s and 222 MiB in one go).
 
 use std::ops::{Bound, Deref};
 
