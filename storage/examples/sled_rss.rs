@@ -105,14 +105,12 @@ fn args() -> Args {
     a
 }
 
-/// Resident memory after giving freed heap back, as the daemon's trim thread does.
-fn rss_mib() -> f64 {
-    // SAFETY: malloc_trim only returns free pages to the kernel.
-    unsafe { libc::malloc_trim(0) };
+/// A `/proc/self/status` figure in MiB (`field` is e.g. `VmRSS:`).
+fn status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let kib: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
+        .find(|l| l.starts_with(field))
         .and_then(|l| l.split_whitespace().nth(1))
         .unwrap()
         .parse()
@@ -120,10 +118,13 @@ fn rss_mib() -> f64 {
     kib / 1024.0
 }
 
-/// Bytes held allocated, MiB, by glibc's count: in its arenas (what of RSS is live heap
-/// rather than allocator slack, binary or stacks), and in blocks mapped on their own
-/// (sled's page-table blocks are among them: 1 MiB each, mostly never touched, so mostly
-/// not resident).
+/// Resident memory after giving freed heap back, as the daemon's trim thread does.
+fn rss_mib() -> f64 {
+    // SAFETY: malloc_trim only returns free pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
+    status_mib("VmRSS:")
+}
+
 /// Start a new peak for [`peak_mib`].
 fn reset_peak() {
     std::fs::write("/proc/self/clear_refs", "5").unwrap();
@@ -131,17 +132,13 @@ fn reset_peak() {
 
 /// The highest RSS since [`reset_peak`] (VmHWM).
 fn peak_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kib: f64 = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap()
-        .parse()
-        .unwrap();
-    kib / 1024.0
+    status_mib("VmHWM:")
 }
 
+/// Bytes held allocated, MiB, by glibc's count: in its arenas (what of RSS is live heap
+/// rather than allocator slack, binary or stacks), and in blocks mapped on their own
+/// (sled's page-table blocks are among them: 1 MiB each, mostly never touched, so mostly
+/// not resident).
 fn heap_mib() -> (f64, f64) {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let info = unsafe { libc::mallinfo2() };
