@@ -165,6 +165,8 @@ pub struct Store {
     next_incident: Mutex<Option<u64>>,
     /// How far the stored counter reaches: ids below it may be handed out without a write.
     reserved_incidents: AtomicU64,
+    /// [`Store::stats`]'s figures that need the engine, as last read.
+    engine_stats: EngineStats,
     /// Serialises writes of the stored counter of incident ids, so it only moves forward.
     /// Not `next_incident`: numbering must not wait on a write that waits on the engine.
     stored_next_lock: Mutex<()>,
@@ -256,6 +258,7 @@ impl Store {
             live,
             next_incident: Mutex::new(None),
             reserved_incidents: AtomicU64::new(0),
+            engine_stats: EngineStats::default(),
             stored_next_lock: Mutex::new(()),
             flush_lock: Mutex::new(()),
             history_write: Mutex::default(),
@@ -270,6 +273,8 @@ impl Store {
             pid_file: None,
         };
         store.check_schema(writable)?;
+        // A first reading, for a `stats` call that finds the engine busy.
+        store.stats();
         if writable {
             let next = store.stored_next_incident()?;
             *store
@@ -354,23 +359,44 @@ impl Store {
     }
 
     /// Current counters.
+    ///
+    /// Never waits for the engine: the daemon's interval loop reads these every interval
+    /// (status and metrics), and an engine reopen, flush or rotation holds the engine's
+    /// lock for tens of ms, more on a busy disk. The figures read through the engine
+    /// (rotations, recoveries, size on disk) are those of the last call that found it free.
     pub fn stats(&self) -> StoreStats {
         let c = &self.counters;
-        let meta_u64 = |key: &[u8]| self.meta_get::<u64>(key).ok().flatten().unwrap_or(0);
-        let moved: Vec<String> = self
-            .meta_get(META_MOVED_ASIDE)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let cached = &self.engine_stats;
+        if let Ok(eng) = self.engine.try_read() {
+            let meta = eng.tree(T::Meta);
+            let rotations = meta
+                .get(META_ROTATIONS)
+                .ok()
+                .flatten()
+                .and_then(|v| self.decode_counted::<u64>(T::Meta, META_ROTATIONS, &v));
+            let moved =
+                meta.get(META_MOVED_ASIDE).ok().flatten().and_then(|v| {
+                    self.decode_counted::<Vec<String>>(T::Meta, META_MOVED_ASIDE, &v)
+                });
+            cached
+                .rotations
+                .store(rotations.unwrap_or(0), Ordering::Relaxed);
+            cached
+                .recoveries
+                .store(moved.map_or(0, |m| m.len() as u64), Ordering::Relaxed);
+            if let Ok(size) = eng.db.size_on_disk() {
+                cached.size_on_disk.store(size, Ordering::Relaxed);
+            }
+        }
         StoreStats {
             write_errors: c.write_errors.load(Ordering::Relaxed),
             disk_full_errors: c.disk_full.load(Ordering::Relaxed),
             oversized_records: c.oversized.load(Ordering::Relaxed),
             undecodable_records: c.undecodable.load(Ordering::Relaxed),
-            corruption_recoveries: moved.len() as u64,
-            rotations: meta_u64(META_ROTATIONS),
+            corruption_recoveries: cached.recoveries.load(Ordering::Relaxed),
+            rotations: cached.rotations.load(Ordering::Relaxed),
             live_bytes: self.live_bytes(),
-            size_on_disk: self.size_on_disk().unwrap_or(0),
+            size_on_disk: cached.size_on_disk.load(Ordering::Relaxed),
             engine_failed: self.engine_failed.load(Ordering::Relaxed),
             engine_reopens: c.reopens.load(Ordering::Relaxed),
         }
@@ -1268,6 +1294,14 @@ fn classify(e: sled::Error) -> OpenFailure {
     }
 }
 
+/// What [`Store::stats`] last read through the engine.
+#[derive(Default)]
+struct EngineStats {
+    rotations: AtomicU64,
+    recoveries: AtomicU64,
+    size_on_disk: AtomicU64,
+}
+
 /// An open sled database and its trees, before they become an [`Engine`].
 struct SledFiles {
     db: sled::Db,
@@ -1507,6 +1541,29 @@ fn available_bytes(path: &Path) -> Option<u64> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// The daemon's interval loop reads the store's figures every interval: an engine
+    /// reopen or rotation holding the lock must not hold it up; the figures it cannot read
+    /// meanwhile are the last ones read.
+    #[test]
+    fn stats_do_not_wait_for_the_engine() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = Arc::new(Store::open(dir.path().join("db"), StoreConfig::default()).unwrap());
+        let before = store.stats();
+        assert!(before.size_on_disk > 0, "{before:?}");
+        let held = store.engine.write().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let reading = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let _ = tx.send(store.stats());
+            })
+        };
+        let read = rx.recv_timeout(Duration::from_secs(10));
+        drop(held);
+        reading.join().unwrap();
+        assert_eq!(read.expect("stats read while the engine was held"), before);
+    }
 
     /// What an engine reopen or rotation does to every other caller (it holds the engine's
     /// write lock for tens of ms): numbering an incident must not wait for it.
