@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::chunk;
 use crate::codec;
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::model::{Incident, IncidentState, PwruRecord};
 use crate::store::{Store, StoreStats, SCHEMA_VERSION, T};
 use crate::windows;
@@ -70,57 +70,46 @@ impl Store {
             };
             // In windows with the engine reopened between them when due, so that what sled
             // keeps of the pass stays about a window, not the database's size.
-            let mut store = self;
-            windows::for_each_record(
-                &mut store,
-                |s| s.tree_outside(t),
-                windows::whole(),
-                self.cfg.cache_bytes,
-                |s| {
-                    s.maybe_recycle();
-                    Ok(())
-                },
-                |s, k, v| {
-                    let n = (k.len() + v.len()) as u64;
-                    s.touch(n);
-                    c.records += 1;
-                    c.bytes += n;
-                    let ok = match t {
-                        T::Incidents => match codec::decode::<Incident>(&v) {
-                            Ok(i) => {
-                                match i.state {
-                                    IncidentState::Open => open += 1,
-                                    IncidentState::Closed => closed += 1,
-                                    IncidentState::Interrupted => interrupted += 1,
-                                }
-                                true
+            self.for_each_record_in_windows(t, windows::whole(), |k, v| {
+                let n = (k.len() + v.len()) as u64;
+                self.touch(n);
+                c.records += 1;
+                c.bytes += n;
+                let ok = match t {
+                    T::Incidents => match codec::decode::<Incident>(&v) {
+                        Ok(i) => {
+                            match i.state {
+                                IncidentState::Open => open += 1,
+                                IncidentState::Closed => closed += 1,
+                                IncidentState::Interrupted => interrupted += 1,
                             }
-                            Err(_) => false,
-                        },
-                        T::Samples => match chunk::decode(&v) {
-                            Ok(chunk) => {
-                                samples += chunk.len() as u64;
-                                true
-                            }
-                            Err(_) => false,
-                        },
-                        T::Pwru => codec::decode::<PwruRecord>(&v).is_ok(),
-                        T::History => crate::history::decode_record(0, &v).is_ok(),
-                        T::Baselines => codec::decode::<Vec<u8>>(&v).is_ok(),
-                        // Meta values have several types; the envelope check is what applies.
-                        T::Meta => codec::verify(&v).is_ok(),
-                    };
-                    if !ok {
-                        c.undecodable += 1;
-                        tracing::warn!(tree = t.name(), key = ?k, "undecodable record");
-                    }
-                    seen += 1;
-                    if seen % 10_000 == 0 {
-                        progress(seen);
-                    }
-                    Ok::<(), StoreError>(())
-                },
-            )?;
+                            true
+                        }
+                        Err(_) => false,
+                    },
+                    T::Samples => match chunk::decode(&v) {
+                        Ok(chunk) => {
+                            samples += chunk.len() as u64;
+                            true
+                        }
+                        Err(_) => false,
+                    },
+                    T::Pwru => codec::decode::<PwruRecord>(&v).is_ok(),
+                    T::History => crate::history::decode_record(0, &v).is_ok(),
+                    T::Baselines => codec::decode::<Vec<u8>>(&v).is_ok(),
+                    // Meta values have several types; the envelope check is what applies.
+                    T::Meta => codec::verify(&v).is_ok(),
+                };
+                if !ok {
+                    c.undecodable += 1;
+                    tracing::warn!(tree = t.name(), key = ?k, "undecodable record");
+                }
+                seen += 1;
+                if seen % 10_000 == 0 {
+                    progress(seen);
+                }
+                Ok(())
+            })?;
             trees.push(c);
         }
         progress(seen);

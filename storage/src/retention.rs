@@ -188,26 +188,15 @@ impl Store {
     /// can be hundreds of MiB, which sled would otherwise hold until the pass ends.
     fn delete_prefix(&self, t: T, prefix: &[u8], rep: &mut RetentionReport) -> Result<u64> {
         let mut n = 0;
-        let mut store = self;
-        windows::for_each_record(
-            &mut store,
-            |s| s.tree_outside(t),
-            windows::prefixed(prefix),
-            self.cfg.cache_bytes,
-            |s| {
-                s.maybe_recycle();
-                Ok(())
-            },
-            |s, k, v| {
-                rep.bytes_freed += s.remove(t, &k)?;
-                n += if t == T::Samples {
-                    chunk::sample_count(&v)
-                } else {
-                    1
-                };
-                Ok::<(), StoreError>(())
-            },
-        )?;
+        self.for_each_record_in_windows(t, windows::prefixed(prefix), |k, v| {
+            rep.bytes_freed += self.remove(t, &k)?;
+            n += if t == T::Samples {
+                chunk::sample_count(&v)
+            } else {
+                1
+            };
+            Ok(())
+        })?;
         Ok(n)
     }
 
@@ -235,29 +224,19 @@ impl Store {
             end.extend_from_slice(&cut_ns.to_be_bytes());
             // In windows, like every long pass: trimming for the budget can delete an
             // eighth of all history at once.
-            let mut store = self;
-            windows::for_each_record(
-                &mut store,
-                |s| s.tree_outside(T::History),
-                (Bound::Included(stream.into()), Bound::Excluded(end.into())),
-                self.cfg.cache_bytes,
-                |s| {
-                    s.maybe_recycle();
-                    Ok(())
-                },
-                |s, k, v| {
-                    let chunk = v.first() == Some(&history::HISTORY_CHUNK_VERSION);
-                    if chunk && !by_start {
-                        let start = keys::parse_history(&k).map_or(0, |(_, _, _, t)| t);
-                        if start.saturating_add(reach) >= cut_ns {
-                            return Ok(());
-                        }
+            let range = (Bound::Included(stream.into()), Bound::Excluded(end.into()));
+            self.for_each_record_in_windows(T::History, range, |k, v| {
+                let chunk = v.first() == Some(&history::HISTORY_CHUNK_VERSION);
+                if chunk && !by_start {
+                    let start = keys::parse_history(&k).map_or(0, |(_, _, _, t)| t);
+                    if start.saturating_add(reach) >= cut_ns {
+                        return Ok(());
                     }
-                    n += history::record_points(&v);
-                    rep.bytes_freed += s.remove(T::History, &k)?;
-                    Ok::<(), StoreError>(())
-                },
-            )?;
+                }
+                n += history::record_points(&v);
+                rep.bytes_freed += self.remove(T::History, &k)?;
+                Ok(())
+            })?;
         }
         Ok(n)
     }

@@ -14,6 +14,9 @@ use std::ops::{Bound, Deref};
 
 use sled::IVec;
 
+use crate::error::Result as StoreResult;
+use crate::store::{Store, T};
+
 /// A key range to pass over.
 pub(crate) type KeyRange = (Bound<IVec>, Bound<IVec>);
 
@@ -67,6 +70,31 @@ where
             }
             _ => return Ok(()),
         }
+    }
+}
+
+impl Store {
+    /// [`for_each_record`] over tree `t` of this store: each window through a tree handle
+    /// taken outside the engine lock, the engine reopened between windows once
+    /// `cache_bytes` went through it.
+    pub(crate) fn for_each_record_in_windows(
+        &self,
+        t: T,
+        range: KeyRange,
+        mut visit: impl FnMut(IVec, IVec) -> StoreResult<()>,
+    ) -> StoreResult<()> {
+        let mut store = self;
+        for_each_record(
+            &mut store,
+            |s| s.tree_outside(t),
+            range,
+            self.cfg.cache_bytes,
+            |s| {
+                s.maybe_recycle();
+                Ok(())
+            },
+            |_, k, v| visit(k, v),
+        )
     }
 }
 
