@@ -325,8 +325,7 @@ impl Store {
                     |c| {
                         c.apply(t)?;
                         c.fresh.db.flush()?;
-                        let fresh = std::mem::replace(&mut c.fresh, Store::temporary_engine()?);
-                        c.fresh = Store::reopen_files(fresh, &fresh_path, &self.cfg)?;
+                        Store::reopen_files(&mut c.fresh, &fresh_path, &self.cfg)?;
                         self.reopen_held(&mut c.source)?;
                         Ok::<(), StoreError>(())
                     },

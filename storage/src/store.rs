@@ -80,13 +80,14 @@ impl T {
 
 const META_SCHEMA: &[u8] = b"schema";
 const META_NEXT_INCIDENT: &[u8] = b"next_incident";
+const META_MOVED_ASIDE: &[u8] = b"moved_aside";
+pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
+const META_GENERATION: &[u8] = b"flush_generation";
 
 /// How far ahead of the incidents handed out the stored id counter is kept: after a crash,
 /// ids skip at most this many.
 pub const INCIDENT_ID_RESERVE: u64 = 16;
-const META_MOVED_ASIDE: &[u8] = b"moved_aside";
-pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
-const META_GENERATION: &[u8] = b"flush_generation";
+
 /// File inside the database directory recording the last flush generation sled confirmed.
 const WITNESS_FILE: &str = "tailtrap-flushed";
 
@@ -1083,11 +1084,7 @@ impl Store {
 
     /// An in-memory engine, deleted when dropped.
     pub(crate) fn temporary_engine() -> Result<Engine> {
-        let db = sled::Config::new().temporary(true).open()?;
-        let trees = T::ALL
-            .iter()
-            .map(|t| db.open_tree(t.name()))
-            .collect::<sled::Result<Vec<_>>>()?;
+        let SledFiles { db, trees } = SledFiles::temporary()?;
         Ok(Engine {
             db,
             trees,
@@ -1125,11 +1122,13 @@ impl Store {
     }
 
     /// Close `engine` (the files at `path`) and open them again without reading them.
-    pub(crate) fn reopen_files(engine: Engine, path: &Path, cfg: &StoreConfig) -> Result<Engine> {
-        if let Err(mpsc::RecvTimeoutError::Timeout) = retire(engine).recv_timeout(RETIRE_WAIT) {
+    pub(crate) fn reopen_files(engine: &mut Engine, path: &Path, cfg: &StoreConfig) -> Result<()> {
+        let old = std::mem::replace(engine, Store::temporary_engine()?);
+        if let Err(mpsc::RecvTimeoutError::Timeout) = retire(old).recv_timeout(RETIRE_WAIT) {
             return Err(StoreError::Engine(ENGINE_STUCK.into()));
         }
-        try_open_patiently(path, cfg, Verify::No).map_err(|f| f.into_error(path))
+        *engine = try_open_patiently(path, cfg, Verify::No).map_err(|f| f.into_error(path))?;
+        Ok(())
     }
 
     pub(crate) fn open_engine_at(path: &Path, cfg: &StoreConfig) -> Result<Engine> {
@@ -1270,11 +1269,14 @@ impl OpenFailure {
     }
 }
 
+/// Another open database (of this process or another) holds the files' lock.
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 fn classify(e: sled::Error) -> OpenFailure {
     match e {
-        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
-            OpenFailure::Locked
-        }
+        e if is_lock_error(&e) => OpenFailure::Locked,
         sled::Error::Io(io)
             if matches!(
                 io.kind(),
@@ -1318,17 +1320,16 @@ impl SledFiles {
         Ok(SledFiles { db, trees })
     }
 
+    /// An empty in-memory database, deleted when dropped.
+    fn temporary() -> sled::Result<SledFiles> {
+        SledFiles::open(&sled::Config::new().temporary(true))
+    }
+
     /// Close and open the same files again, dropping what sled held of them. sled's
     /// threads release the files' lock a moment after the drop, so the open is retried
     /// for a while.
     fn reopen(&mut self, config: &sled::Config) -> sled::Result<()> {
-        let placeholder = Store::temporary_engine().map_err(|e| {
-            sled::Error::Io(io::Error::other(format!("in-memory stand-in engine: {e}")))
-        })?;
-        *self = SledFiles {
-            db: placeholder.db,
-            trees: placeholder.trees,
-        };
+        *self = SledFiles::temporary()?;
         let mut waited = Duration::ZERO;
         loop {
             match SledFiles::open(config) {
@@ -1336,10 +1337,7 @@ impl SledFiles {
                     *self = files;
                     return Ok(());
                 }
-                Err(sled::Error::Io(e))
-                    if e.to_string().contains("could not acquire lock")
-                        && waited < Duration::from_secs(3) =>
-                {
+                Err(e) if is_lock_error(&e) && waited < Duration::from_secs(3) => {
                     std::thread::sleep(Duration::from_millis(20));
                     waited += Duration::from_millis(20);
                 }
