@@ -161,8 +161,8 @@ status_field() { # name: a number of the daemon's facts in `tailtrap status --js
 
 echo "soak: $minutes min, a 60 s slowdown every $every min; output in $out" >&2
 echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib,steal_ms,load1" >"$out/series.csv"
-# CPU time the hypervisor gave to other guests (steal, all CPUs): late wake-ups with no slow
-# phase in the daemon are the host's when they come with steal.
+# CPU time the hypervisor gave to other guests (steal, all CPUs) and the load: whether a late
+# minute came with the host's own contention.
 steal_jiffies() { awk '/^cpu / {print $9}' /proc/stat; }
 hz=$(getconf CLK_TCK)
 steal_prev=$(steal_jiffies)
