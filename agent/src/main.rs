@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod allocator;
 mod api;
 mod cmd;
 mod config;
@@ -111,71 +112,5 @@ fn init_logging(verbose: u8) {
         fmt.without_time().init();
     } else {
         fmt.init();
-    }
-}
-
-/// glibc malloc behaviour for the long-running daemon.
-///
-/// glibc keeps freed memory inside its heaps: only a free stretch at the top of an arena
-/// goes back to the kernel, past a trim threshold it raises on its own up to 64 MiB. The
-/// daemon frees a lot in bursts (an incident's samples and pwru output encoded and handed to
-/// sled, the BTF parse of the first pwru session), and those holes stayed resident: in a
-/// soak, one `malloc_trim` gave back 5.6 of 39.4 MiB of anonymous memory, and RSS ran about
-/// 5 MiB lower with this thread (docs/reliability.md, "RSS"). `malloc_trim(0)` returns
-/// every whole free page of every arena; it took 0.1 to 0.3 ms in the soak (1.6 ms at most).
-mod allocator {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    use std::time::{Duration, Instant};
-
-    /// How often free pages go back to the kernel: often enough that RSS follows the live
-    /// heap from minute to minute, rare enough that the cost does not matter.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    const TRIM_EVERY: Duration = Duration::from_secs(30);
-
-    /// Above this size an allocation gets pages of its own from the kernel, which go back
-    /// whole when it is freed. It is glibc's starting value; setting it also stops glibc
-    /// from raising it, up to 32 MiB, each time such a block is freed. Left dynamic, after
-    /// the first freed sled buffer or sample batch the same sizes were carved from the heap
-    /// and left holes there: in `storage/examples/sled_rss` at the soak's write rate
-    /// (`--minutes 120 --rate 200`, two runs each) RSS grew 7.6 → 19.5 MiB from minute 10
-    /// to 120 without this setting and 7.6 → 13.1 MiB with it.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
-
-    /// Fix glibc's mmap threshold (see [`MMAP_THRESHOLD`]); before any thread starts.
-    pub(crate) fn fix_mmap_threshold() {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: mallopt only changes a tunable of the allocator; it is called before the
-        // daemon starts any thread.
-        if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
-            tracing::warn!("cannot fix glibc's mmap threshold; RSS may grow");
-        }
-    }
-
-    /// Start the thread that trims the heap. Failing to start it only loses the trimming.
-    pub(crate) fn start_trimming() {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        if let Err(e) = std::thread::Builder::new()
-            .name("tailtrap-trim".into())
-            .spawn(trim_loop)
-        {
-            tracing::warn!(error = %e, "cannot start the heap trimming thread; RSS may grow");
-        }
-    }
-
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    fn trim_loop() {
-        loop {
-            std::thread::sleep(TRIM_EVERY);
-            let started = Instant::now();
-            // SAFETY: malloc_trim only returns free pages to the kernel; it takes each
-            // arena's lock itself and touches no memory that is in use.
-            let released = unsafe { libc::malloc_trim(0) };
-            tracing::trace!(
-                released = released != 0,
-                took_us = started.elapsed().as_micros() as u64,
-                "heap trimmed"
-            );
-        }
     }
 }

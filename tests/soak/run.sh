@@ -4,7 +4,8 @@
 # stand-in session runs), recording once a minute: RSS (and its anonymous and file-backed
 # parts), open fds, threads, child processes,
 # database bytes on disk, the worst interval lateness, and the CPU time the hypervisor stole
-# from this machine with its load (what a late wake-up with no slow phase comes with). Not
+# from this machine with its load (what a late wake-up with no slow phase comes with), and
+# what the allocator holds allocated (glibc's count, from the status). Not
 # part of CI. Needs root and a release build, what users run (`cargo build --release --bins`).
 #   tests/soak/run.sh [--minutes N]   length (default 120)
 #                     [--every M]     minutes between slowdowns (default 5)
@@ -160,7 +161,7 @@ status_field() { # name: a number of the daemon's facts in `tailtrap status --js
 }
 
 echo "soak: $minutes min, a 60 s slowdown every $every min; output in $out" >&2
-echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib,steal_ms,load1" >"$out/series.csv"
+echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib,steal_ms,load1,heap_arena_kib,heap_mapped_kib" >"$out/series.csv"
 # CPU time the hypervisor gave to other guests (steal, all CPUs) and the load: whether a late
 # minute came with the host's own contention.
 steal_jiffies() { awk '/^cpu / {print $9}' /proc/stat; }
@@ -195,7 +196,11 @@ for minute in $(seq 1 "$minutes"); do
     steal_ms=$(( (steal_now - steal_prev) * 1000 / hz ))
     steal_prev=$steal_now
     load1=$(cut -d' ' -f1 /proc/loadavg)
-    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file,$steal_ms,$load1"
+    # What the allocator holds allocated (its count at the daemon's last heap trim): the
+    # anonymous RSS above it is slack, stacks or the mapped blocks' touched pages.
+    heap=$("$tt" status --json --config "$out/tailtrap.toml" 2>/dev/null |
+        jq -r '"\((.process.heap_arena_bytes // 0) / 1024 | floor),\((.process.heap_mapped_bytes // 0) / 1024 | floor)"')
+    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file,$steal_ms,$load1,${heap:-0,0}"
     echo "$line" >>"$out/series.csv"
     echo "$line" >&2
 done

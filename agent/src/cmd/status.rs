@@ -103,11 +103,19 @@ fn print_report(r: &StatusReport) {
     t.add_row([
         "process".to_owned(),
         format!(
-            "CPU {:.2}% of one core ({:.1}s user, {:.1}s system), RSS {}",
+            "CPU {:.2}% of one core ({:.1}s user, {:.1}s system), RSS {}{}",
             r.process.cpu_percent,
             r.process.cpu_user_s,
             r.process.cpu_system_s,
-            fmt_bytes(r.process.rss_bytes)
+            fmt_bytes(r.process.rss_bytes),
+            match (r.process.heap_arena_bytes, r.process.heap_mapped_bytes) {
+                (Some(arena), Some(mapped)) => format!(
+                    " (heap allocated: {} in arenas, {} mapped)",
+                    fmt_bytes(arena),
+                    fmt_bytes(mapped)
+                ),
+                _ => String::new(),
+            }
         ),
     ]);
     t.add_row([

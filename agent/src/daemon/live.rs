@@ -253,6 +253,7 @@ fn process_stats(started: SystemTime) -> ProcessStats {
         Err(_) => (0.0, 0.0),
     };
     let wall = started.elapsed().map_or(0.0, |d| d.as_secs_f64());
+    let heap = crate::allocator::heap_figures();
     ProcessStats {
         cpu_user_s: user,
         cpu_system_s: system,
@@ -262,6 +263,8 @@ fn process_stats(started: SystemTime) -> ProcessStats {
             0.0
         },
         rss_bytes: rss_bytes().unwrap_or(0),
+        heap_arena_bytes: heap.map(|h| h.arena_in_use),
+        heap_mapped_bytes: heap.map(|h| h.mapped_in_use),
     }
 }
 

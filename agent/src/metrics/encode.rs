@@ -665,6 +665,22 @@ impl Collector for View {
         ] {
             single(&mut enc, f, v)?;
         }
+        // Absent before the allocator's first trim, so that no zero reads as a figure.
+        let heap = [
+            ("arena", r.process.heap_arena_bytes),
+            ("mapped", r.process.heap_mapped_bytes),
+        ];
+        values(
+            &mut enc,
+            family(
+                "tailtrap_heap_allocated_bytes",
+                "Bytes the daemon holds allocated, by glibc's count at its last trim: in its \
+                 arenas, and in blocks mapped on their own (counted whole, not all resident)",
+                Gauge,
+            ),
+            heap.iter()
+                .filter_map(|(kind, v)| v.map(|v| (vec![("kind", *kind)], v as f64))),
+        )?;
         Ok(())
     }
 }
