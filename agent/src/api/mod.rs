@@ -92,6 +92,11 @@ pub struct DaemonInfo {
     /// of its work, ns: how late the daemon was lately (API load, storage, pwru).
     #[serde(default)]
     pub worst_interval_ns: u64,
+    /// Of that, the part before the work began: the longest any tick of the last 10 s
+    /// waited to be run, ns. Close to `worst_interval_ns`: the host kept the daemon off
+    /// the CPU, or the loop was busy elsewhere; far below it: the interval's own work.
+    #[serde(default)]
+    pub worst_wakeup_ns: u64,
     /// Where `GET /metrics` is served (`None`: metrics are off).
     #[serde(default)]
     pub metrics_listen: Option<String>,

@@ -50,6 +50,8 @@ pub(super) struct LoopStatus {
     pub(super) last_interval_ns: u64,
     /// The longest of the last 10 s from a scheduled tick to the end of its work, ns.
     pub(super) worst_interval_ns: u64,
+    /// The longest of the last 10 s from a scheduled tick to the start of its work, ns.
+    pub(super) worst_wakeup_ns: u64,
     /// Incidents opened since start by (service, stage verdict at opening).
     opened: BTreeMap<(String, String), u64>,
     /// pwru sessions ended since start by final state.
@@ -78,6 +80,7 @@ impl Default for LoopStatus {
             bpf_cost: Vec::new(),
             last_interval_ns: 0,
             worst_interval_ns: 0,
+            worst_wakeup_ns: 0,
             opened: BTreeMap::new(),
             pwru_sessions: BTreeMap::new(),
             dropped_history_intervals: 0,
@@ -136,6 +139,7 @@ impl Live {
                 last_reload: None,
                 last_interval_ns: 0,
                 worst_interval_ns: 0,
+                worst_wakeup_ns: 0,
                 metrics_listen: None,
             },
             started,
@@ -187,6 +191,7 @@ impl Live {
         daemon.interval_errors = status.interval_errors;
         daemon.last_interval_ns = status.last_interval_ns;
         daemon.worst_interval_ns = status.worst_interval_ns;
+        daemon.worst_wakeup_ns = status.worst_wakeup_ns;
         let (prereq, ignored, manager) = &self.pwru;
         let pwru = PwruReport {
             enabled: self.pwru_enabled,

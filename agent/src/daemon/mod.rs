@@ -211,22 +211,28 @@ impl Daemon {
         ticker.tick().await; // the first tick is immediate
         let mut last_tick = SystemTime::now();
         let mut lateness = RecentMax::default();
+        let mut wakeups = RecentMax::default();
         notify(&[NotifyState::Ready]);
         tracing::info!(interval = %humantime::format_duration(config.daemon.interval), "ready");
 
         let why = loop {
             tokio::select! {
                 scheduled = ticker.tick() => {
-                    let now = Now::read();
                     let began = Instant::now();
+                    let now = Now::read();
                     self.core.interval(last_tick, now);
                     let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    let late = u64::try_from(scheduled.into_std().elapsed().as_nanos())
-                        .unwrap_or(u64::MAX);
+                    let scheduled = scheduled.into_std();
+                    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+                    // Late by the wake-up alone (the thread not run, or the loop busy with
+                    // something else), and in all, with the interval's own work.
+                    let woke = nanos(began.saturating_duration_since(scheduled));
+                    let late = nanos(scheduled.elapsed());
                     let status = self.core.status();
                     let mut status = lock(&status);
                     status.last_interval_ns = took;
                     status.worst_interval_ns = lateness.push(late);
+                    status.worst_wakeup_ns = wakeups.push(woke);
                     drop(status);
                     self.publish_metrics();
                     last_tick = now.wall;

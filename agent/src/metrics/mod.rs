@@ -213,6 +213,7 @@ mod tests {
                 last_reload: None,
                 last_interval_ns: 2_500_000,
                 worst_interval_ns: 3_000_000,
+                worst_wakeup_ns: 1_000_000,
                 metrics_listen: None,
             },
             probes: vec![ProbeRow {
