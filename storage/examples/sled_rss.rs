@@ -313,7 +313,13 @@ fn main() {
     if a.prefill_mib > 0 {
         prefill(&dir, &cfg, a.prefill_mib);
     }
-    println!("before open: RSS {:.1} MiB", rss_mib());
+    let rss = rss_mib();
+    let (arena, mapped) = heap_mib();
+    println!(
+        "before open: RSS {rss:.1} MiB (anonymous {:.1}, file {:.1}), heap allocated {arena:.2} MiB in arenas, {mapped:.1} MiB mapped",
+        status_mib("RssAnon:"),
+        status_mib("RssFile:")
+    );
     let started = Instant::now();
     let store = Arc::new(Store::open(&dir, cfg.clone()).unwrap());
     println!(
@@ -435,7 +441,18 @@ fn main() {
         std::process::exit(0);
     }
     drop(store);
-    println!("store dropped: RSS {:.1} MiB", rss_mib());
+    let rss = rss_mib();
+    let (arena, mapped) = heap_mib();
+    println!(
+        "store dropped: RSS {rss:.1} MiB (anonymous {:.1}, file {:.1}), heap allocated {arena:.2} MiB in arenas, {mapped:.1} MiB mapped",
+        status_mib("RssAnon:"),
+        status_mib("RssFile:")
+    );
+    if let Some(secs) = std::env::var_os("SLED_RSS_PAUSE").and_then(|s| s.into_string().ok()) {
+        // Time to read /proc/PID/smaps with nothing of the store open.
+        eprintln!("pausing {secs} s, pid {}", std::process::id());
+        std::thread::sleep(Duration::from_secs(secs.parse().unwrap()));
+    }
     let started = Instant::now();
     reset_peak();
     let store = Store::open(&dir, cfg).unwrap();
