@@ -62,10 +62,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The daemon may execute itself again here (glibc reads this setting only at start).
+    let thread_caches =
+        matches!(cli.command, Command::Run(_)).then(allocator::turn_off_thread_caches);
     init_logging(cli.verbose);
     // -v also makes the retrieval commands say whether they used the API or the database.
     let verbose = cli.verbose > 0;
-    if matches!(cli.command, Command::Run(_)) {
+    if let Some(how) = thread_caches {
+        allocator::report_thread_caches(&how);
         allocator::fix_mmap_threshold();
         allocator::start_trimming();
     }

@@ -344,6 +344,14 @@ fn api_load_during_an_incident_then_sigkill_with_pwru_running() {
         Path::new(&format!("/proc/{pwru_pid}")).exists(),
         "pwru is not running"
     );
+    // The daemon ran itself again with glibc's per-thread caches off; its children get the
+    // environment it was given (no tunables here), not that of its second execution.
+    let environ = std::fs::read(format!("/proc/{pwru_pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        !environ.contains("GLIBC_TUNABLES") && !environ.contains("TAILTRAP_GIVEN"),
+        "pwru's environment: {environ}"
+    );
     // What the store promises to keep is what it had flushed (within `flush_every`, 500 ms
     // by default): wait past that before the kill, so everything counted above is promised.
     std::thread::sleep(Duration::from_secs(2));

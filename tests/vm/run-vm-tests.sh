@@ -65,8 +65,9 @@ mapfile -t executables < <(printf '%s\n' "$json" |
 # Host-tier executables: a real Prometheus (not in the guest), scrape timing and interval
 # lateness under 64 API clients (meaningless under software emulation), and the
 # interval-by-interval replay comparison of tune_daemon (blurred by emulation's late
-# intervals). They run in scripts/test's host step.
-HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn)
+# intervals), and the allocator settings (user space alone). They run in scripts/test's
+# host step.
+HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator)
 tests=()
 for exe in "${executables[@]}"; do
     name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash

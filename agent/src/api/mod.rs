@@ -270,15 +270,19 @@ pub struct ProcessStats {
     pub cpu_percent: f64,
     /// Resident memory, bytes.
     pub rss_bytes: u64,
-    /// Bytes allocated from the allocator's arenas at its last trim (every 30 s): RSS
-    /// minus this, the binary's pages and the mapped blocks' resident part is slack the
-    /// allocator holds. Absent before the first trim and with other allocators.
+    /// Bytes allocated from the allocator's arenas, read at start and after each heap trim
+    /// (every 30 s): RSS minus this, the binary's pages and the mapped blocks' resident
+    /// part is slack the allocator holds. Absent with other allocators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heap_arena_bytes: Option<u64>,
     /// Bytes of blocks the allocator mapped on their own (large allocations), at its last
     /// trim; counted whole, though pages never written are not resident.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heap_mapped_bytes: Option<u64>,
+    /// glibc's per-thread caches were seen off at start (the daemon turns them off: see
+    /// docs/operations.md); absent when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_thread_caches_off: Option<bool>,
 }
 
 /// Database figures.

@@ -103,7 +103,7 @@ fn print_report(r: &StatusReport) {
     t.add_row([
         "process".to_owned(),
         format!(
-            "CPU {:.2}% of one core ({:.1}s user, {:.1}s system), RSS {}{}",
+            "CPU {:.2}% of one core ({:.1}s user, {:.1}s system), RSS {}{}{}",
             r.process.cpu_percent,
             r.process.cpu_user_s,
             r.process.cpu_system_s,
@@ -115,6 +115,10 @@ fn print_report(r: &StatusReport) {
                     fmt_bytes(mapped)
                 ),
                 _ => String::new(),
+            },
+            match r.process.heap_thread_caches_off {
+                Some(false) => "; glibc's per-thread caches on",
+                _ => "",
             }
         ),
     ]);

@@ -270,6 +270,7 @@ fn process_stats(started: SystemTime) -> ProcessStats {
         rss_bytes: rss_bytes().unwrap_or(0),
         heap_arena_bytes: heap.map(|h| h.arena_in_use),
         heap_mapped_bytes: heap.map(|h| h.mapped_in_use),
+        heap_thread_caches_off: crate::allocator::thread_caches_off(),
     }
 }
 

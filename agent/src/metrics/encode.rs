@@ -665,7 +665,7 @@ impl Collector for View {
         ] {
             single(&mut enc, f, v)?;
         }
-        // Absent before the allocator's first trim, so that no zero reads as a figure.
+        // Absent with another allocator, so that no zero reads as a figure.
         let heap = [
             ("arena", r.process.heap_arena_bytes),
             ("mapped", r.process.heap_mapped_bytes),
