@@ -321,7 +321,7 @@ impl Store {
                     &mut copy,
                     |c| Box::new(c.source.tree(t).clone()),
                     windows::whole(),
-                    self.cfg.cache_bytes,
+                    self.cfg.pass_window_bytes(),
                     |c| {
                         c.apply(t)?;
                         c.fresh.db.flush()?;

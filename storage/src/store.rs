@@ -1375,7 +1375,7 @@ fn try_open(
                     &mut files,
                     |f| Box::new(f.trees[i].clone()),
                     windows::whole(),
-                    cfg.cache_bytes,
+                    cfg.pass_window_bytes(),
                     |f| f.reopen(&config),
                     |_, k, v| {
                         *slot += (k.len() + v.len()) as u64;

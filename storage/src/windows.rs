@@ -6,9 +6,9 @@
 //! 216 MiB database took `tailtrap db check` to 222 MiB of RSS, and the daemon's start the
 //! same until its first engine reopen). So a long pass stops after each window, lets go of
 //! its tree handle, lets the caller reopen the engine, and resumes after the last key it saw.
-//! A window is `storage.cache_bytes` (4 MiB by default): what sled may take in between two
-//! reopens anyway. Each reopen costs 10–50 ms; the 216 MiB database above is checked in
-//! 3.6–4.1 s with a 35 MiB peak (2.9–3.5 s and 222 MiB in one go).
+//! A window is `storage.cache_bytes`, at least 4 MiB (`StoreConfig::pass_window_bytes`):
+//! each reopen costs 10–50 ms; the 216 MiB database above is checked in 3.6–4.1 s with a
+//! 35 MiB peak (2.9–3.5 s and 222 MiB in one go).
 
 use std::ops::{Bound, Deref};
 
@@ -75,8 +75,8 @@ where
 
 impl Store {
     /// [`for_each_record`] over tree `t` of this store: each window through a tree handle
-    /// taken outside the engine lock, the engine reopened between windows once
-    /// `cache_bytes` went through it.
+    /// taken outside the engine lock, windows of `pass_window_bytes`, the engine reopened
+    /// between them once `cache_bytes` went through it.
     pub(crate) fn for_each_record_in_windows(
         &self,
         t: T,
@@ -88,7 +88,7 @@ impl Store {
             &mut store,
             |s| s.tree_outside(t),
             range,
-            self.cfg.cache_bytes,
+            self.cfg.pass_window_bytes(),
             |s| {
                 s.maybe_recycle();
                 Ok(())

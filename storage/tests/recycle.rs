@@ -29,6 +29,10 @@ fn hist(i: u64) -> Histogram {
     h
 }
 
+/// Incidents of 50 000 samples each in the first test: enough that the samples tree is
+/// larger than one window of the long passes (4 MiB), so that they reopen the engine.
+const INCIDENTS: u64 = 4;
+
 #[test]
 fn reopening_keeps_every_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -36,7 +40,7 @@ fn reopening_keeps_every_record() {
     let s = Store::open(&path, cfg()).unwrap();
     let mut ids = Vec::new();
     let mut seconds = 0u64;
-    for k in 0..3u64 {
+    for k in 0..INCIDENTS {
         let mut inc = s
             .open_incident(&new_incident("web", T0 + k * 600 * SEC))
             .unwrap();
@@ -66,8 +70,9 @@ fn reopening_keeps_every_record() {
     let stats = s.stats();
     assert!(
         stats.engine_reopens >= 3,
-        "{} reopens for 150 000 samples",
-        stats.engine_reopens
+        "{} reopens for {} samples",
+        stats.engine_reopens,
+        INCIDENTS * 50_000
     );
     assert_eq!(stats.write_errors, 0);
     for id in &ids {
@@ -88,17 +93,17 @@ fn reopening_keeps_every_record() {
         assert_eq!(sample_count(&s, *id), 50_000);
         assert!(s.incident(*id).unwrap().unwrap().closed_ns.is_some());
     }
-    // Opening read everything in windows of `cache_bytes`; so do the check, rotation's
-    // copy and retention's deletes, reopening the engine between windows: nothing may be
-    // missed, met twice or lost across those reopens.
+    // Opening read everything in windows (`cache_bytes`, at least 4 MiB); so do the check,
+    // rotation's copy and retention's deletes, reopening the engine between windows:
+    // nothing may be missed, met twice or lost across those reopens.
     let reopens = s.stats().engine_reopens;
     let report = s.check(|_| {}).unwrap();
     assert_eq!(report.undecodable, 0);
-    assert_eq!(report.samples, 150_000);
+    assert_eq!(report.samples, INCIDENTS * 50_000);
     assert_eq!(report.live_bytes, live);
     assert!(
         s.stats().engine_reopens > reopens,
-        "a check of {live} bytes with a {} byte cache reopened nothing",
+        "a check of {live} bytes in 4 MiB windows with a {} byte cache reopened nothing",
         cfg().cache_bytes
     );
     let rotated = s.rotate().unwrap();
@@ -108,14 +113,14 @@ fn reopening_keeps_every_record() {
         assert_eq!(sample_count(&s, *id), 50_000);
     }
     let report = s.check(|_| {}).unwrap();
-    assert_eq!(report.samples, 150_000);
+    assert_eq!(report.samples, INCIDENTS * 50_000);
     // What was copied, and the rotation counter now stored beside it.
     assert!(report.live_bytes > live && report.live_bytes < live + 64);
     assert_eq!(s.stats().live_bytes, report.live_bytes);
     let reopens = s.stats().engine_reopens;
     let rep = s.enforce_retention(T0 + 31 * 24 * 3600 * SEC).unwrap();
-    assert_eq!(rep.incidents, 3);
-    assert_eq!(rep.samples, 150_000);
+    assert_eq!(rep.incidents, INCIDENTS);
+    assert_eq!(rep.samples, INCIDENTS * 50_000);
     assert!(s.stats().engine_reopens > reopens);
     for id in &ids {
         assert!(s.incident(*id).unwrap().is_none());
