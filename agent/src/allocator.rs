@@ -97,6 +97,9 @@ pub(crate) enum ThreadCaches {
     Given(String),
     /// Could not be turned off (why); the daemon runs with them.
     Left(String),
+    /// Not glibc's allocator: nothing to turn off.
+    #[cfg_attr(all(target_os = "linux", target_env = "gnu"), allow(dead_code))]
+    NotGlibc,
 }
 
 /// Start the daemon with glibc's per-thread caches off: unless the operator's
@@ -147,7 +150,7 @@ pub(crate) fn turn_off_thread_caches() -> ThreadCaches {
         ))
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    ThreadCaches::Left("not glibc's allocator".into())
+    ThreadCaches::NotGlibc
 }
 
 /// Say at start-up whether the per-thread caches are off, checked by their effect.
@@ -166,6 +169,7 @@ pub(crate) fn report_thread_caches(how: &ThreadCaches) {
         (ThreadCaches::Left(why), _) => {
             tracing::warn!(why = %why, "glibc's per-thread caches left on; RSS may run higher")
         }
+        (ThreadCaches::NotGlibc, _) => tracing::debug!("not glibc's allocator"),
         (ThreadCaches::TurnedOff, in_use) => tracing::warn!(
             in_use = ?in_use,
             "glibc's per-thread caches were asked off but are not seen off; RSS may run higher"
