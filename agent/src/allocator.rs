@@ -123,7 +123,14 @@ pub(crate) fn turn_off_thread_caches() -> ThreadCaches {
             }
             return ThreadCaches::TurnedOff;
         }
-        let given = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        let given = match std::env::var("GLIBC_TUNABLES") {
+            Ok(given) => given,
+            Err(std::env::VarError::NotPresent) => String::new(),
+            // Not text: left alone rather than rewritten.
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return ThreadCaches::Left("GLIBC_TUNABLES is not UTF-8".into())
+            }
+        };
         if let Some(own) = given
             .split(':')
             .find(|t| t.split('=').next() == Some(TCACHE_TUNABLE))
