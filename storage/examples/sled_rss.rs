@@ -146,6 +146,17 @@ fn heap_mib() -> (f64, f64) {
     (mib(info.uordblks), mib(info.hblkhd))
 }
 
+/// RSS with its anonymous and file-backed parts, and glibc's count of what is allocated.
+fn print_memory(label: &str) {
+    let rss = rss_mib();
+    let (arena, mapped) = heap_mib();
+    println!(
+        "{label}: RSS {rss:.1} MiB (anonymous {:.1}, file {:.1}), heap allocated {arena:.2} MiB in arenas, {mapped:.1} MiB mapped",
+        status_mib("RssAnon:"),
+        status_mib("RssFile:")
+    );
+}
+
 fn histogram(second: u64, probe: usize) -> Histogram {
     let mut h = Histogram::new();
     for i in 0..50 {
@@ -313,13 +324,7 @@ fn main() {
     if a.prefill_mib > 0 {
         prefill(&dir, &cfg, a.prefill_mib);
     }
-    let rss = rss_mib();
-    let (arena, mapped) = heap_mib();
-    println!(
-        "before open: RSS {rss:.1} MiB (anonymous {:.1}, file {:.1}), heap allocated {arena:.2} MiB in arenas, {mapped:.1} MiB mapped",
-        status_mib("RssAnon:"),
-        status_mib("RssFile:")
-    );
+    print_memory("before open");
     let started = Instant::now();
     let store = Arc::new(Store::open(&dir, cfg.clone()).unwrap());
     println!(
@@ -441,13 +446,7 @@ fn main() {
         std::process::exit(0);
     }
     drop(store);
-    let rss = rss_mib();
-    let (arena, mapped) = heap_mib();
-    println!(
-        "store dropped: RSS {rss:.1} MiB (anonymous {:.1}, file {:.1}), heap allocated {arena:.2} MiB in arenas, {mapped:.1} MiB mapped",
-        status_mib("RssAnon:"),
-        status_mib("RssFile:")
-    );
+    print_memory("store dropped");
     if let Some(secs) = std::env::var_os("SLED_RSS_PAUSE").and_then(|s| s.into_string().ok()) {
         // Time to read /proc/PID/smaps with nothing of the store open.
         eprintln!("pausing {secs} s, pid {}", std::process::id());
