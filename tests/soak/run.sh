@@ -169,12 +169,17 @@ worst_run=0
 for minute in $(seq 1 "$minutes"); do
     worst=0
     worst_wake=0
+    arena_kib=0
+    mapped_kib=0
     # Slowdowns start one minute into each period and last 60 s.
     if (( (minute - 1) % every == 1 )); then echo 20ms >"$out/delay"; else echo 0s >"$out/delay"; fi
     while (( $(date +%s) < start + minute * 60 )); do
         sleep 5
-        read -r w wake <<<"$("$tt" status --json --config "$out/tailtrap.toml" 2>/dev/null |
-            jq -r '"\(.daemon.worst_interval_ns // 0) \(.daemon.worst_wakeup_ns // 0)"')"
+        # The last reading of the minute also gives what the allocator holds allocated
+        # (its count at the daemon's last heap trim): the anonymous RSS above it is slack,
+        # stacks or the mapped blocks' touched pages.
+        read -r w wake arena_kib mapped_kib <<<"$("$tt" status --json --config "$out/tailtrap.toml" 2>/dev/null |
+            jq -r '"\(.daemon.worst_interval_ns // 0) \(.daemon.worst_wakeup_ns // 0) \((.process.heap_arena_bytes // 0) / 1024 | floor) \((.process.heap_mapped_bytes // 0) / 1024 | floor)"')"
         [ -n "$w" ] && (( w > worst )) && worst=$w
         [ -n "$wake" ] && (( wake > worst_wake )) && worst_wake=$wake
     done
@@ -196,11 +201,7 @@ for minute in $(seq 1 "$minutes"); do
     steal_ms=$(( (steal_now - steal_prev) * 1000 / hz ))
     steal_prev=$steal_now
     load1=$(cut -d' ' -f1 /proc/loadavg)
-    # What the allocator holds allocated (its count at the daemon's last heap trim): the
-    # anonymous RSS above it is slack, stacks or the mapped blocks' touched pages.
-    heap=$("$tt" status --json --config "$out/tailtrap.toml" 2>/dev/null |
-        jq -r '"\((.process.heap_arena_bytes // 0) / 1024 | floor),\((.process.heap_mapped_bytes // 0) / 1024 | floor)"')
-    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file,$steal_ms,$load1,${heap:-0,0},$(awk "BEGIN {printf \"%.1f\", $worst_wake / 1e6}")"
+    line="$minute,$rss,$fds,$threads,$children,$db,$(awk "BEGIN {printf \"%.1f\", $worst / 1e6}"),$incidents,$anon,$file,$steal_ms,$load1,${arena_kib:-0},${mapped_kib:-0},$(awk "BEGIN {printf \"%.1f\", $worst_wake / 1e6}")"
     echo "$line" >>"$out/series.csv"
     echo "$line" >&2
 done
