@@ -87,6 +87,11 @@ const TCACHE_TUNABLE: &str = "glibc.malloc.tcache_count";
 /// the operator gave.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const GIVEN_TUNABLES: &str = "TAILTRAP_GIVEN_GLIBC_TUNABLES";
+/// Set only in the daemon's second execution: the process name (`/proc/self/comm`) it was
+/// first started with. Executed through `/proc/self/exe`, the kernel names the process
+/// `exe`, and `ps`, `top`, `pgrep tailtrap` and `killall tailtrap` would no longer find it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const GIVEN_NAME: &str = "TAILTRAP_GIVEN_NAME";
 
 /// How the daemon came to run with or without glibc's per-thread caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,8 +108,8 @@ pub(crate) enum ThreadCaches {
 }
 
 /// Start the daemon with glibc's per-thread caches off: unless the operator's
-/// `GLIBC_TUNABLES` already sets them, execute this program again (same pid, arguments
-/// and environment) with the tunable added. Returns only when no new execution is needed
+/// `GLIBC_TUNABLES` already sets them, execute this program again (same pid, name,
+/// arguments and environment) with the tunable added. Returns only when no new execution is needed
 /// or it failed. Call first thing in `main`, before any thread starts or anything is
 /// logged (the first execution's lines would be printed twice).
 pub(crate) fn turn_off_thread_caches() -> ThreadCaches {
@@ -112,8 +117,12 @@ pub(crate) fn turn_off_thread_caches() -> ThreadCaches {
     {
         use std::os::unix::process::CommandExt;
         if let Some(given) = std::env::var_os(GIVEN_TUNABLES) {
+            if let Some(name) = std::env::var_os(GIVEN_NAME) {
+                restore_name(&name);
+            }
             // SAFETY: no other thread runs yet, so nothing reads the environment meanwhile.
             unsafe {
+                std::env::remove_var(GIVEN_NAME);
                 std::env::remove_var(GIVEN_TUNABLES);
                 if given.is_empty() {
                     std::env::remove_var("GLIBC_TUNABLES");
@@ -151,6 +160,7 @@ pub(crate) fn turn_off_thread_caches() -> ThreadCaches {
             .args(args)
             .env("GLIBC_TUNABLES", tunables)
             .env(GIVEN_TUNABLES, &given)
+            .env(GIVEN_NAME, own_name())
             .exec();
         ThreadCaches::Left(format!(
             "executing itself with {TCACHE_TUNABLE}=0 failed: {err}"
@@ -158,6 +168,31 @@ pub(crate) fn turn_off_thread_caches() -> ThreadCaches {
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     ThreadCaches::NotGlibc
+}
+
+/// This process's name as the kernel shows it (`/proc/self/comm`), empty if unreadable.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn own_name() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|n| n.trim_end_matches('\n').to_owned())
+        .unwrap_or_default()
+}
+
+/// Give this process back the name of its first execution (see [`GIVEN_NAME`]).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn restore_name(name: &std::ffi::OsStr) {
+    use std::os::unix::ffi::OsStrExt;
+    // The kernel keeps 15 bytes and a NUL; a longer or empty name is not ours to give.
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() > 15 {
+        return;
+    }
+    let Ok(name) = std::ffi::CString::new(bytes) else {
+        return;
+    };
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which `name`
+    // is, and only renames the calling thread (the main thread: the process's name).
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
 }
 
 /// Say at start-up whether the per-thread caches are off, checked by their effect.

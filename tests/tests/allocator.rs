@@ -49,6 +49,10 @@ fn the_daemon_runs_without_glibcs_per_thread_caches_unless_told_otherwise() {
     let s = status_with_heap(&daemon, &config);
     assert_eq!(s["process"]["heap_thread_caches_off"], true, "{s}");
     assert_eq!(s["daemon"]["pid"], pid, "the same process, executed again");
+    // Under its own name still (executed through /proc/self/exe, the kernel would call it
+    // `exe`), so that ps, top and pgrep find it.
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(name.trim_end(), "tailtrap", "the process's name");
     let arena = s["process"]["heap_arena_bytes"].as_u64().unwrap();
     let rss = s["process"]["rss_bytes"].as_u64().unwrap();
     assert!(arena > 0 && arena < rss, "heap {arena} B, RSS {rss} B");
