@@ -453,3 +453,48 @@ fn damaged_database_at_start_is_kept_aside_with_a_recovery_message() {
     let kept = std::fs::metadata(aside[0].path().join("db")).unwrap().len();
     assert!(kept > 0, "the damaged data file is kept");
 }
+
+/// A daemon held off the CPU (SIGSTOP, as a frozen cgroup or a debugger would) says, once
+/// it runs again, that its interval began late, by how much, and that neither its own
+/// work nor a wait for a CPU was the cause.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_daemon_held_off_the_cpu_says_its_interval_began_late_and_why() {
+    use nix::sys::signal::Signal;
+    let scratch = ScratchDir::new("faults-stopped").unwrap();
+    let dir = scratch.path();
+    let config = config(dir, 9, &fake_pwru());
+    let daemon = Daemon::start(&config, dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(60));
+    daemon.signal(Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    daemon.signal(Signal::SIGCONT).unwrap();
+    let line = daemon.wait_for(Duration::from_secs(30), "the late interval's line", || {
+        daemon
+            .log()
+            .lines()
+            .find(|l| l.contains("interval began late"))
+            .map(str::to_owned)
+    });
+    eprintln!("{line}");
+    let field = |name: &str| -> f64 {
+        let at = line
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name} in {line}"));
+        let rest = &line[at + name.len() + 1..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        rest[..end]
+            .parse()
+            .unwrap_or_else(|e| panic!("{name} in {line}: {e}"))
+    };
+    // The tick was due during the stop (intervals are 200 ms): at least the stop's
+    // remainder late, however busy the machine.
+    let late = field("late_ms");
+    assert!(late >= 350.0, "late by {late} ms: {line}");
+    // A stopped thread is not waiting for a CPU, and the loop was idle when it was due.
+    assert!(field("loop_busy_ms") < late / 2.0, "{line}");
+    assert!(field("waited_for_cpu_ms") < late / 2.0, "{line}");
+    assert!(line.contains("busy_with="), "{line}");
+}

@@ -16,6 +16,7 @@ mod pwru;
 mod reload;
 #[cfg(test)]
 mod tests;
+mod wakeup;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -212,6 +213,7 @@ impl Daemon {
         let mut last_tick = SystemTime::now();
         let mut lateness = RecentMax::default();
         let mut wakeups = RecentMax::default();
+        let mut watch = wakeup::WakeupWatch::new();
         notify(&[NotifyState::Ready]);
         tracing::info!(interval = %humantime::format_duration(config.daemon.interval), "ready");
 
@@ -219,15 +221,20 @@ impl Daemon {
             tokio::select! {
                 scheduled = ticker.tick() => {
                     let began = Instant::now();
+                    let scheduled = scheduled.into_std();
+                    // Split before the work, whose own waits are not the wake-up's.
+                    let late_wakeup = watch.tick(scheduled, began);
                     let now = Now::read();
                     self.core.interval(last_tick, now);
                     let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    let scheduled = scheduled.into_std();
                     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
                     // Late by the wake-up alone (the thread not run, or the loop busy with
                     // something else), and in all, with the interval's own work.
                     let woke = nanos(began.saturating_duration_since(scheduled));
                     let late = nanos(scheduled.elapsed());
+                    if let Some(w) = late_wakeup {
+                        w.log();
+                    }
                     let status = self.core.status();
                     let mut status = lock(&status);
                     status.last_interval_ns = took;
@@ -237,12 +244,17 @@ impl Daemon {
                     self.publish_metrics();
                     last_tick = now.wall;
                     notify(&[NotifyState::Watchdog]);
+                    watch.idle("the interval before");
                 }
-                Some(news) = self.pwru_news.recv() => self.core.pwru_news(news),
+                Some(news) = self.pwru_news.recv() => {
+                    self.core.pwru_news(news);
+                    watch.idle("a pwru session's news");
+                }
                 _ = signals.hup.recv() => {
                     notify(&[NotifyState::Reloading]);
                     self.reload();
                     notify(&[NotifyState::Ready]);
+                    watch.idle("a reload");
                 }
                 _ = signals.term.recv() => break "SIGTERM",
                 _ = signals.int.recv() => break "SIGINT",
