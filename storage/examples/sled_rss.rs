@@ -26,6 +26,9 @@
 //! what is older than the last `K` MiB written, as retention does: whether reopens alone
 //! leave memory behind.
 //!
+//! `SLED_RSS_LEVELS=N` keeps only the `N` finest history levels (1: the 1 s level alone, so
+//! no coarse chunk is rewritten each minute).
+//!
 //! With `SLED_RSS_EXIT_LIVE=1` it exits before dropping the store at the end, so that
 //! `heaptrack` lists what the store still holds as leaked. glibc's tunables apply as usual
 //! (`MALLOC_MMAP_THRESHOLD_=131072` is what the daemon sets, see `agent/src/main.rs`).
@@ -312,6 +315,10 @@ fn main() {
     }
     if let Some(m) = a.max_bytes {
         cfg.max_bytes = m;
+    }
+    if let Ok(n) = std::env::var("SLED_RSS_LEVELS") {
+        cfg.history
+            .truncate(n.parse().expect("SLED_RSS_LEVELS: a number of levels"));
     }
     println!(
         "cache_bytes {} max_bytes {} rate {} samples/s services {} dir {}",
