@@ -71,6 +71,7 @@ fn main() -> ExitCode {
     if let Some(how) = thread_caches {
         allocator::report_thread_caches(&how);
         allocator::fix_mmap_threshold();
+        allocator::limit_arenas();
         allocator::start_trimming();
     }
     let result = match cli.command {

@@ -1,6 +1,7 @@
 //! The daemon's allocator settings, on the real binary: glibc's per-thread caches are off
 //! when it runs (it executes itself again with the tunable set, keeping its pid), an
-//! operator's own setting is left as given, and the heap figures reach the status.
+//! operator's own setting is left as given, its threads share two arenas, and the heap
+//! figures reach the status.
 //!
 //! Needs root and the `tailtrap` binary of the same build (`cargo build -p tailtrap`).
 #![allow(clippy::unwrap_used)] // test code: a failed step should panic with its context
@@ -33,6 +34,24 @@ fn status_with_heap(daemon: &Daemon, config: &Path) -> Value {
         let (s, _) = cli_json(config, &["status", "--json"]);
         s["process"]["heap_arena_bytes"].is_u64().then_some(s)
     })
+}
+
+/// glibc's thread arenas in process `pid`: each is a read-write anonymous mapping at an
+/// address aligned to its 64 MiB reservation (the main heap is `[heap]`).
+fn thread_arenas(pid: u32) -> usize {
+    const ARENA_ALIGN: u64 = 64 << 20;
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let start = f
+                .first()
+                .and_then(|r| r.split('-').next())
+                .and_then(|a| u64::from_str_radix(a, 16).ok());
+            f.len() == 5 && f[1] == "rw-p" && start.is_some_and(|a| a % ARENA_ALIGN == 0)
+        })
+        .count()
 }
 
 #[test]
@@ -68,6 +87,14 @@ fn the_daemon_runs_without_glibcs_per_thread_caches_unless_told_otherwise() {
             && environ.contains("glibc.malloc.check=0")
             && environ.contains("glibc.malloc.tcache_count=0"),
         "the second execution's environment: {vars:?}"
+    );
+    // Its threads share two arenas (the main heap and one more): glibc would give most of
+    // its threads one each.
+    assert!(
+        thread_arenas(pid) <= 1,
+        "{} thread arenas in {}",
+        thread_arenas(pid),
+        std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap()
     );
     daemon.kill().unwrap();
 
