@@ -8,9 +8,10 @@
 //! 5 MiB lower with this thread (docs/reliability.md, "RSS"). `malloc_trim(0)` returns
 //! every whole free page of every arena; it took 0.1 to 0.3 ms in the soak (1.6 ms at most).
 //!
-//! After each trim the thread also reads glibc's own counts of what is allocated, so the
+//! Every few seconds the thread also reads glibc's own counts of what is allocated, so the
 //! status can tell memory in use from allocator slack without the interval loop ever
-//! taking an arena lock.
+//! taking an arena lock, and the store can reopen its engine when the heap grew (see
+//! [`heap_reading`]).
 //!
 //! glibc's per-thread caches (tcache) are turned off for the daemon. Each thread keeps up
 //! to 7 freed blocks of every size up to 1 KiB for itself; to the arena they stay in use,
@@ -35,6 +36,12 @@ use std::time::{Duration, Instant};
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_EVERY: Duration = Duration::from_secs(30);
 
+/// How often glibc's counts are read: the store's engine gains about 1 MiB in 2 to 4
+/// minutes under the soak's load, so a reading this old lets it overshoot its budget
+/// by a few percent at most. One reading takes each arena's lock for microseconds.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const READ_EVERY: Duration = Duration::from_secs(5);
+
 /// Above this size an allocation gets pages of its own from the kernel, which go back
 /// whole when it is freed. It is glibc's starting value; setting it also stops glibc
 /// from raising it, up to 32 MiB, each time such a block is freed. Left dynamic, after
@@ -45,13 +52,16 @@ const TRIM_EVERY: Duration = Duration::from_secs(30);
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
 
-/// glibc's counts at the last trim (bytes); `u64::MAX` until the first.
+/// glibc's counts as last read (bytes); `u64::MAX` until the first reading.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 static ARENA_IN_USE: AtomicU64 = AtomicU64::new(u64::MAX);
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 static MAPPED_IN_USE: AtomicU64 = AtomicU64::new(u64::MAX);
+/// When `ARENA_IN_USE` was read.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+static READ_AT: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 
-/// What the allocator holds for the daemon, as of the last trim.
+/// What the allocator holds for the daemon, as last read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HeapFigures {
     /// Bytes allocated from glibc's arenas (the main heap and the threads' arenas).
@@ -62,7 +72,7 @@ pub(crate) struct HeapFigures {
     pub mapped_in_use: u64,
 }
 
-/// The heap figures of the last trim (read at start, then after every trim); `None`
+/// The heap figures as last read (at start, then every few seconds); `None`
 /// before the trimming thread started and where the allocator is not glibc's.
 pub(crate) fn heap_figures() -> Option<HeapFigures> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -74,6 +84,21 @@ pub(crate) fn heap_figures() -> Option<HeapFigures> {
                 arena_in_use,
                 mapped_in_use,
             });
+        }
+    }
+    None
+}
+
+/// The bytes glibc's arenas hold allocated, as last read by the trimming thread, and
+/// when: what the store watches to reopen its engine (`storage::Store::watch_heap`).
+/// `None` before the first reading and where the allocator is not glibc's.
+pub(crate) fn heap_reading() -> Option<storage::HeapReading> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let taken = (*READ_AT.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let allocated = ARENA_IN_USE.load(Ordering::Relaxed);
+        if allocated != u64::MAX {
+            return Some(storage::HeapReading { allocated, taken });
         }
     }
     None
@@ -333,19 +358,21 @@ pub(crate) fn start_trimming() {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn trim_loop() {
     publish_heap_figures();
+    let mut last_trim = Instant::now();
     loop {
-        std::thread::sleep(TRIM_EVERY);
-        let started = Instant::now();
-        // SAFETY: malloc_trim only returns free pages to the kernel; it takes each
-        // arena's lock itself and touches no memory that is in use.
-        let released = unsafe { libc::malloc_trim(0) };
-        let trimmed = started.elapsed();
+        std::thread::sleep(READ_EVERY);
+        if last_trim.elapsed() + READ_EVERY / 2 >= TRIM_EVERY {
+            last_trim = Instant::now();
+            // SAFETY: malloc_trim only returns free pages to the kernel; it takes each
+            // arena's lock itself and touches no memory that is in use.
+            let released = unsafe { libc::malloc_trim(0) };
+            tracing::trace!(
+                released = released != 0,
+                took_us = last_trim.elapsed().as_micros() as u64,
+                "heap trimmed"
+            );
+        }
         publish_heap_figures();
-        tracing::trace!(
-            released = released != 0,
-            took_us = trimmed.as_micros() as u64,
-            "heap trimmed"
-        );
     }
 }
 
@@ -353,8 +380,10 @@ fn trim_loop() {
 fn publish_heap_figures() {
     // SAFETY: mallinfo2 only reads the allocator's counters, under each arena's lock.
     let info = unsafe { libc::mallinfo2() };
+    let taken = Instant::now();
     ARENA_IN_USE.store(info.uordblks as u64, Ordering::Relaxed);
     MAPPED_IN_USE.store(info.hblkhd as u64, Ordering::Relaxed);
+    *READ_AT.lock().unwrap_or_else(|e| e.into_inner()) = Some(taken);
 }
 
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
@@ -394,5 +423,15 @@ mod tests {
             after.mapped_in_use + BLOCK / 2 <= during.mapped_in_use,
             "freed: {during:?} -> {after:?}"
         );
+    }
+
+    /// What the store watches is the arena count just read, stamped with when it was read.
+    #[test]
+    fn the_heap_reading_is_the_last_one_published() {
+        let before = Instant::now();
+        publish_heap_figures();
+        let reading = heap_reading().expect("published");
+        assert!(reading.taken >= before && reading.taken <= Instant::now());
+        assert!(reading.allocated > 0);
     }
 }

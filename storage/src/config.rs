@@ -53,7 +53,8 @@ pub struct StoreConfig {
     pub rotate_min_bytes: u64,
     /// The engine's memory, bytes: sled's page cache, and how much may go through the
     /// engine (written, removed or read) before the store reopens it to free what sled
-    /// keeps regardless of its cache's size.
+    /// keeps regardless of its cache's size; also how far the process's heap may grow
+    /// since the engine opened, when the store watches it (`Store::watch_heap`).
     pub cache_bytes: u64,
     /// Free space to leave on the database's file system, bytes: below it, samples, pwru
     /// lines and history are refused (counted as disk-full errors) while incidents can

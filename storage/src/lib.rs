@@ -18,6 +18,7 @@ mod chunk;
 mod codec;
 mod config;
 mod error;
+mod heap_watch;
 mod history;
 mod keys;
 mod lock;
@@ -35,6 +36,7 @@ pub use crate::model::{
 pub use check::{CheckReport, TreeCheck};
 pub use config::{HistoryLevel, StoreConfig, DEFAULTS_TOML, MAX_HISTORY_LEVELS};
 pub use error::{LockHolder, Result, StoreError};
+pub use heap_watch::{HeapProbe, HeapReading};
 pub use history::{HistoryPoint, HistorySeries, SparseSeries};
 pub use keys::MAX_SERVICE_LEN;
 pub use query::{

@@ -181,6 +181,8 @@ pub struct Store {
     /// Bytes of records written, removed or read through the engine since it was opened:
     /// about what sled holds in memory (see [`Store::maybe_recycle`]).
     touched: AtomicU64,
+    /// The process's heap, when the daemon lets the store read it (see `heap_watch`).
+    heap: crate::heap_watch::HeapWatch,
     /// Tree handles in use outside the engine lock (long reads): the engine is not
     /// recycled under them, its files would stay locked.
     outside: AtomicUsize,
@@ -196,6 +198,15 @@ pub struct Store {
     retiring: Mutex<Option<mpsc::Receiver<()>>>,
     report: OpenReport,
     pid_file: Option<PathBuf>,
+}
+
+/// Why the engine is reopened to free its memory.
+#[derive(Clone, Copy)]
+enum Recycle {
+    /// `cache_bytes` of records went through it.
+    Records,
+    /// The process's heap grew this many bytes (at least `cache_bytes`) since it opened.
+    Heap(u64),
 }
 
 /// How [`Store`] reacts to an engine that cannot open the database.
@@ -265,6 +276,7 @@ impl Store {
             history_write: Mutex::default(),
             history_epoch: AtomicU64::new(0),
             touched,
+            heap: crate::heap_watch::HeapWatch::new(),
             outside: AtomicUsize::new(0),
             generation,
             engine_failed: AtomicBool::new(false),
@@ -697,7 +709,8 @@ impl Store {
     }
 
     /// Reopen the engine once `cache_bytes` of records have gone through it since it was
-    /// opened, so that its memory stays about that size.
+    /// opened, or the heap grew that much (see [`Store::watch_heap`]), so that its memory
+    /// stays about that size.
     ///
     /// sled 0.34 keeps in memory what was written or read until its LRU evicts it, and
     /// that LRU rarely does: it is split into 256 shards by page id, a shard looks at its
@@ -717,15 +730,37 @@ impl Store {
     /// (left to a later call) while a long read holds a tree handle.
     pub(crate) fn maybe_recycle(&self) {
         release_retired_memory();
-        if self.touched.load(Ordering::Relaxed) < self.cfg.cache_bytes {
+        let Some(why) = self.recycle_due() else {
             return;
-        }
-        if let Err(e) = self.recycle() {
+        };
+        if let Err(e) = self.recycle(why) {
             tracing::error!(error = %e, "reopening the storage engine to free its memory failed");
         }
     }
 
-    fn recycle(&self) -> Result<()> {
+    /// Whether the engine should be reopened to free its memory, and why.
+    fn recycle_due(&self) -> Option<Recycle> {
+        if self.touched.load(Ordering::Relaxed) >= self.cfg.cache_bytes {
+            return Some(Recycle::Records);
+        }
+        match self.heap.growth() {
+            Some(grown) if grown >= self.cfg.cache_bytes => Some(Recycle::Heap(grown)),
+            _ => None,
+        }
+    }
+
+    /// Let the store read the process's heap, so that it also reopens the engine once the
+    /// heap grew `cache_bytes` since the engine was opened: sled keeps in memory pages its
+    /// segment cleaner read back from disk, which no count of the store's own reads and
+    /// writes sees. The daemon passes glibc's count, once started. Growth counts from the
+    /// first reading taken after this call; only the first probe set is used.
+    pub fn watch_heap(&self, probe: crate::heap_watch::HeapProbe) {
+        if !self.heap.set_probe(probe) {
+            tracing::debug!("the store already watches the heap; the new probe is ignored");
+        }
+    }
+
+    fn recycle(&self, why: Recycle) -> Result<()> {
         // The flush lock keeps flushes (and their generation) off a half-swapped engine.
         let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         if self.engine_failed.load(Ordering::Relaxed) {
@@ -741,9 +776,8 @@ impl Store {
         // the tree stays right.
         let flushed_at = started.elapsed();
         let mut guard = self.engine.write().unwrap_or_else(|e| e.into_inner());
-        if guard.stand_in
-            || self.outside.load(Ordering::SeqCst) > 0
-            || self.touched.load(Ordering::Relaxed) < self.cfg.cache_bytes
+        // Another thread may have reopened it meanwhile.
+        if guard.stand_in || self.outside.load(Ordering::SeqCst) > 0 || self.recycle_due().is_none()
         {
             return Ok(());
         }
@@ -775,6 +809,7 @@ impl Store {
             .fetch_max(engine.generation, Ordering::Relaxed);
         let placeholder = Store::replace_engine(&mut guard, engine);
         let touched = self.touched.swap(0, Ordering::Relaxed);
+        self.heap.renewed();
         self.counters.reopens.fetch_add(1, Ordering::Relaxed);
         let held = locked.elapsed();
         drop(guard);
@@ -783,8 +818,14 @@ impl Store {
         let disk_bytes = self.size_on_disk().unwrap_or(0);
         // Readers and writers wait for `held_ms` (drop and open), not for the flush. At info:
         // a reopen stalls writes, and it is rare (once `cache_bytes` went through).
+        let (why, heap_growth) = match why {
+            Recycle::Records => ("records", None),
+            Recycle::Heap(grown) => ("heap", Some(grown)),
+        };
         tracing::info!(
+            why,
             touched,
+            heap_growth,
             disk_bytes,
             flush_ms = flushed_at.as_secs_f64() * 1e3,
             drop_ms = dropped_at.as_secs_f64() * 1e3,
@@ -1024,6 +1065,7 @@ impl Store {
     pub(crate) fn reset_live(&self, live: [u64; 6]) {
         // Opening read every record, and sled keeps what it read.
         self.touched.store(live.iter().sum(), Ordering::Relaxed);
+        self.heap.renewed();
         for (slot, v) in self.live.iter().zip(live) {
             slot.store(v, Ordering::Relaxed);
         }
@@ -1112,6 +1154,7 @@ impl Store {
         match try_open_patiently(&self.path, &self.cfg, Verify::No) {
             Ok(engine) => {
                 drop(Store::replace_engine(guard, engine));
+                self.heap.renewed();
                 Ok(true)
             }
             Err(f) => {

@@ -187,3 +187,66 @@ fn long_reads_and_reopening_get_along() {
     assert_eq!(sample_count(&s, other.id), 30_010);
     assert_eq!(sample_count(&s, big.id), 20_000);
 }
+
+/// sled keeps pages its segment cleaner read back in memory, which no count of the store's
+/// own writes sees: a heap that grew `cache_bytes` since the engine opened reopens it too,
+/// once per growth, with every record kept.
+#[test]
+fn a_heap_that_grew_reopens_the_engine_though_few_records_went_through() {
+    use std::sync::atomic::AtomicU64;
+    use storage::HeapReading;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    // Opened empty: nothing went through the engine yet.
+    drop(Store::open(&path, cfg()).unwrap());
+    let s = Store::open(&path, cfg()).unwrap();
+    let heap = Arc::new(AtomicU64::new(40 << 20));
+    let h = heap.clone();
+    s.watch_heap(Box::new(move || {
+        Some(HeapReading {
+            allocated: h.load(Ordering::Relaxed),
+            taken: std::time::Instant::now(),
+        })
+    }));
+    let mut second = 0u64;
+    let mut write = |s: &Store| {
+        let h = hist(second);
+        let points = [HistoryPoint {
+            service: "web",
+            probe: Probe::TcpSocketRead,
+            hist: &h,
+        }];
+        assert!(s
+            .record_history_batch(T0 + second * SEC, &points)
+            .unwrap()
+            .is_empty());
+        second += 1;
+    };
+    write(&s);
+    assert_eq!(s.stats().engine_reopens, 0);
+    // Under the budget: nothing.
+    heap.store((40 << 20) + (1 << 20) - 1, Ordering::Relaxed);
+    write(&s);
+    assert_eq!(s.stats().engine_reopens, 0);
+    // At the budget: the next write reopens the engine.
+    heap.fetch_add(1, Ordering::Relaxed);
+    write(&s);
+    assert_eq!(s.stats().engine_reopens, 1);
+    // The reopened engine's floor is the first reading since, not the old one: the same
+    // heap does not reopen it again.
+    for _ in 0..5 {
+        write(&s);
+    }
+    assert_eq!(s.stats().engine_reopens, 1);
+    heap.fetch_add(1 << 20, Ordering::Relaxed);
+    write(&s);
+    assert_eq!(s.stats().engine_reopens, 2);
+    s.flush().unwrap();
+    assert_eq!(s.stats().write_errors, 0);
+    let points = s
+        .history_at_level(0, "web", Probe::TcpSocketRead, 0, u64::MAX)
+        .unwrap()
+        .points;
+    assert_eq!(points.len() as u64, second);
+}

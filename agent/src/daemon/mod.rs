@@ -214,6 +214,11 @@ impl Daemon {
         let mut lateness = RecentMax::default();
         let mut wakeups = RecentMax::default();
         let mut watch = wakeup::WakeupWatch::new();
+        // sled keeps pages its segment cleaner read in memory, unseen by the store's own
+        // counts: the heap tells. From here, so that start-up's own growth (the probes,
+        // the detector's baselines) is not taken for the engine's.
+        self.store
+            .watch_heap(Box::new(crate::allocator::heap_reading));
         notify(&[NotifyState::Ready]);
         tracing::info!(interval = %humantime::format_duration(config.daemon.interval), "ready");
 
