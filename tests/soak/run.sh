@@ -30,7 +30,8 @@
 #   (storage.max_bytes); no child process left after the daemon stops; every pwru session
 #   that ran stored lines.
 # Then, from the daemon's log, how many intervals began 50 ms or more late and the worst
-# one's split (the loop busy, the wait for a CPU, the rest: docs/operations.md).
+# one's split (the loop busy, the wait for a CPU, the rest: docs/operations.md), and how
+# many times the storage engine was reopened, and why (docs/storage.md, cache_bytes).
 # Exit status 0 only if every target holds.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
         --cache-bytes) cache_bytes=${2:?--cache-bytes needs a number}; shift 2 ;;
         --max-bytes) budget=${2:?--max-bytes needs a number}; shift 2 ;;
         --bin) bin=${2:?--bin needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -267,6 +268,9 @@ if (( late_lines > 0 )); then
         sort -g -r | head -n1 | cut -f2- | grep -o 'late_ms=.*')
     verdicts+=$'\n'"  'interval began late' lines: $late_lines; the worst: $worst_line"
 fi
+reopens=$(grep -c 'storage engine reopened to free its memory' "$out/daemon.log")
+heap_reopens=$(grep 'storage engine reopened to free its memory' "$out/daemon.log" | grep -c 'why="heap"')
+verdicts+=$'\n'"  storage engine reopens: $reopens, $heap_reopens of them for the heap's growth (the rest after cache_bytes of records)"
 echo
 echo "$verdicts"
 echo "$verdicts" >"$out/verdicts.txt"
