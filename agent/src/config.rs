@@ -626,7 +626,7 @@ deadline = "5s"
             ),
             (
                 "[storage]\ncache_bytes = 65536\n",
-                "c, line 2: key `storage.cache_bytes`: must be at least 1 MiB",
+                "c, line 2: key `storage.cache_bytes`: must be at least 256 KiB",
             ),
             (
                 "[detector]\nmin_ratio = 0.5\n",
