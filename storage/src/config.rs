@@ -103,17 +103,11 @@ impl Default for StoreConfig {
             max_bytes: 1 << 30,
             max_amplification: 4.0,
             rotate_min_bytes: 256 << 20,
-            // The trade-off (sled_rss, docs/reliability.md "RSS" and "Per-thread caches"):
+            // The trade-off (docs/reliability.md "Per-thread caches", "A smaller engine"):
             // RSS swings by about this much between reopens, and each reopen stalls the
-            // engine's writers 15-50 ms. At 1 MiB, with 1 000 samples/s stored during
-            // incidents: mean RSS 8.2 MiB against 10.0 at 4 MiB, 54 reopens in 2 h against
-            // 14 (median stall 15 ms against 27), the same files on disk; in 2 h soaks side
-            // by side (with glibc's per-thread caches off) RSS rose 7.9 % against 17.1 %.
-            // At 512 KiB, in 2 h soaks side by side with 1 MiB and 256 KiB, RSS from minute
-            // 10 was lowest on average (24.4 MiB against 25.0 and 24.7) and its ten-minute
-            // means rose +4.9 % against +6.1 % at 1 MiB; 256 KiB reopened the engine every
-            // 33 s (512 KiB: 47 s) for no memory saved (docs/reliability.md "A smaller
-            // engine"). Those reopens cost no measurable CPU.
+            // engine's writers 15-50 ms. In 2 h soaks side by side, 512 KiB gave the lowest
+            // mean RSS (24.4 MiB against 25.0 at 1 MiB and 24.7 at 256 KiB), with reopens
+            // every 47 s at no measurable CPU; 256 KiB only reopened more often.
             cache_bytes: 512 << 10,
             min_free_bytes: 128 << 20,
         }

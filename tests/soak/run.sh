@@ -253,7 +253,7 @@ verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budg
         if (n >= 20) {
             a = 0; for (m = r - 4; m <= r + 5; m++) a += rss[m]
             b = 0; for (m = n - 9; m <= n; m++) b += rss[m]
-            printf "  ten-minute means: minutes %d-%d %d KiB, minutes %d-%d %d KiB (%+.1f %%)\n", r - 4, r + 5, a / 10, n - 9, n, b / 10, (b - a) / a * 100
+            if (a > 0) printf "  ten-minute means: minutes %d-%d %d KiB, minutes %d-%d %d KiB (%+.1f %%)\n", r - 4, r + 5, a / 10, n - 9, n, b / 10, (b - a) / a * 100
         }
         d = (fd1 - fd0) / fd0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
         printf "fds flat: minute %d %d, end %d (%+.1f %%)  %s\n", r, fd0, fd1, d, ok ? "ok" : "FAILED"
@@ -277,8 +277,8 @@ if (( late_lines > 0 )); then
         sort -g -r | head -n1 | cut -f2- | grep -o 'late_ms=.*')
     verdicts+=$'\n'"  'interval began late' lines: $late_lines; the worst: $worst_line"
 fi
-reopens=$(grep -c 'storage engine reopened to free its memory' "$out/daemon.log")
-heap_reopens=$(grep 'storage engine reopened to free its memory' "$out/daemon.log" | grep -c 'why="heap"')
+read -r reopens heap_reopens < <(awk '/storage engine reopened to free its memory/ { n++; if (/why="heap"/) h++ }
+    END { print n + 0, h + 0 }' "$out/daemon.log")
 verdicts+=$'\n'"  storage engine reopens: $reopens, $heap_reopens of them for the heap's growth (the rest after cache_bytes of records)"
 echo
 echo "$verdicts"
