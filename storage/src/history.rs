@@ -80,6 +80,14 @@ pub(crate) fn chunk_span(res_ns: u64) -> u64 {
     res_ns.max(1).saturating_mul(CHUNK_POINTS)
 }
 
+/// The coarser levels' unfinished chunks are written every this many finest chunks (and
+/// when complete, at [`Store::flush`] and at close), not at every one: each write of such
+/// a chunk pulls its whole leaf (up to 16 records of that stream's older chunks) into
+/// sled's memory, so rewriting every coarse chunk every minute kept a working set that
+/// grew with the stored history. A crash loses at most this many finest chunks' points
+/// of a coarser level; the finest level still has them.
+pub(crate) const COARSE_WRITE_EVERY: u64 = 10;
+
 /// Envelope version of a history chunk; version-1 history records hold one point each
 /// (written before chunks) and stay readable.
 pub(crate) const HISTORY_CHUNK_VERSION: u8 = 2;
@@ -87,9 +95,9 @@ pub(crate) const HISTORY_CHUNK_VERSION: u8 = 2;
 pub(crate) const MAX_HISTORY_CHUNK_BYTES: usize = CHUNK_POINTS as usize * MAX_HISTORY_BYTES;
 
 /// The history chunks this store is filling, one per (service, probe, level), written to
-/// the tree when a newer chunk starts, when the finest level moves into a new chunk
-/// (every level's chunk then, so a crash loses at most one finest chunk's time of any
-/// level), at [`Store::flush`] and when the store closes. Reads merge them in, so what
+/// the tree when a newer chunk starts, when the finest level moves into a new chunk (its
+/// own chunks then, and the coarser levels' as [`COARSE_WRITE_EVERY`] says), at
+/// [`Store::flush`] and when the store closes. Reads merge them in, so what
 /// was recorded is readable at once. The store is the only writer of its history (the
 /// database lock).
 #[derive(Default)]
@@ -98,6 +106,8 @@ pub(crate) struct HistoryBuffer {
     streams: HashMap<String, Vec<StreamBuf>>,
     /// Start of the finest level's chunk of the newest batch.
     period: Option<u64>,
+    /// `period` when the coarser levels' unfinished chunks were last written.
+    coarse_written: Option<u64>,
 }
 
 struct StreamBuf {
@@ -752,8 +762,9 @@ impl Store {
 
     /// Record one interval's histograms, all starting at `start_ns`, into every history
     /// level. They are merged into the chunks in memory (readable at once) and written
-    /// when the finest level's chunk is complete, at [`Store::flush`] or when the store
-    /// closes: a crash loses at most the last `CHUNK_POINTS` finest intervals.
+    /// when the finest level's chunk is complete (coarser levels: see
+    /// [`COARSE_WRITE_EVERY`]), at [`Store::flush`] or when the store closes: a crash
+    /// loses at most the last `CHUNK_POINTS` finest intervals of the finest level.
     ///
     /// `Err` when nothing was stored (low disk space, engine failure) or when writing the
     /// completed chunks failed; otherwise the points refused one by one (a bad service
@@ -812,14 +823,29 @@ impl Store {
         let tree = eng.tree(T::History);
         let mut failed: Option<StoreError> = None;
 
-        // The finest level moved on: write every chunk, and let go of the complete ones.
+        // The finest level moved on: write its chunks, the coarser ones that are complete
+        // (or not written for COARSE_WRITE_EVERY finest chunks), and let go of the
+        // complete ones.
         let period = start_ns - start_ns % span0;
         if buf.period.is_some_and(|p| period > p) {
+            let coarse_due = buf
+                .coarse_written
+                .is_none_or(|w| period >= w.saturating_add(COARSE_WRITE_EVERY * span0));
+            if coarse_due {
+                buf.coarse_written = Some(period);
+            }
             let mut pending = Pending::default();
             let mut staged = Ok(());
             for (service, list) in &buf.streams {
                 for s in list {
-                    if let Some(c) = s.chunk.as_ref().filter(|c| c.dirty) {
+                    let due = |c: &&Chunk| {
+                        let complete =
+                            levels.get(usize::from(s.level)).is_none_or(|&(res, span)| {
+                                c.start.saturating_add(span) <= start_ns - start_ns % res
+                            });
+                        c.dirty && (s.level == 0 || coarse_due || complete)
+                    };
+                    if let Some(c) = s.chunk.as_ref().filter(due) {
                         staged = staged.and(self.stage(
                             &mut pending,
                             tree,
@@ -1582,5 +1608,86 @@ mod tests {
         bad[last] ^= 0x55;
         tree.insert(key, bad).unwrap();
         same(&store);
+    }
+}
+
+#[cfg(test)]
+mod coarse_writes {
+    use super::*;
+    use crate::{Store, StoreConfig};
+
+    const SEC: u64 = 1_000_000_000;
+
+    /// Points of each stored record of `level` (what a crash would leave), by chunk start.
+    fn stored(store: &Store, level: u8) -> Vec<(u64, usize)> {
+        let tree = store.engine().tree(T::History).clone();
+        tree.scan_prefix(keys::history_stream(level, "web", Probe::IpStart))
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                let (_, _, _, start) = keys::parse_history(&k).unwrap();
+                (start, decode_record(start, &v).unwrap().len())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unfinished_coarse_chunks_are_written_every_ten_minutes_and_when_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+        // At the start of an hour: the 10 s level's chunks end every 10 minutes, the
+        // 1 min level's after the hour.
+        let t0 = 1_700_002_800 * SEC;
+        assert_eq!(t0 % (3600 * SEC), 0);
+        let mut h = Histogram::new();
+        h.record_n(40_000, 3);
+        let mut seen = Vec::new();
+        for minute in 0..25u64 {
+            for s in 0..60 {
+                store
+                    .record_history("web", Probe::IpStart, t0 + (minute * 60 + s) * SEC, &h)
+                    .unwrap();
+                if s == 0 {
+                    // The first interval of a minute wrote what was due at its boundary.
+                    seen.push((
+                        minute,
+                        stored(&store, 0).len(),
+                        stored(&store, 1),
+                        stored(&store, 2),
+                    ));
+                }
+            }
+            // Whatever is on disk, a read sees every point recorded.
+            let all = store
+                .history_at_level(2, "web", Probe::IpStart, t0, t0 + 3600 * SEC)
+                .unwrap();
+            assert_eq!(all.points.len() as u64, minute + 1);
+        }
+        let ten = 600 * SEC;
+        for (minute, finest, mid, coarse) in seen {
+            // The 1 s level: every complete minute.
+            assert_eq!(finest as u64, minute, "minute {minute}");
+            // The 1 min level's hour: written at minute 1, then every 10 minutes.
+            let last_write = match minute {
+                0 => None,
+                m => Some(1 + (m - 1) / 10 * 10),
+            };
+            let want: Vec<(u64, usize)> =
+                last_write.map(|w| (t0, w as usize)).into_iter().collect();
+            assert_eq!(coarse, want, "1 min level at minute {minute}");
+            // The 10 s level: each complete 10 minutes in full, the unfinished one as of
+            // the last coarse write.
+            let mut want = Vec::new();
+            for c in 0..minute / 10 {
+                want.push((t0 + c * ten, 60));
+            }
+            if let Some(w) = last_write.filter(|w| w / 10 == minute / 10 && w % 10 != 0) {
+                want.push((t0 + w / 10 * ten, (w % 10 * 6) as usize));
+            }
+            assert_eq!(mid, want, "10 s level at minute {minute}");
+        }
+        // A flush (the daemon's stop) writes them all.
+        store.flush().unwrap();
+        assert_eq!(stored(&store, 2), vec![(t0, 25)]);
+        assert_eq!(stored(&store, 1).last(), Some(&(t0 + 2 * ten, 30)));
     }
 }
