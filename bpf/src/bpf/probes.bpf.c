@@ -52,14 +52,16 @@ static __always_inline void record_latency(const struct tt_sample *s)
 
 	if (!filters_pass(s->skb, s->sk, s->process_context))
 		return;
+	/* Timed first: a read without a usable stamp counts as that, not as head-of-line, so
+	 * each sample lands in exactly one of a histogram and the counters. */
+	if (!latency_since(s->stamp_ns, s->clock, &latency_ns, &now_tai))
+		return;
 	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->ooopack, s->read_end_seq)) {
 		count_event(TT_COUNTER_HOL_EXCLUDED);
 		if (!capture_mode)
 			return;
 		hol_suspect = true;
 	}
-	if (!latency_since(s->stamp_ns, s->clock, &latency_ns, &now_tai))
-		return;
 	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
 	if (!hol_suspect)
 		hist_add(service, s->probe, latency_ns);
