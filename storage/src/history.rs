@@ -143,6 +143,14 @@ struct Chunk {
     stored: Stored,
 }
 
+impl Chunk {
+    /// Whether an interval starting at `now_ns` lies past the chunk's span, at a level of
+    /// `(resolution, span)`: the chunk can take no more points.
+    fn complete_at(&self, (res, span): (u64, u64), now_ns: u64) -> bool {
+        self.start.saturating_add(span) <= now_ns - now_ns % res
+    }
+}
+
 /// LEB128, as postcard encodes integers and sequence lengths.
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -840,10 +848,9 @@ impl Store {
             for (service, list) in &buf.streams {
                 for s in list {
                     let due = |c: &&Chunk| {
-                        let complete =
-                            levels.get(usize::from(s.level)).is_none_or(|&(res, span)| {
-                                c.start.saturating_add(span) <= start_ns - start_ns % res
-                            });
+                        let complete = levels
+                            .get(usize::from(s.level))
+                            .is_none_or(|&level| c.complete_at(level, start_ns));
                         c.dirty && (s.level == 0 || coarse_due || complete)
                     };
                     if let Some(c) = s.chunk.as_ref().filter(due) {
@@ -864,12 +871,11 @@ impl Store {
                 failed = Some(e);
             }
             for s in buf.streams.values_mut().flatten() {
-                let (res, span) = levels
+                let level = levels
                     .get(usize::from(s.level))
                     .copied()
                     .unwrap_or((1, CHUNK_POINTS));
-                let at = start_ns - start_ns % res;
-                if let Some(c) = s.chunk.take_if(|c| c.start.saturating_add(span) <= at) {
+                if let Some(c) = s.chunk.take_if(|c| c.complete_at(level, start_ns)) {
                     if c.stored != Stored::Absent {
                         if let Some(newest) = &mut s.newest {
                             *newest = Some(newest.map_or(c.start, |n| n.max(c.start)));
