@@ -2,9 +2,9 @@
 # tests/soak/run.sh — the soak: the real daemon for hours under steady loopback traffic with a
 # slowdown injected every few minutes (an incident opens and closes, capture arms, a pwru
 # stand-in session runs), recording once a minute: RSS (its reading at the minute's end,
-# its anonymous and file-backed parts, and the mean and peak of its 5 s readings), open fds, threads, child processes,
-# database bytes on disk, the worst interval lateness (and its part before the work began:
-# the wake-up), and the CPU time the hypervisor stole
+# its anonymous and file-backed parts, and the mean and peak of its 5 s readings), open
+# fds, threads, child processes, database bytes on disk, the worst interval lateness (and
+# its part before the work began: the wake-up), and the CPU time the hypervisor stole
 # from this machine with its load (what a late wake-up with no slow phase comes with), and
 # what the allocator holds allocated (glibc's count, from the status). Not
 # part of CI. Needs root and a release build, what users run (`cargo build --release --bins`).
@@ -22,7 +22,8 @@
 #                                     release build, $CARGO_TARGET_DIR/release), so a before
 #                                     and an after build can run side by side
 # The daemon inherits the environment, so an allocator arm is e.g. `MALLOC_ARENA_MAX=4
-# tests/soak/run.sh` (the daemon's own limit is 2); two soaks can run at once with distinct --out directories.
+# tests/soak/run.sh` (the daemon's own limit is 2); two soaks can run at once with
+# distinct --out directories.
 # Prints the series, a terminal chart of RSS and fds, and the targets with their verdicts:
 #   RSS and fds flat: the last minute within 5 % of the 10-minute mark (the middle minute
 #   for runs under 20 min; RSS as each minute's mean of its 5 s readings, with the single
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
         --cache-bytes) cache_bytes=${2:?--cache-bytes needs a number}; shift 2 ;;
         --max-bytes) budget=${2:?--max-bytes needs a number}; shift 2 ;;
         --bin) bin=${2:?--bin needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
