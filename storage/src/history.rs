@@ -85,8 +85,9 @@ pub(crate) fn chunk_span(res_ns: u64) -> u64 {
 /// a chunk pulls its whole leaf (up to 16 older chunks) into sled's memory, and these
 /// rewrites were a third of what went through the engine. In the 2 h soak this cut the
 /// bytes written to disk by a fifth and the engine reopens by a quarter (RSS unchanged:
-/// docs/reliability.md). A crash loses at most this many finest chunks' points of a
-/// coarser level; the finest level still has them.
+/// docs/reliability.md). After a crash the coarser levels lack up to this many finest
+/// chunks' points; the next open adds them back from the finest level
+/// (`history_rebuild.rs`).
 pub(crate) const COARSE_WRITE_EVERY: u64 = 10;
 
 /// Envelope version of a history chunk; version-1 history records hold one point each
@@ -122,7 +123,7 @@ struct StreamBuf {
 
 /// Length of the record stored under a chunk's key, for the live-byte count.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Stored {
+pub(crate) enum Stored {
     Absent,
     Len(usize),
     /// Records may have been removed since (retention, rotation): look when writing.
@@ -130,7 +131,7 @@ enum Stored {
 }
 
 /// One chunk being filled: completed points already encoded, the newest still merging.
-struct Chunk {
+pub(crate) struct Chunk {
     start: u64,
     /// Completed points in time order, each `offset ns from start (varint) | histogram`.
     done: Vec<u8>,
@@ -204,7 +205,7 @@ pub(crate) fn record_points(value: &[u8]) -> u64 {
 }
 
 impl Chunk {
-    fn empty(start: u64, stored: Stored) -> Chunk {
+    pub(crate) fn empty(start: u64, stored: Stored) -> Chunk {
         Chunk {
             start,
             done: Vec::new(),
@@ -219,7 +220,7 @@ impl Chunk {
     /// Merge `hist` into the point at `at` (within the chunk). A `whole` point (the finest
     /// level, where one interval is one point) is encoded at once instead of copied and
     /// kept open; another interval for it later takes the slower way.
-    fn add(&mut self, at: u64, hist: &Histogram, whole: bool) -> Result<()> {
+    pub(crate) fn add(&mut self, at: u64, hist: &Histogram, whole: bool) -> Result<()> {
         self.dirty = true;
         if whole && self.open.is_none() && self.done_last.is_none_or(|d| d < at) {
             put_point(&mut self.done, at - self.start, hist)?;
@@ -261,7 +262,7 @@ impl Chunk {
         self.set_points(points)
     }
 
-    fn set_points(&mut self, mut points: Vec<(u64, Histogram)>) -> Result<()> {
+    pub(crate) fn set_points(&mut self, mut points: Vec<(u64, Histogram)>) -> Result<()> {
         self.done.clear();
         self.done_n = 0;
         self.done_last = None;
@@ -292,7 +293,7 @@ impl Chunk {
     }
 
     /// The chunk's record.
-    fn encode(&self) -> Result<Vec<u8>> {
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
         let n = self.done_n + u64::from(self.open.is_some());
         let mut out = Vec::with_capacity(codec::HEADER + 10 + self.done.len() + 512);
         out.extend_from_slice(&[HISTORY_CHUNK_VERSION, 0, 0, 0, 0]);
@@ -745,6 +746,18 @@ impl Store {
         }
     }
 
+    /// `(resolution, chunk span)` in ns of each history level, finest first.
+    pub(crate) fn history_levels(&self) -> Vec<(u64, u64)> {
+        self.cfg
+            .history
+            .iter()
+            .map(|l| {
+                let res = nanos(l.resolution).max(1);
+                (res, chunk_span(res))
+            })
+            .collect()
+    }
+
     /// Write what is buffered for `service`, which is gone (a removed cgroup), and forget
     /// it: its stored history stays. A later write of the same name reads back first.
     pub fn forget_history_writer(&self, service: &str) {
@@ -812,15 +825,7 @@ impl Store {
             // count (under 4 KiB, the cap is 16 KiB); a chunk is checked when written.
             ok.push(i);
         }
-        let levels: Vec<(u64, u64)> = self
-            .cfg
-            .history
-            .iter()
-            .map(|l| {
-                let res = nanos(l.resolution).max(1);
-                (res, chunk_span(res))
-            })
-            .collect();
+        let levels = self.history_levels();
         let Some(&(_, span0)) = levels.first() else {
             return Ok(refused);
         };

@@ -20,6 +20,7 @@ mod config;
 mod error;
 mod heap_watch;
 mod history;
+mod history_rebuild;
 mod keys;
 mod lock;
 mod model;
@@ -38,6 +39,7 @@ pub use config::{HistoryLevel, StoreConfig, DEFAULTS_TOML, MAX_HISTORY_LEVELS};
 pub use error::{LockHolder, Result, StoreError};
 pub use heap_watch::{HeapProbe, HeapReading};
 pub use history::{HistoryPoint, HistorySeries, SparseSeries};
+pub use history_rebuild::HistoryRebuild;
 pub use keys::MAX_SERVICE_LEN;
 pub use query::{
     FlowCount, FlowFilter, IncidentBundle, IncidentPage, IncidentQuery, LatencyQuantiles,

@@ -116,6 +116,8 @@ pub struct OpenReport {
     pub moved_aside: Option<PathBuf>,
     /// Incidents that were open when the previous run stopped, now marked interrupted.
     pub interrupted: Vec<u64>,
+    /// What the coarser history levels got back from the finest one after a crash.
+    pub history_rebuilt: crate::HistoryRebuild,
 }
 
 /// Counters of the store since it was opened (and, where noted, over its lifetime).
@@ -240,6 +242,11 @@ impl Store {
         }
         store.report.moved_aside = moved_aside;
         store.report.interrupted = store.mark_interrupted()?;
+        // Best effort: a database whose history cannot be completed still opens.
+        match store.rebuild_coarse_history() {
+            Ok(done) => store.report.history_rebuilt = done,
+            Err(e) => tracing::warn!(error = %e, "coarse history levels not completed"),
+        }
         store.flush_with(false)?;
         store.pid_file = Some(lock::write_pid_file(&store.path)?);
         Ok(store)

@@ -131,6 +131,15 @@ impl Daemon {
                 aside.display()
             );
         }
+        let rebuilt = report.history_rebuilt;
+        if rebuilt.points > 0 {
+            tracing::info!(
+                points = rebuilt.points,
+                streams = rebuilt.streams,
+                "the last run stopped uncleanly: the coarser history levels were completed \
+                 from the finest one"
+            );
+        }
         let store = Arc::new(store);
         let probes = load_probes(&config.probes)?;
         let detector = restore_baselines(&config, &store)?;
