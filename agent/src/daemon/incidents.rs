@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use detector::IncidentKey;
-use storage::{IncidentState, NewIncident, Store};
+use storage::{CaptureState, IncidentState, NewIncident, PwruState, Store};
 
 use super::unix_ns;
 use super::writer::{self, FlushSoon, SampleQueue};
@@ -16,8 +16,25 @@ use crate::output::{headline, probe_list, stage};
 
 /// Closed records kept for the changes that still come after closing (pwru's and
 /// capture's outcome), so that a change starts from the loop's own copy rather than from a
-/// store that may not have written the close yet.
+/// store that may not have written the close yet. A record goes once nothing changes it
+/// any more (see [`can_forget`]), so the list does not grow with every incident of a long
+/// run; at most this many stay.
 const RECENTLY_CLOSED: usize = 64;
+
+/// How long a settled closed record stays: changes to it may still wait in the sample
+/// thread's queue (about a minute of capture) and the close itself in the flush thread's.
+const CLOSED_GRACE: Duration = Duration::from_secs(120);
+
+/// Nothing will change a closed record any more: its capture is not armed, no pwru
+/// session runs or waits for it, and it closed [`CLOSED_GRACE`] before `now_ns`.
+fn can_forget(record: &storage::Incident, now_ns: u64) -> bool {
+    let grace = u64::try_from(CLOSED_GRACE.as_nanos()).unwrap_or(u64::MAX);
+    record.capture.state != CaptureState::Armed
+        && record.pwru.state != PwruState::Running
+        && record
+            .closed_ns
+            .is_some_and(|closed| now_ns.saturating_sub(closed) >= grace)
+}
 
 /// The open incidents, by the detector's key.
 pub(super) struct Incidents {
@@ -134,6 +151,13 @@ impl Incidents {
         f(record);
         let record = record.clone();
         self.write(record, false);
+        self.forget_settled();
+    }
+
+    /// Let go of the closed records nothing changes any more.
+    fn forget_settled(&mut self) {
+        let now_ns = unix_ns(SystemTime::now());
+        self.closed.retain(|r| !can_forget(r, now_ns));
     }
 
     /// More probes or a stronger shift: the record follows.
@@ -170,6 +194,7 @@ impl Incidents {
         open.record.state = IncidentState::Closed;
         open.record.closed_ns = Some(unix_ns(closed_at));
         self.write(open.record.clone(), true);
+        self.forget_settled();
         if self.closed.len() == RECENTLY_CLOSED {
             self.closed.pop_front();
         }
@@ -223,4 +248,47 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 
 fn intervals(opened: SystemTime, closed: SystemTime) -> u64 {
     closed.duration_since(opened).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000_000_000;
+
+    fn closed_at(closed_ns: u64) -> storage::Incident {
+        storage::Incident {
+            id: 1,
+            service: "web".into(),
+            probes: Vec::new(),
+            opened_ns: 0,
+            closed_ns: Some(closed_ns),
+            state: IncidentState::Closed,
+            evidence_json: String::new(),
+            stages_json: String::new(),
+            capture: storage::CaptureStatus::default(),
+            pwru: storage::PwruStatus::default(),
+            counters: storage::IncidentCounters::default(),
+        }
+    }
+
+    #[test]
+    fn a_closed_record_is_forgotten_only_when_settled_and_past_the_grace() {
+        let now = 100 * MIN;
+        let mut r = closed_at(now - 3 * MIN);
+        assert!(can_forget(&r, now));
+        // Closed a minute ago: changes may still be queued for it.
+        assert!(!can_forget(&closed_at(now - MIN), now));
+        // Capture still armed, or a pwru session running or waiting: more changes come.
+        r.capture.state = CaptureState::Armed;
+        assert!(!can_forget(&r, now));
+        r.capture.state = CaptureState::Disarmed;
+        r.pwru.state = PwruState::Running;
+        assert!(!can_forget(&r, now));
+        r.pwru.state = PwruState::Done;
+        assert!(can_forget(&r, now));
+        // Never closed (an interrupted record has a time; one without is kept).
+        r.closed_ns = None;
+        assert!(!can_forget(&r, now));
+    }
 }
