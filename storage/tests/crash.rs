@@ -8,10 +8,10 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{new_incident, SEC, T0};
+use common::{new_incident, rerun_as_child, wait_for_line, SEC, T0};
 use model::fixtures::sample;
 use model::{Histogram, Probe};
 use rand::Rng;
@@ -114,30 +114,14 @@ fn sigkill_loses_nothing_acknowledged() {
     let mut total_samples_checked = 0u64;
     let mut gaps = Vec::new();
     for round in 0..KILLS {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "sigkill_loses_nothing_acknowledged",
-                "--nocapture",
-            ])
-            .env(CHILD_ENV, &path)
+        let mut child = rerun_as_child("sigkill_loses_nothing_acknowledged", CHILD_ENV, &path)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
         let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
         // Wait until the child has the store open, then let it write for a random while.
-        loop {
-            line.clear();
-            assert!(
-                out.read_line(&mut line).unwrap() > 0,
-                "round {round}: child died"
-            );
-            if line.contains("ACK ready") {
-                break;
-            }
-        }
+        wait_for_line(&mut out, "ACK ready", &format!("round {round}: the writer"));
         let reader = std::thread::spawn(move || {
             let mut lines = Vec::new();
             let mut l = String::new();

@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use common::{SEC, T0};
+use common::{rerun_as_child, wait_for_line, SEC, T0};
 use model::{Histogram, Probe};
 use storage::{HistoryPoint, Store, StoreConfig};
 
@@ -92,26 +92,17 @@ fn coarse_levels_lost_in_a_crash_come_back_from_the_finest_at_open() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "coarse_levels_lost_in_a_crash_come_back_from_the_finest_at_open",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, &path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = rerun_as_child(
+        "coarse_levels_lost_in_a_crash_come_back_from_the_finest_at_open",
+        CHILD_ENV,
+        &path,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the writer died");
-        if line.trim() == "WRITTEN" {
-            break;
-        }
-    }
+    wait_for_line(&mut out, "WRITTEN", "the writer");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 

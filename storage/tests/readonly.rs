@@ -9,10 +9,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{new_incident, sample_count, SEC, T0};
+use common::{new_incident, rerun_as_child, sample_count, SEC, T0};
 use model::fixtures::sample;
 use storage::{Store, StoreConfig};
 
@@ -129,18 +128,15 @@ fn read_only_database_counts_failed_writes_and_recovers_when_writable() {
     let dir = tempfile::tempdir().unwrap();
     let nobody = 65534;
     std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "read_only_database_counts_failed_writes_and_recovers_when_writable",
-            "--include-ignored",
-            "--nocapture",
-        ])
-        .env(CHILD_ENV, dir.path())
-        .uid(nobody)
-        .gid(nobody)
-        .output()
-        .unwrap();
+    let out = rerun_as_child(
+        "read_only_database_counts_failed_writes_and_recovers_when_writable",
+        CHILD_ENV,
+        dir.path(),
+    )
+    .uid(nobody)
+    .gid(nobody)
+    .output()
+    .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-use common::{new_incident, SEC, T0};
+use common::{new_incident, rerun_as_child, wait_for_line, SEC, T0};
 use model::fixtures::sample;
 use storage::{SampleFilter, Store, StoreConfig, StoreError};
 
@@ -236,27 +236,13 @@ fn locked_database_names_the_holder_process() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "locked_database_names_the_holder_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, &path)
+    let mut child = rerun_as_child("locked_database_names_the_holder_process", CHILD_ENV, &path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "child ended early");
-        if line.contains(READY) {
-            break;
-        }
-    }
+    wait_for_line(&mut out, READY, "the lock holder");
 
     for attempt in [
         Store::open(&path, StoreConfig::default()).err(),

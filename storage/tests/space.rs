@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{new_incident, sample_count, SEC, T0};
+use common::{new_incident, rerun_as_child, sample_count, SEC, T0};
 use model::fixtures::sample;
 use model::{Histogram, Probe};
 use storage::{HistoryLevel, Incident, IncidentState, PwruRecord, Store, StoreConfig, StoreError};
@@ -444,19 +444,14 @@ fn full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored() {
     }
     let dir = tempfile::tempdir().unwrap();
     let _fs = SmallFs::mount(dir.path(), "6m");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored",
-            // The test is #[ignore]d: without this the child would run nothing.
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ENOSPC_CHILD_ENV, dir.path())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = rerun_as_child(
+        "full_disk_fails_writes_with_a_counted_error_and_keeps_what_was_stored",
+        ENOSPC_CHILD_ENV,
+        dir.path(),
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut out = child.stdout.take().unwrap();
     // Bounded: a child stuck in the engine for good fails the test instead of hanging it.
     let reader = std::thread::spawn(move || {

@@ -1,6 +1,10 @@
 //! Helpers shared by the storage integration tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::ffi::OsStr;
+use std::io::BufRead;
+use std::process::Command;
+
 use model::Probe;
 use storage::{NewIncident, SampleFilter, Store};
 
@@ -23,4 +27,34 @@ pub fn sample_count(s: &Store, id: u64) -> u64 {
     s.sample_summary(id, &SampleFilter::default())
         .unwrap()
         .count
+}
+
+/// This test executable again, to run only `test` (ignored or not) as a child process,
+/// with `env` set to `value` so that the test knows to play the child's part.
+#[allow(clippy::unwrap_used)] // a test helper: failing to find itself fails the test
+pub fn rerun_as_child(test: &str, env: &str, value: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        test,
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(env, value);
+    cmd
+}
+
+/// Read a child's lines until one contains `marker`; panics, naming `child`, if the
+/// output ends first.
+#[allow(clippy::unwrap_used)] // a test helper: a failed read fails the test
+pub fn wait_for_line(out: &mut impl BufRead, marker: &str, child: &str) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "{child} ended early");
+        if line.contains(marker) {
+            return;
+        }
+    }
 }
