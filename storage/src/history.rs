@@ -380,7 +380,7 @@ impl HistoryBuffer {
 
 /// Records of one write, with their live-byte changes.
 #[derive(Default)]
-struct Pending {
+pub(crate) struct Pending {
     batch: sled::Batch,
     added: u64,
     removed: u64,
@@ -892,7 +892,6 @@ impl Store {
         buf.period = Some(buf.period.map_or(period, |p| p.max(period)));
 
         let mut pending = Pending::default();
-        let mut undecodable = 0u64;
         for &i in &ok {
             let p = &points[i];
             let list = buf.service(p.service);
@@ -932,33 +931,18 @@ impl Store {
                             n
                         }
                     };
-                    let mut chunk = Chunk::empty(cstart, Stored::Absent);
-                    if newest.is_some_and(|n| cstart <= n) {
+                    let chunk = if newest.is_some_and(|n| cstart <= n) {
                         // A chunk written before (an earlier run, a flush): continue it.
-                        match tree.get(&key) {
-                            Ok(Some(v)) => {
-                                chunk.stored = Stored::Len(v.len());
-                                match decode_record(cstart, &v) {
-                                    Ok(points) => chunk.set_points(points)?,
-                                    // A damaged record is replaced rather than kept.
-                                    Err(_) => undecodable += 1,
-                                }
-                            }
-                            Ok(None) => {}
-                            Err(e) => return self.counted(Err(e.into())),
-                        }
-                    }
+                        self.stored_chunk(tree, &key, cstart)?
+                    } else {
+                        Chunk::empty(cstart, Stored::Absent)
+                    };
                     s.chunk = Some(chunk);
                 }
                 if let Some(c) = &mut s.chunk {
                     c.add(at, p.hist, level == 0)?;
                 }
             }
-        }
-        if undecodable > 0 {
-            self.counters
-                .undecodable
-                .fetch_add(undecodable, std::sync::atomic::Ordering::Relaxed);
         }
         if let Err(e) = self.apply_pending(tree, &mut buf, pending) {
             failed = Some(e);
@@ -996,8 +980,26 @@ impl Store {
         }
     }
 
+    /// The chunk stored under `key` (starting at `cstart`), to be continued; an empty one
+    /// when there is none. A damaged record is counted and replaced rather than kept.
+    pub(crate) fn stored_chunk(&self, tree: &sled::Tree, key: &[u8], cstart: u64) -> Result<Chunk> {
+        let mut chunk = Chunk::empty(cstart, Stored::Absent);
+        if let Some(v) = self.counted(tree.get(key).map_err(StoreError::from))? {
+            chunk.stored = Stored::Len(v.len());
+            match decode_record(cstart, &v) {
+                Ok(points) => chunk.set_points(points)?,
+                Err(_) => {
+                    self.counters
+                        .undecodable
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(chunk)
+    }
+
     /// Add `chunk`'s record to `pending`.
-    fn stage(
+    pub(crate) fn stage(
         &self,
         pending: &mut Pending,
         tree: &sled::Tree,
@@ -1031,7 +1033,7 @@ impl Store {
     }
 
     /// Store `pending` in one atomic write; the chunks it holds are then clean.
-    fn apply_pending(
+    pub(crate) fn apply_pending(
         &self,
         tree: &sled::Tree,
         buf: &mut HistoryBuffer,

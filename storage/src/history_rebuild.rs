@@ -22,7 +22,7 @@ use std::collections::btree_map::{BTreeMap, Entry};
 use model::{Histogram, Probe};
 
 use crate::error::Result;
-use crate::history::{decode_record, Chunk, Stored, COARSE_WRITE_EVERY};
+use crate::history::{decode_record, Chunk, Pending, COARSE_WRITE_EVERY};
 use crate::keys;
 use crate::store::{Store, T};
 
@@ -50,6 +50,8 @@ impl Store {
         if levels.len() < 2 {
             return Ok(done);
         }
+        // The writer's lock order: its buffer, then the engine.
+        let mut buf = self.history_write.lock().unwrap_or_else(|e| e.into_inner());
         let eng = self.engine();
         let tree = eng.tree(T::History);
         for (service, probe) in self.counted(finest_streams(tree))? {
@@ -98,7 +100,9 @@ impl Store {
                 if missing.is_empty() {
                     continue;
                 }
-                self.merge_into_level(tree, &service, probe, lvl, (res, span), missing)?;
+                let pending =
+                    self.stage_merged(tree, &service, probe, lvl, (res, span), missing)?;
+                self.apply_pending(tree, &mut buf, pending)?;
                 done.points += missing.len() as u64;
                 done.streams += 1;
             }
@@ -106,9 +110,10 @@ impl Store {
         Ok(done)
     }
 
-    /// Merge `points` (finest-level points, in time order) into level `lvl` of (service,
-    /// probe), chunk by chunk, in one atomic write.
-    fn merge_into_level(
+    /// Stage `points` (finest-level points, in time order) merged into level `lvl` of
+    /// (service, probe), chunk by chunk, for one atomic write through the writer's own
+    /// staging.
+    fn stage_merged(
         &self,
         tree: &sled::Tree,
         service: &str,
@@ -116,10 +121,8 @@ impl Store {
         lvl: u8,
         (res, span): (u64, u64),
         points: &[(u64, Histogram)],
-    ) -> Result<()> {
+    ) -> Result<Pending> {
         let mut chunks: BTreeMap<u64, Chunk> = BTreeMap::new();
-        let mut batch = sled::Batch::default();
-        let (mut added, mut removed) = (0u64, 0u64);
         for (t, hist) in points {
             let at = t - t % res;
             let cstart = at - at % span;
@@ -127,28 +130,16 @@ impl Store {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
                     let key = keys::history(lvl, service, probe, cstart);
-                    let mut chunk = Chunk::empty(cstart, Stored::Absent);
-                    if let Some(v) = self.counted(tree.get(&key).map_err(Into::into))? {
-                        removed += (key.len() + v.len()) as u64;
-                        // An undecodable record is replaced, as the writer does.
-                        if let Ok(stored) = decode_record(cstart, &v) {
-                            chunk.set_points(stored)?;
-                        }
-                    }
-                    e.insert(chunk)
+                    e.insert(self.stored_chunk(tree, &key, cstart)?)
                 }
             };
             chunk.add(at, hist, false)?;
         }
-        for (cstart, chunk) in &chunks {
-            let value = self.counted(chunk.encode())?;
-            let key = keys::history(lvl, service, probe, *cstart);
-            added += (key.len() + value.len()) as u64;
-            batch.insert(key, value);
+        let mut pending = Pending::default();
+        for chunk in chunks.values() {
+            self.stage(&mut pending, tree, service, probe, lvl, chunk)?;
         }
-        self.counted(tree.apply_batch(batch).map_err(Into::into))?;
-        self.live_add(T::History, added, Some(removed));
-        Ok(())
+        Ok(pending)
     }
 }
 
