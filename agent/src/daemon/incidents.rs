@@ -16,9 +16,9 @@ use crate::output::{headline, probe_list, stage};
 
 /// Closed records kept for the changes that still come after closing (pwru's and
 /// capture's outcome), so that a change starts from the loop's own copy rather than from a
-/// store that may not have written the close yet. A record goes once nothing changes it
-/// any more (see [`can_forget`]), so the list does not grow with every incident of a long
-/// run; at most this many stay.
+/// store that may not have written the close yet. When an incident closes, the records
+/// nothing changes any more (see [`can_forget`]) go, so the list does not grow with every
+/// incident of a long run; at most this many stay.
 const RECENTLY_CLOSED: usize = 64;
 
 /// How long a settled closed record stays: changes to it may still wait in the sample
@@ -151,7 +151,6 @@ impl Incidents {
         f(record);
         let record = record.clone();
         self.write(record, false);
-        self.forget_settled();
     }
 
     /// Let go of the closed records nothing changes any more.
