@@ -47,6 +47,7 @@ pub use query::{
 };
 pub use retention::{RetentionReport, RotationReport};
 pub use store::{
-    OpenReport, Store, StoreStats, INCIDENT_ID_RESERVE, MAX_SAMPLE_BATCH, SCHEMA_VERSION,
+    OpenReport, Store, StoreStats, INCIDENT_ID_RESERVE, MAX_SAMPLE_BATCH, RECOVER_EVERY,
+    SCHEMA_VERSION,
 };
 pub use verdict::{IncidentVerdict, Verdict, MAX_NOTE_BYTES};

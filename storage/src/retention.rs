@@ -365,8 +365,8 @@ impl Store {
                 drop(Store::replace_engine(&mut guard, engine));
             }
             Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, "reopening the database after rotation failed; writes are refused until a flush reopens it");
-                self.mark_failed();
+                tracing::error!(path = %self.path.display(), error = %e, "reopening the database after rotation failed; writes are refused until the engine is reopened");
+                self.mark_failed(&e);
                 return Err(e);
             }
         }

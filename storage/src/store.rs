@@ -139,8 +139,11 @@ pub struct StoreStats {
     pub live_bytes: u64,
     /// The engine's files on disk, bytes.
     pub size_on_disk: u64,
-    /// The engine failed (a full disk) and writes are refused until a flush reopens it.
+    /// The engine failed (a full disk, a file system gone read-only) and writes are refused
+    /// until it is reopened: tried every [`RECOVER_EVERY`] once the directory takes a write.
     pub engine_failed: bool,
+    /// What made it fail, while it is failed.
+    pub engine_failure: Option<String>,
     /// Times the engine was closed and reopened to free its memory (see `cache_bytes`).
     pub engine_reopens: u64,
 }
@@ -189,9 +192,13 @@ pub struct Store {
     /// recycled under them, its files would stay locked.
     outside: AtomicUsize,
     generation: AtomicU64,
-    /// An engine I/O error happened: sled 0.34 then fails every later call, so the next
-    /// flush reopens the engine.
+    /// An engine I/O error happened: sled 0.34 then fails every later call, so the engine is
+    /// reopened once its directory takes writes again (see [`Store::recover`]).
     engine_failed: AtomicBool,
+    /// The error that set `engine_failed`, for the status.
+    failure: Mutex<Option<String>>,
+    /// When [`Store::recover`] last tried.
+    last_recovery: Mutex<Option<std::time::Instant>>,
     /// Retention has looked for samples and pwru records of deleted incidents since the
     /// store opened (once per open is enough, see `delete_orphans`).
     pub(crate) orphans_checked: AtomicBool,
@@ -287,6 +294,8 @@ impl Store {
             outside: AtomicUsize::new(0),
             generation,
             engine_failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            last_recovery: Mutex::new(None),
             orphans_checked: AtomicBool::new(false),
             retiring: Mutex::new(None),
             report: OpenReport::default(),
@@ -333,8 +342,9 @@ impl Store {
     /// back from damaged log segments silently missing data; finding a generation lower
     /// than the file's at the next open exposes that as damage.
     ///
-    /// After an engine I/O failure (a full disk), sled refuses all further work; the next
-    /// flush reopens it from its files, so the store recovers once space is back.
+    /// After an engine I/O failure (a full disk, a file system gone read-only), sled refuses
+    /// all further work; a flush (or [`Store::recover`]) reopens it from its files once the
+    /// directory takes a write again, so the store recovers once space is back.
     pub fn flush(&self) -> Result<()> {
         self.flush_with(true)
     }
@@ -352,7 +362,7 @@ impl Store {
         // A flush seals sled's current log buffer, retiring it on this thread.
         let _release = ReleaseOnDrop;
         if self.engine_failed.load(Ordering::Relaxed) {
-            self.reopen_engine()?;
+            self.reopen_failed()?;
         }
         // History chunks being filled are written first. A failure is counted and logged
         // but does not fail the flush: incidents must still be made durable.
@@ -418,6 +428,11 @@ impl Store {
             live_bytes: self.live_bytes(),
             size_on_disk: cached.size_on_disk.load(Ordering::Relaxed),
             engine_failed: self.engine_failed.load(Ordering::Relaxed),
+            engine_failure: self
+                .failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
             engine_reopens: c.reopens.load(Ordering::Relaxed),
         }
     }
@@ -482,9 +497,11 @@ impl Store {
     /// thread, ahead of the incident's samples. An id handed out is never handed out
     /// again, even when a crash came before its record was stored; after such a crash
     /// the ids skip up to [`INCIDENT_ID_RESERVE`].
+    ///
+    /// A failed engine does not stop numbering: the daemon still tracks, and captures
+    /// for, an incident whose record cannot be stored yet.
     pub fn number_incident(&self, new: &NewIncident) -> Result<Incident> {
         keys::check_service(&new.service)?;
-        self.writable()?;
         let id = {
             let mut next = self.next_incident.lock().unwrap_or_else(|e| e.into_inner());
             let id = match *next {
@@ -798,7 +815,6 @@ impl Store {
             Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {}
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 *self.retiring.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
-                self.mark_failed();
                 return self.counted(Err(StoreError::Engine(ENGINE_STUCK.into())));
             }
         }
@@ -808,8 +824,9 @@ impl Store {
             Err(f) => {
                 // The stand-in refuses writes and reads; the next flush reopens the files
                 // with the full check.
-                self.mark_failed();
-                return self.counted(Err(f.into_error(&self.path)));
+                let e = f.into_error(&self.path);
+                self.mark_failed(&e);
+                return self.counted(Err(e));
             }
         };
         self.generation
@@ -851,10 +868,16 @@ impl Store {
                 self.counters.disk_full.fetch_add(1, Ordering::Relaxed);
             }
             if matches!(e, StoreError::Io { .. } | StoreError::Engine(_)) {
-                self.engine_failed.store(true, Ordering::Relaxed);
+                self.mark_failed(e);
             }
         }
         r
+    }
+
+    /// Whether the engine has failed and writes are refused until it is reopened (see
+    /// [`Store::recover`]).
+    pub fn engine_failed(&self) -> bool {
+        self.engine_failed.load(Ordering::Relaxed)
     }
 
     /// Refuse writes while the engine is known to have failed: sled would refuse them too,
@@ -894,15 +917,72 @@ impl Store {
     pub(crate) fn writable(&self) -> Result<()> {
         if self.engine_failed.load(Ordering::Relaxed) {
             return self.counted(Err(StoreError::Engine(
-                "storage engine unavailable after an I/O failure; it is reopened at the next flush"
+                "storage engine unavailable after an I/O failure; it is reopened once the \
+                 database directory takes writes again"
                     .into(),
             )));
         }
         Ok(())
     }
 
-    pub(crate) fn mark_failed(&self) {
-        self.engine_failed.store(true, Ordering::Relaxed);
+    /// Refuse writes until the engine is reopened, because of `e`. The first failure of a
+    /// spell is logged as an error saying what goes on and what to do; the later ones are
+    /// only counted.
+    pub(crate) fn mark_failed(&self, e: &StoreError) {
+        let mut failure = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if self.engine_failed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        *failure = Some(e.to_string());
+        tracing::error!(
+            path = %self.path.display(),
+            error = %e,
+            "database writes are failing: new records are dropped (counted in write errors) \
+             while the stored ones stay readable and detection goes on; the engine is \
+             reopened once the directory takes writes again, tried every 10 s (a file \
+             system remounted read-only after an error needs a check and a restart: \
+             docs/operations.md, \"Storage faults\")"
+        );
+    }
+
+    /// Reopen a failed engine if the database directory takes writes again, at most once
+    /// every [`RECOVER_EVERY`]; `Ok(true)` when it was reopened. The daemon calls it from
+    /// its storage writer, so that a store recovers by itself, not only at the next
+    /// incident's flush.
+    pub fn recover(&self) -> Result<bool> {
+        if !self.engine_failed.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        {
+            let mut last = self.last_recovery.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < RECOVER_EVERY) {
+                return Ok(false);
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.engine_failed.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.reopen_failed()?;
+        Ok(true)
+    }
+
+    /// Reopen the failed engine, once its directory takes a write. On a file system gone
+    /// read-only the failed engine is kept: it still answers reads, and a reopen would fail
+    /// and leave a stand-in that answers none.
+    fn reopen_failed(&self) -> Result<()> {
+        let generation = self.generation.load(Ordering::Relaxed);
+        if let Err(e) = write_witness(&self.path, generation) {
+            return Err(StoreError::io(
+                format!(
+                    "the database directory {} takes no writes (the engine stays failed)",
+                    self.path.display()
+                ),
+                e,
+            ));
+        }
+        self.reopen_engine()
     }
 
     /// Replace a failed engine by a freshly opened one on the same files.
@@ -943,6 +1023,7 @@ impl Store {
         self.generation
             .fetch_max(engine.generation, Ordering::Relaxed);
         drop(Store::replace_engine(&mut guard, engine));
+        *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.engine_failed.store(false, Ordering::Relaxed);
         tracing::warn!(path = %self.path.display(), "storage engine reopened after an I/O failure");
         Ok(())
@@ -1155,7 +1236,6 @@ impl Store {
         let done = retire(old);
         if let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(RETIRE_WAIT) {
             *self.retiring.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
-            self.mark_failed();
             return self.counted(Err(StoreError::Engine(ENGINE_STUCK.into())));
         }
         match try_open_patiently(&self.path, &self.cfg, Verify::No) {
@@ -1165,8 +1245,9 @@ impl Store {
                 Ok(true)
             }
             Err(f) => {
-                self.mark_failed();
-                self.counted(Err(f.into_error(&self.path)))
+                let e = f.into_error(&self.path);
+                self.mark_failed(&e);
+                self.counted(Err(e))
             }
         }
     }
@@ -1224,6 +1305,9 @@ impl Drop for Store {
 
 /// How long to wait for a failed engine to shut down.
 const RETIRE_WAIT: Duration = Duration::from_secs(10);
+
+/// How often [`Store::recover`] tries a failed engine again.
+pub const RECOVER_EVERY: Duration = Duration::from_secs(10);
 
 const ENGINE_STUCK: &str = "storage engine still shutting down after an I/O failure; writes \
      are refused until it has (restart tailtrap if this persists)";

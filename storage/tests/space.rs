@@ -390,8 +390,8 @@ const ENOSPC_CHILD_ENV: &str = "TAILTRAP_STORAGE_ENOSPC_CHILD";
 const FLUSHED: &str = "tailtrap-flushed-first";
 
 /// The child of the full-disk test: with the reserve off, fill the file system until sled
-/// itself fails, then give space back and flush (which reopens the engine, or reports it
-/// still shutting down). Prints what happened; the parent checks the files afterwards.
+/// itself fails, then give space back and let the store recover (it reopens the engine, or
+/// reports it still shutting down). Prints what happened; the parent checks the files afterwards.
 fn enospc_child(dir: &Path) {
     let (s, first) = open_with_flushed_incident(&dir.join("db"), 0);
     println!("{FLUSHED} {}", first.id);
@@ -406,14 +406,21 @@ fn enospc_child(dir: &Path) {
     // While the disk stays full, writes keep failing with counted errors, no panic.
     assert!(s.put_samples(&[sample(first.id, 1000, T0)]).is_err());
     assert!(s.stats().write_errors > stats.write_errors);
+    // The failed engine still answers reads.
+    s.readable().unwrap();
+    assert_eq!(sample_count(&s, first.id), 100);
     let grown = Command::new("mount")
         .args(["-o", "remount,size=64m"])
         .arg(dir)
         .status()
         .unwrap();
     assert!(grown.success());
-    match s.flush() {
-        Ok(()) => {
+    // What the daemon's storage writer does every 10 s: the engine reopens without waiting
+    // for a flush.
+    match s.recover() {
+        Ok(reopened) => {
+            assert!(reopened, "a failed engine was not tried again");
+            assert!(!s.stats().engine_failed);
             s.readable().unwrap();
             assert_eq!(sample_count(&s, first.id), 100);
             s.put_samples(&[sample(first.id, 1000, T0 + 1000)]).unwrap();

@@ -43,6 +43,19 @@ pub struct ServerOpts<'a> {
     pub read_delay: Duration,
 }
 
+impl<'a> ServerOpts<'a> {
+    /// On 127.0.0.1 with a free port, in the host's namespace and the caller's cgroup,
+    /// answering at once.
+    pub fn loopback() -> ServerOpts<'a> {
+        ServerOpts {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            netns: None,
+            cgroup: None,
+            read_delay: Duration::ZERO,
+        }
+    }
+}
+
 /// A TCP echo server process: each connection is served by its own thread, which sleeps the
 /// current read delay before every read and writes back what it read. Killed on drop.
 #[derive(Debug)]

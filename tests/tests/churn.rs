@@ -161,10 +161,8 @@ auto_service_limit = {LIMIT}
             .iter()
             .map(|cg| {
                 TcpServer::spawn(ServerOpts {
-                    bind: "127.0.0.1:0".parse().unwrap(),
-                    netns: None,
                     cgroup: Some(cg),
-                    read_delay: Duration::ZERO,
+                    ..ServerOpts::loopback()
                 })
                 .unwrap()
             })

@@ -118,10 +118,8 @@ fn prometheus_scrapes_histograms_incidents_and_every_dashboard_query() {
     let dir = scratch.path();
     let server = |delay| {
         TcpServer::spawn(ServerOpts {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            netns: None,
-            cgroup: None,
             read_delay: delay,
+            ..ServerOpts::loopback()
         })
         .unwrap()
     };

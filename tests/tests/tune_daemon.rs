@@ -44,13 +44,7 @@ fn ns_secs(ns: &Value) -> f64 {
 fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     let scratch = ScratchDir::new("tune").unwrap();
     let dir = scratch.path();
-    let slow = TcpServer::spawn(ServerOpts {
-        bind: "127.0.0.1:0".parse().unwrap(),
-        netns: None,
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let slow = TcpServer::spawn(ServerOpts::loopback()).unwrap();
     let config = dir.join("tailtrap.toml");
     // The 1 s interval is the history's finest resolution, so the replay sees exactly the
     // intervals the daemon saw. Detector settings as in e2e_daemon.rs (see there why).

@@ -286,7 +286,7 @@ pub struct ProcessStats {
 }
 
 /// Database figures.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StoreReport {
     /// Live data, bytes.
     pub live_bytes: u64,
@@ -298,9 +298,13 @@ pub struct StoreReport {
     pub disk_full_errors: u64,
     /// Records skipped as undecodable.
     pub undecodable_records: u64,
-    /// The storage engine failed (a full disk) and writes are refused until it reopens.
+    /// The storage engine failed (a full disk, a file system gone read-only) and writes are
+    /// refused until it reopens (tried every 10 s once the directory takes writes).
     #[serde(default)]
     pub engine_failed: bool,
+    /// What made the engine fail, while it is failed.
+    #[serde(default)]
+    pub engine_failure: Option<String>,
     /// Times the engine was reopened to free its memory (`storage.cache_bytes`).
     #[serde(default)]
     pub engine_reopens: u64,
@@ -324,6 +328,7 @@ impl From<storage::StoreStats> for StoreReport {
             disk_full_errors: s.disk_full_errors,
             undecodable_records: s.undecodable_records,
             engine_failed: s.engine_failed,
+            engine_failure: s.engine_failure,
             engine_reopens: s.engine_reopens,
             max_bytes: 0,
             dropped_history_intervals: 0,

@@ -139,9 +139,12 @@ fn print_report(r: &StatusReport) {
                 String::new()
             },
             if r.store.engine_failed {
-                "; ENGINE FAILED: writes refused until it reopens"
+                format!(
+                    "; ENGINE FAILED ({}): writes refused until it reopens, tried every 10 s",
+                    r.store.engine_failure.as_deref().unwrap_or("cause unknown")
+                )
             } else {
-                ""
+                String::new()
             }
         ),
     ]);

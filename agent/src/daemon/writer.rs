@@ -459,10 +459,20 @@ pub(super) fn store_record(store: &Store, record: &storage::Incident, new: bool)
     let stored = if new {
         store.put_new_incident(record)
     } else {
-        store.update_incident(record)
+        match store.update_incident(record) {
+            // Opened while the engine was down: the record (whole, as it is now) is stored
+            // at its first change after the engine came back.
+            Err(storage::StoreError::NoSuchIncident(_)) => store.put_new_incident(record),
+            r => r,
+        }
     };
     if let Err(e) = stored {
-        tracing::error!(incident = record.id, error = %e, "storing the incident's record failed");
+        // While the engine is down the store has said so once; each record is not news.
+        if store.engine_failed() {
+            tracing::debug!(incident = record.id, error = %e, "incident record not stored");
+        } else {
+            tracing::error!(incident = record.id, error = %e, "storing the incident's record failed");
+        }
     }
 }
 
@@ -470,6 +480,13 @@ fn write_loop(store: &Store, rx: Receiver<Job>) {
     // Services whose history could not be stored, warned about once.
     let mut warned: Vec<String> = Vec::new();
     for job in rx {
+        // A failed engine is tried again here (at most every 10 s), so the store recovers
+        // once the disk takes writes, not only at the next incident's flush.
+        match store.recover() {
+            Ok(true) => warned.clear(),
+            Ok(false) => {}
+            Err(e) => tracing::debug!(error = %e, "the failed storage engine stays failed"),
+        }
         match job {
             Job::History { start_ns, rows } => write_history(store, start_ns, &rows, &mut warned),
             Job::Forget(services) => {
@@ -522,11 +539,16 @@ fn warn_history(warned: &mut Vec<String>, service: &str, e: &storage::StoreError
 }
 
 fn save_baselines(store: &Store, baselines: &[(String, Probe, Vec<u8>)]) {
+    // Saved every minute: while the engine is down (the store has said so once), each
+    // failed save is not news.
+    let known = store.engine_failed();
     let failed = baselines
         .iter()
         .filter(|(service, probe, bytes)| store.put_baseline(service, *probe, bytes).is_err())
         .count();
-    if failed > 0 {
+    if failed > 0 && known {
+        tracing::debug!(failed, "baselines not saved: the storage engine is down");
+    } else if failed > 0 {
         tracing::warn!(
             failed,
             total = baselines.len(),
@@ -603,5 +625,25 @@ mod tests {
         rec.pwru.message = "after the stop".into();
         let back = records.record(Box::new(rec.clone()), false).unwrap_err();
         assert_eq!(*back, rec);
+    }
+
+    #[test]
+    fn a_change_to_an_incident_never_stored_stores_it_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("db"), StoreConfig::default()).unwrap();
+        // Numbered while the engine was down: its first record was never stored.
+        let mut rec = store
+            .number_incident(&NewIncident {
+                service: "web".into(),
+                probes: vec![Probe::TcpSocketRead],
+                opened_ns: 1_700_000_000_000_000_000,
+                evidence_json: "{}".into(),
+                stages_json: "null".into(),
+            })
+            .unwrap();
+        assert!(store.incident(rec.id).unwrap().is_none());
+        rec.counters.intervals = 7;
+        store_record(&store, &rec, false);
+        assert_eq!(store.incident(rec.id).unwrap(), Some(rec));
     }
 }
