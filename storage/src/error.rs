@@ -59,12 +59,13 @@ pub enum StoreError {
         supported: u32,
     },
     /// A file system error (disk full shows up here, see [`StoreError::is_disk_full`]).
-    #[error("{context}: {source}")]
+    // The cause is part of the message and not a `source`: error chains print it once.
+    #[error("{context}: {cause}")]
     Io {
         /// What was being done.
         context: String,
         /// The underlying error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// Any other engine failure.
     #[error("storage engine: {0}")]
@@ -127,7 +128,7 @@ impl StoreError {
     /// carry on; nothing already stored is affected.
     pub fn is_disk_full(&self) -> bool {
         match self {
-            StoreError::Io { source, .. } => is_enospc(source),
+            StoreError::Io { cause, .. } => is_enospc(cause),
             StoreError::LowDiskSpace { .. } => true,
             StoreError::Engine(msg) => msg.contains("No space left") || msg.contains("quota"),
             _ => false,
@@ -137,7 +138,7 @@ impl StoreError {
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> StoreError {
         StoreError::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 }
@@ -153,9 +154,9 @@ fn is_enospc(e: &io::Error) -> bool {
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> StoreError {
         match e {
-            sled::Error::Io(source) => StoreError::Io {
+            sled::Error::Io(cause) => StoreError::Io {
                 context: "storage engine I/O".into(),
-                source,
+                cause,
             },
             other => StoreError::Engine(other.to_string()),
         }

@@ -1419,9 +1419,18 @@ fn classify(e: sled::Error) -> OpenFailure {
         {
             OpenFailure::Damaged(io.to_string())
         }
-        sled::Error::Io(source) => OpenFailure::Other(StoreError::Io {
-            context: "opening the database".into(),
-            source,
+        sled::Error::Io(cause) if cause.kind() == io::ErrorKind::ReadOnlyFilesystem => {
+            OpenFailure::Other(StoreError::Io {
+                context: "its file system takes no writes (after a disk error the kernel may \
+                          have remounted it read-only: see its log, check the file system, \
+                          then start again; docs/operations.md, \"Storage faults\")"
+                    .into(),
+                cause,
+            })
+        }
+        sled::Error::Io(cause) => OpenFailure::Other(StoreError::Io {
+            context: "the storage engine could not open its files".into(),
+            cause,
         }),
         sled::Error::Corruption { at, .. } => {
             OpenFailure::Damaged(format!("engine found corruption at {at:?}"))

@@ -691,6 +691,24 @@ fn a_file_system_turned_read_only_under_the_daemon_keeps_detection_and_reads() {
         exit, s["store"]["write_errors"]
     );
 
+    // Started again before the file system is checked: refused, saying why and what to do.
+    let mut early = Daemon::start(&config, dir, &[]).unwrap();
+    let exit = early.wait_exit(Duration::from_secs(60)).unwrap();
+    assert!(
+        exit.is_some_and(|e| !e.success()),
+        "a start on the read-only file system: {exit:?}"
+    );
+    let log = early.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("tailtrap: error:"))
+        .unwrap_or_else(|| panic!("no error line:\n{log}"));
+    assert!(
+        line.contains("takes no writes") && line.contains("Storage faults"),
+        "{line}"
+    );
+    eprintln!("{line}");
+
     // The operator's recovery: unmount, check, mount, start again.
     fs.unmount();
     fs.check();
