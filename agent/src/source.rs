@@ -35,6 +35,16 @@ pub enum Source {
     Db(Box<Store>),
 }
 
+/// Tell that the database is read from a copy (see [`Store::open_existing_or_copy`]).
+pub(crate) fn say_copy(db: &std::path::Path, copy: &std::path::Path) {
+    eprintln!(
+        "tailtrap: {} is on a file system that takes no writes; reading a copy of it in {} \
+         (removed at exit)",
+        db.display(),
+        copy.display()
+    );
+}
+
 impl Target {
     /// The configuration file given with `--config`, if any.
     pub fn config_path(&self) -> Option<&std::path::Path> {
@@ -58,12 +68,15 @@ impl Source {
             }
             return Ok(Source::Api(client));
         }
-        let store = Store::open_existing(&db).with_context(|| {
+        let (store, copy) = Store::open_existing_or_copy(&db).with_context(|| {
             format!(
                 "no daemon answers on {}, and the database could not be opened",
                 socket.display()
             )
         })?;
+        if let Some(copy) = copy {
+            say_copy(&db, &copy);
+        }
         if verbose {
             eprintln!(
                 "tailtrap: no daemon on {}; reading the database {} directly",

@@ -135,6 +135,11 @@ impl StoreError {
         }
     }
 
+    /// True when the file system holding the database takes no writes.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, StoreError::Io { cause, .. } if cause.kind() == io::ErrorKind::ReadOnlyFilesystem)
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> StoreError {
         StoreError::Io {
             context: context.into(),

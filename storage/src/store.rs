@@ -207,6 +207,8 @@ pub struct Store {
     retiring: Mutex<Option<mpsc::Receiver<()>>>,
     report: OpenReport,
     pid_file: Option<PathBuf>,
+    /// A copy made by [`Store::open_existing_or_copy`], removed when the store is dropped.
+    scratch_copy: Option<PathBuf>,
 }
 
 /// Why the engine is reopened to free its memory.
@@ -271,6 +273,45 @@ impl Store {
         Store::assemble(path, cfg, engine, false)
     }
 
+    /// [`Store::open_existing`], or, when the database's file system takes no writes, a
+    /// copy of it in the temporary directory (sled 0.34 cannot open its files read-only: a
+    /// file system the kernel remounted read-only after a disk error, a snapshot mounted
+    /// read-only). The copy is removed when the store is dropped; its path is returned so
+    /// that the caller can say what it reads.
+    pub fn open_existing_or_copy(path: impl AsRef<Path>) -> Result<(Store, Option<PathBuf>)> {
+        let path = path.as_ref();
+        match Store::open_existing(path) {
+            Err(e) if e.is_read_only() => {}
+            r => return r.map(|s| (s, None)),
+        }
+        let copy = unused_sibling(
+            &std::env::temp_dir().join(format!("tailtrap-db-{}", std::process::id())),
+            "copy",
+        );
+        if let Err(e) = copy_dir(path, &copy) {
+            let _ = fs::remove_dir_all(&copy);
+            return Err(StoreError::io(
+                format!(
+                    "{} is on a file system that takes no writes, and copying it to {} to \
+                     read it failed",
+                    path.display(),
+                    copy.display()
+                ),
+                e,
+            ));
+        }
+        match Store::open_existing(&copy) {
+            Ok(mut store) => {
+                store.scratch_copy = Some(copy.clone());
+                Ok((store, Some(copy)))
+            }
+            Err(e) => {
+                let _ = fs::remove_dir_all(&copy);
+                Err(e)
+            }
+        }
+    }
+
     fn assemble(path: PathBuf, cfg: StoreConfig, engine: Engine, writable: bool) -> Result<Store> {
         let live = engine.live.map(AtomicU64::new);
         // Opening read every record (the damage check), and sled keeps what it read.
@@ -300,6 +341,7 @@ impl Store {
             retiring: Mutex::new(None),
             report: OpenReport::default(),
             pid_file: None,
+            scratch_copy: None,
         };
         store.check_schema(writable)?;
         // A first reading, for a `stats` call that finds the engine busy.
@@ -1300,6 +1342,15 @@ impl Drop for Store {
         if let Some(p) = &self.pid_file {
             lock::remove_pid_file(p);
         }
+        if let Some(copy) = &self.scratch_copy {
+            // The engine goes first: it writes to its files as it closes.
+            if let Ok(placeholder) = Store::temporary_engine() {
+                drop(Store::replace_engine(&mut self.engine_mut(), placeholder));
+            }
+            if let Err(e) = fs::remove_dir_all(copy) {
+                tracing::warn!(path = %copy.display(), error = %e, "could not remove the database's copy");
+            }
+        }
     }
 }
 
@@ -1633,6 +1684,25 @@ fn read_witness(db: &Path) -> Option<u64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Copy the directory `from` (files and directories, as sled lays them out) to a new `to`.
+fn copy_dir(from: &Path, to: &Path) -> io::Result<()> {
+    let mut pending = vec![(from.to_path_buf(), to.to_path_buf())];
+    while let Some((from, to)) = pending.pop() {
+        fs::create_dir(&to)?;
+        for entry in fs::read_dir(&from)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let target = to.join(entry.file_name());
+            if kind.is_dir() {
+                pending.push((entry.path(), target));
+            } else if kind.is_file() {
+                fs::copy(entry.path(), target)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `<path>.<suffix>` beside the database directory.

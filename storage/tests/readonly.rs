@@ -11,7 +11,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{new_incident, rerun_as_child, sample_count, SEC, T0};
+use common::{new_incident, rerun_as_child, sample_count, SmallFs, SEC, T0};
 use model::fixtures::sample;
 use storage::{Store, StoreConfig};
 
@@ -147,4 +147,56 @@ fn read_only_database_counts_failed_writes_and_recovers_when_writable() {
         out.status.success() && text.contains("tailtrap-child: done"),
         "{text}"
     );
+}
+
+/// A database on a file system mounted read-only (a snapshot, or one the kernel remounted
+/// read-only after a disk error) cannot be opened by sled, which opens its files for
+/// writing. The CLI's reads then go to a copy in the temporary directory: everything is
+/// there, the original is not touched, and the copy is gone once the store is dropped.
+#[test]
+#[ignore = "needs root (mounts a tmpfs): run as root with --include-ignored"]
+fn a_database_on_a_read_only_file_system_is_read_from_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = SmallFs::mount(dir.path(), "32m");
+    let path = dir.path().join("db");
+    let s = Store::open(&path, cfg()).unwrap();
+    let inc = s.open_incident(&new_incident("web", T0)).unwrap();
+    let batch: Vec<_> = (0..300).map(|i| sample(inc.id, i, T0 + i)).collect();
+    s.put_samples(&batch).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    let listing = |p: &Path| -> Vec<(String, u64)> {
+        let mut files: Vec<_> = std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let m = e.metadata().unwrap();
+                (e.file_name().to_string_lossy().into_owned(), m.len())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    fs.remount("ro");
+    let before = listing(&path);
+
+    let err = Store::open_existing(&path)
+        .err()
+        .expect("sled opened a read-only database");
+    assert!(err.is_read_only(), "{err}");
+    let (s, copy) = Store::open_existing_or_copy(&path).unwrap();
+    let copy = copy.expect("read from a copy");
+    assert!(copy.starts_with(std::env::temp_dir()), "{}", copy.display());
+    assert_eq!(s.incident(inc.id).unwrap().unwrap().service, "web");
+    assert_eq!(sample_count(&s, inc.id), 300);
+    let report = s.check(|_| {}).unwrap();
+    assert_eq!((report.samples, report.undecodable), (300, 0), "{report:?}");
+    drop(s);
+    assert!(!copy.exists(), "the copy {} is left", copy.display());
+    assert_eq!(listing(&path), before, "the original changed");
+    // On a writable file system the database is opened in place.
+    fs.remount("rw");
+    let (s, copy) = Store::open_existing_or_copy(&path).unwrap();
+    assert!(copy.is_none());
+    assert_eq!(sample_count(&s, inc.id), 300);
 }

@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{new_incident, rerun_as_child, sample_count, SEC, T0};
+use common::{new_incident, rerun_as_child, sample_count, SmallFs, SEC, T0};
 use model::fixtures::sample;
 use model::{Histogram, Probe};
 use storage::{HistoryLevel, Incident, IncidentState, PwruRecord, Store, StoreConfig, StoreError};
@@ -269,38 +269,6 @@ fn rotation_keeps_every_record_and_shrinks_the_files() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-/// A small tmpfs, unmounted when dropped.
-struct SmallFs(PathBuf);
-
-impl SmallFs {
-    fn mount(dir: &Path, size: &str) -> SmallFs {
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .expect("running mount");
-        assert!(status.success(), "mounting a tmpfs (needs root)");
-        SmallFs(dir.to_path_buf())
-    }
-}
-
-impl SmallFs {
-    fn grow(&self, size: &str) {
-        let status = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.0)
-            .status()
-            .expect("running mount");
-        assert!(status.success(), "growing the tmpfs");
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 /// A store with `min_free_bytes` and one incident of 100 samples, flushed.
 fn open_with_flushed_incident(path: &Path, min_free_bytes: u64) -> (Store, Incident) {
     let cfg = StoreConfig {
@@ -374,7 +342,7 @@ fn low_disk_space_refuses_bulk_writes_before_the_disk_fills_and_recovers() {
     s.flush().unwrap();
 
     // Space comes back: writes go through again at once, nothing was lost.
-    fs.grow("64m");
+    fs.remount("size=64m");
     s.put_samples(&[sample(first.id, 1000, T0 + 1000)]).unwrap();
     s.flush().unwrap();
     assert_eq!(sample_count(&s, first.id), 101);

@@ -42,7 +42,10 @@ pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     // A locked database yields the store's own message, which names the holder and says to
     // query through the daemon.
-    let store = Store::open_existing(&args.db)?;
+    let (store, copy) = Store::open_existing_or_copy(&args.db)?;
+    if let Some(copy) = copy {
+        crate::source::say_copy(&args.db, &copy);
+    }
     // indicatif draws nothing when stderr is not a terminal.
     let bar = ProgressBar::new_spinner();
     bar.set_style(

@@ -58,3 +58,35 @@ pub fn wait_for_line(out: &mut impl BufRead, marker: &str, child: &str) {
         }
     }
 }
+
+/// A small tmpfs, unmounted when dropped (needs root).
+pub struct SmallFs(std::path::PathBuf);
+
+#[allow(clippy::unwrap_used)] // a test helper: a failed mount fails the test
+impl SmallFs {
+    pub fn mount(dir: &std::path::Path, size: &str) -> SmallFs {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mounting a tmpfs (needs root)");
+        SmallFs(dir.to_path_buf())
+    }
+
+    /// `mount -o remount,<options>`.
+    pub fn remount(&self, options: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.0)
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "mount -o remount,{options}");
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
