@@ -1686,16 +1686,20 @@ fn read_witness(db: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Copy the directory `from` (files and directories, as sled lays them out) to a new `to`.
+/// Copy the directory `from` (files and directories, as sled lays them out) to a new `to`,
+/// readable by its owner only (the database holds flows and process names; the temporary
+/// directory is shared).
 fn copy_dir(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new().mode(0o700).create(to)?;
     let mut pending = vec![(from.to_path_buf(), to.to_path_buf())];
     while let Some((from, to)) = pending.pop() {
-        fs::create_dir(&to)?;
         for entry in fs::read_dir(&from)? {
             let entry = entry?;
             let kind = entry.file_type()?;
             let target = to.join(entry.file_name());
             if kind.is_dir() {
+                fs::create_dir(&target)?;
                 pending.push((entry.path(), target));
             } else if kind.is_file() {
                 fs::copy(entry.path(), target)?;

@@ -187,6 +187,8 @@ fn a_database_on_a_read_only_file_system_is_read_from_a_copy() {
     let (s, copy) = Store::open_existing_or_copy(&path).unwrap();
     let copy = copy.expect("read from a copy");
     assert!(copy.starts_with(std::env::temp_dir()), "{}", copy.display());
+    let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the copy is readable by others");
     assert_eq!(s.incident(inc.id).unwrap().unwrap().service, "web");
     assert_eq!(sample_count(&s, inc.id), 300);
     let report = s.check(|_| {}).unwrap();
