@@ -292,7 +292,12 @@ impl Writer {
             Ok(()) => self.stored += n,
             Err(e) => {
                 self.errors += n;
-                tracing::warn!(incident = self.incident, lines = n, error = %e, "pwru lines not stored");
+                // While the engine is down the store has said so once.
+                if self.store.engine_failed() {
+                    tracing::debug!(incident = self.incident, lines = n, error = %e, "pwru lines not stored");
+                } else {
+                    tracing::warn!(incident = self.incident, lines = n, error = %e, "pwru lines not stored");
+                }
             }
         }
         self.batch.clear();

@@ -209,7 +209,12 @@ impl Writer {
             .spawn(move || {
                 for () in flush_rx {
                     if let Err(e) = s.flush_records() {
-                        tracing::error!(error = %e, "flushing the store failed");
+                        // While the engine is down the store has said so once.
+                        if s.engine_failed() {
+                            tracing::debug!(error = %e, "flushing the store failed");
+                        } else {
+                            tracing::error!(error = %e, "flushing the store failed");
+                        }
                     }
                 }
             })
@@ -430,7 +435,12 @@ fn sample_loop(
             } => {
                 let result = store.put_samples(&samples);
                 if let Err(e) = &result {
-                    tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
+                    // While the engine is down the store has said so once.
+                    if store.engine_failed() {
+                        tracing::debug!(samples = samples.len(), error = %e, "samples not stored");
+                    } else {
+                        tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
+                    }
                 }
                 // The loop is gone only at shutdown, after this thread was joined.
                 let _ = written.send(SamplesWritten::of(&samples, pre_trigger, result.is_ok()));
