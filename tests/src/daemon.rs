@@ -109,6 +109,17 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Whether the process has exited (a zombie not reaped yet), without reaping it.
+    fn exited(&self) -> bool {
+        match std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())) {
+            // The state follows the command name in parentheses, which may hold spaces.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            Err(_) => true,
+        }
+    }
+
     /// Send `signal` to the daemon.
     pub fn signal(&self, signal: Signal) -> Result<()> {
         // Linux pids are at most 2^22.
@@ -184,6 +195,12 @@ impl Daemon {
     /// When `timeout` passes first (see [`Daemon::wait_for`]).
     pub fn wait_for_api(&self, config: &Path, timeout: Duration) {
         self.wait_for(timeout, "the daemon's API", || {
+            // A daemon that exited (a refused configuration) will never answer.
+            assert!(
+                !self.exited(),
+                "the daemon exited instead of serving its API; its log:\n{}",
+                self.log()
+            );
             let out = cli(config, &["status", "--json"]);
             let text = String::from_utf8_lossy(&out.stderr);
             (out.status.success() && text.contains("daemon's API")).then_some(())

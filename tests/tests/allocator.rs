@@ -19,7 +19,7 @@ fn config(dir: &Path) -> PathBuf {
         &path,
         format!(
             "[daemon]\ninterval = \"200ms\"\ndb = \"{d}/db\"\n\n[api]\nsocket = \"{d}/api.sock\"\n\n\
-             [pwru]\nenabled = false\n",
+             [metrics]\nenabled = false\n\n[pwru]\nenabled = false\n",
             d = dir.display()
         ),
     )

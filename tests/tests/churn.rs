@@ -127,6 +127,10 @@ db = "{dir}/db"
 [api]
 socket = "{dir}/api.sock"
 
+# Not the default port: a daemon on this host (or a second test run) may hold it.
+[metrics]
+enabled = false
+
 [probes]
 auto_service_limit = {LIMIT}
 {storage}"#,
