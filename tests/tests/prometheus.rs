@@ -1,9 +1,10 @@
 //! tailtrap in a real Prometheus: the daemon with two TCP services on loopback, Debian's
 //! `prometheus` scraping it every second (free port, scratch directory, the packaged alert
-//! rules loaded), checked through Prometheus' HTTP API: the netstacklat-compatible
+//! and fleet rules loaded), checked through Prometheus' HTTP API: the netstacklat-compatible
 //! histograms per service, p99 against `tailtrap status`, the incident gauge during and
-//! after an injected slowdown, the alert, every PromQL expression of the Grafana dashboard.
-//! `promtool` checks a scrape and runs the rules' unit tests.
+//! after an injected slowdown, the alert, every fleet rule evaluated without error, every
+//! PromQL expression of the host and fleet Grafana dashboards. `promtool` checks a scrape
+//! and runs the rules' unit tests.
 //!
 //! Needs root, the `tailtrap` binary of the same build, and `prometheus` + `promtool`
 //! (Debian's `prometheus` package; scripts/test installs it). Host tier only.
@@ -96,6 +97,77 @@ fn dashboard_exprs(dashboard: &Value) -> Vec<String> {
     out
 }
 
+/// A dashboard of packaging/grafana/.
+fn dashboard(file: &str) -> Value {
+    let path = repo().join("packaging/grafana").join(file);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The expressions of `exprs` that return no data with the dashboards' variables set to
+/// `instance` and the service `slow`; panics on one Prometheus refuses.
+fn queries_without_data(prom: &Prometheus, exprs: &[String], instance: &str) -> Vec<String> {
+    let mut empty = Vec::new();
+    for e in exprs {
+        let q = e
+            .replace("$__rate_interval", "10s")
+            .replace("$__range", "5m")
+            .replace("$instance", instance)
+            .replace("$service", "slow");
+        match prom.query(&q) {
+            Ok(r) if r.as_array().is_some_and(|a| !a.is_empty()) => {}
+            Ok(_) => empty.push(q),
+            Err(e) => panic!("dashboard query failed: {e}"),
+        }
+    }
+    empty
+}
+
+/// Every link of the fleet dashboard (data links and the dashboard link) opens the host
+/// dashboard by its uid and sets only variables it has; at least 3 drill down to a host.
+fn check_fleet_links(fleet: &Value, host: &Value) {
+    fn urls(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("url", Value::String(u)) => out.push(u.clone()),
+                        _ => urls(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| urls(v, out)),
+            _ => {}
+        }
+    }
+    let uid = host["uid"].as_str().unwrap();
+    let vars: Vec<&str> = host["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    let mut found = Vec::new();
+    urls(fleet, &mut found);
+    let drill_downs: Vec<&String> = found
+        .iter()
+        .filter(|u| u.contains("var-instance="))
+        .collect();
+    assert!(drill_downs.len() >= 3, "{found:?}");
+    for u in &found {
+        let (path, query) = u.split_once('?').unwrap_or((u, ""));
+        assert_eq!(path, format!("/d/{uid}"), "{u}");
+        for param in query.split('&') {
+            if let Some((name, _)) = param.strip_prefix("var-").and_then(|p| p.split_once('=')) {
+                assert!(
+                    vars.contains(&name),
+                    "{u}: the host dashboard has no {name}"
+                );
+            }
+        }
+    }
+}
+
 // Host tier only: tests/vm/run-vm-tests.sh leaves this executable out (HOST_ONLY).
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
@@ -113,6 +185,30 @@ fn prometheus_scrapes_histograms_incidents_and_every_dashboard_query() {
         ],
         None,
     );
+    promtool(
+        &["check", "rules", "packaging/prometheus/tailtrap-fleet.yml"],
+        None,
+    );
+    promtool(
+        &[
+            "test",
+            "rules",
+            "packaging/prometheus/tailtrap-fleet.test.yml",
+        ],
+        None,
+    );
+    let fleet_rules = repo().join("packaging/prometheus/tailtrap-fleet.yml");
+    let fleet_rule_count = std::fs::read_to_string(&fleet_rules)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            l.starts_with("- record:") || l.starts_with("- alert:")
+        })
+        .count();
+    let host_dashboard = dashboard("tailtrap-dashboard.json");
+    let fleet_dashboard = dashboard("tailtrap-fleet-dashboard.json");
+    check_fleet_links(&fleet_dashboard, &host_dashboard);
 
     let scratch = ScratchDir::new("prometheus").unwrap();
     let dir = scratch.path();
@@ -173,7 +269,10 @@ ports = [{quiet}]
     let prom = Prometheus::start(
         &prom_dir,
         target,
-        &[repo().join("packaging/prometheus/tailtrap-alerts.yml")],
+        &[
+            repo().join("packaging/prometheus/tailtrap-alerts.yml"),
+            fleet_rules,
+        ],
     )
     .unwrap();
     let wait = |what: &str, secs: u64, f: &mut dyn FnMut() -> bool| {
@@ -298,34 +397,68 @@ ports = [{quiet}]
         })
     });
 
-    // Every PromQL expression of the dashboard parses and returns data, with the dashboard's
-    // variables set to this daemon and the slow service (its incident is open now).
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo().join("packaging/grafana/tailtrap-dashboard.json")).unwrap(),
-    )
-    .unwrap();
-    let exprs = dashboard_exprs(&dashboard);
-    assert!(exprs.len() > 20, "{exprs:?}");
-    wait("every dashboard query to return data", 30, &mut || {
-        let mut empty = Vec::new();
-        for e in &exprs {
-            let q = e
-                .replace("$__rate_interval", "10s")
-                .replace("$__range", "5m")
-                .replace("$instance", &instance)
-                .replace("$service", "slow");
-            match prom.query(&q) {
-                Ok(r) if r.as_array().is_some_and(|a| !a.is_empty()) => {}
-                Ok(_) => empty.push(q),
-                Err(e) => panic!("dashboard query failed: {e}"),
-            }
+    // Every rule of tailtrap-fleet.yml has been evaluated, none with an error.
+    wait("every fleet rule evaluated without error", 30, &mut || {
+        let groups = prom.api("rules", &[]).unwrap();
+        let rules: Vec<&Value> = groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| {
+                g["file"]
+                    .as_str()
+                    .is_some_and(|f| f.ends_with("tailtrap-fleet.yml"))
+            })
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .collect();
+        assert_eq!(rules.len(), fleet_rule_count, "{groups}");
+        for r in &rules {
+            assert_ne!(r["health"], "err", "fleet rule failed: {r}");
         }
-        if !empty.is_empty() {
-            eprintln!("still without data: {empty:#?}");
-        }
-        empty.is_empty()
+        rules.iter().all(|r| r["health"] == "ok")
     });
-    eprintln!("{} dashboard expressions return data", exprs.len());
+    // With the incident open, the fleet counts this host under its stage and service; one
+    // host is no fleet: no fleet alert.
+    wait(
+        "the fleet rules to count the open incident",
+        30,
+        &mut || {
+            [
+                r#"stage:tailtrap_hosts_with_open_incident:count{stage="application read delay"}"#,
+                r#"stage:tailtrap_hosts_with_open_incident:ratio{stage="application read delay"}"#,
+                r#"service:tailtrap_hosts_with_open_incident:count{service="slow"}"#,
+            ]
+            .iter()
+            .all(|q| prom.query(q).ok().and_then(|r| single_value(&r)) == Some(1.0))
+        },
+    );
+    let fleet_alerts = prom
+        .query(r#"ALERTS{alertname=~"TailtrapFleet.+"}"#)
+        .unwrap();
+    assert_eq!(fleet_alerts, Value::Array(Vec::new()), "{fleet_alerts}");
+
+    // Every PromQL expression of both dashboards parses and returns data, with the
+    // dashboards' variables set to this daemon and the slow service (its incident is open
+    // now).
+    for (name, dashboard, at_least) in [
+        ("host", &host_dashboard, 20),
+        ("fleet", &fleet_dashboard, 15),
+    ] {
+        let exprs = dashboard_exprs(dashboard);
+        assert!(exprs.len() > at_least, "{exprs:?}");
+        wait(
+            &format!("every {name} dashboard query to return data"),
+            30,
+            &mut || {
+                let empty = queries_without_data(&prom, &exprs, &instance);
+                if !empty.is_empty() {
+                    eprintln!("still without data: {empty:#?}");
+                }
+                empty.is_empty()
+            },
+        );
+        eprintln!("{} {name} dashboard expressions return data", exprs.len());
+    }
 
     // The figures of `tailtrap status` and of a scrape of the same interval agree.
     let agree = compare_status_and_scrape(&config, target);
