@@ -23,6 +23,7 @@ mod cmd;
 mod daemon;
 mod error;
 mod netns;
+mod otelcol;
 mod prometheus;
 mod traffic;
 mod veth;
@@ -32,6 +33,10 @@ pub use cgroup::Cgroup;
 pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
 pub use error::{Error, Result};
 pub use netns::Netns;
+pub use otelcol::{
+    any_value, attr, make_test_pki, otelcol_binary, resource_attr, OtelCollector,
+    OtelCollectorOpts, OtelTls, TestPki,
+};
 pub use prometheus::{
     find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
 };
