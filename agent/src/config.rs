@@ -46,6 +46,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// `[metrics]`.
     pub metrics: crate::metrics::MetricsConfig,
+    /// `[otlp]`.
+    pub otlp: crate::otlp::OtlpConfig,
 }
 
 /// Where the daemon looks for its configuration when `--config` is not given.
@@ -261,6 +263,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         daemon: tables.read("daemon"),
         api: tables.read("api"),
         metrics: tables.read("metrics"),
+        otlp: tables.read("otlp"),
     };
     tables.finish(true)?;
     Ok(config)

@@ -11,6 +11,7 @@ mod cmd;
 mod config;
 mod daemon;
 mod metrics;
+mod otlp;
 mod output;
 mod source;
 

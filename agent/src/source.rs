@@ -132,7 +132,7 @@ impl Source {
         match self {
             Source::Api(c) => c.get("/v1/history", p).await,
             Source::Db(s) => {
-                let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+                let now = model::unix_ns(std::time::SystemTime::now());
                 Ok(query::history(s, p, now)?)
             }
         }
@@ -143,7 +143,7 @@ impl Source {
         match self {
             Source::Api(c) => c.post(&format!("/v1/incidents/{id}/verdict"), p).await,
             Source::Db(s) => {
-                let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+                let now = model::unix_ns(std::time::SystemTime::now());
                 Ok(query::mark(s, id, p, now)?)
             }
         }

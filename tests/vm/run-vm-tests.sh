@@ -67,7 +67,7 @@ mapfile -t executables < <(printf '%s\n' "$json" |
 # interval-by-interval replay comparison of tune_daemon (blurred by emulation's late
 # intervals), and the allocator settings (user space alone). They run in scripts/test's
 # host step.
-HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator)
+HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator otlp otelcol_harness)
 tests=()
 for exe in "${executables[@]}"; do
     name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash

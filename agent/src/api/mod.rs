@@ -47,6 +47,9 @@ pub struct StatusReport {
     /// Incidents opened since start, per (service, stage).
     #[serde(default)]
     pub incidents_opened: Vec<OpenedCount>,
+    /// Incidents exported over OTLP (`None`: `[otlp]` is off).
+    #[serde(default)]
+    pub otlp: Option<crate::otlp::OtlpReport>,
 }
 
 /// How many incidents of a service opened with a stage verdict since the daemon started.

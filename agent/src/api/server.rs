@@ -320,7 +320,7 @@ async fn history(
         Ok(p) => p,
         Err(e) => return bad_request(e),
     };
-    let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+    let now = model::unix_ns(std::time::SystemTime::now());
     json(blocking(&state, move |s| query::history(s, &p, now)).await)
 }
 
@@ -334,7 +334,7 @@ async fn mark(
         (Err(e), _) => return bad_request(e),
         (_, Err(e)) => return bad_request(e),
     };
-    let now = crate::daemon::unix_ns(std::time::SystemTime::now());
+    let now = model::unix_ns(std::time::SystemTime::now());
     json(blocking(&state, move |s| query::mark(s, id, &p, now)).await)
 }
 

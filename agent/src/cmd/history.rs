@@ -75,7 +75,7 @@ const DEFAULT_SPAN: Duration = Duration::from_secs(6 * 3600);
 impl Range {
     /// The API parameters for this range, `probe` optional.
     pub fn params(&self, probe: Option<Probe>, default_span: Duration) -> HistoryParams {
-        let now = crate::daemon::unix_ns(SystemTime::now());
+        let now = model::unix_ns(SystemTime::now());
         let span = u64::try_from(default_span.as_nanos()).unwrap_or(u64::MAX);
         HistoryParams {
             service: self.service.clone(),
@@ -266,7 +266,7 @@ pub async fn read_sparse(source: Source, params: &HistoryParams) -> anyhow::Resu
         Source::Db(store) => store,
         api => return Ok(read(&api, params).await?.into()),
     };
-    let now = crate::daemon::unix_ns(SystemTime::now());
+    let now = model::unix_ns(SystemTime::now());
     let plan = query::history_plan(&store, params, now)?;
     let resolution = store
         .config()

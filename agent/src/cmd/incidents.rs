@@ -73,7 +73,7 @@ pub fn parse_since(s: &str) -> Result<u64, String> {
             format!("{s:?} is neither a span like `6h` nor a time like `2026-11-21T10:00:00Z`")
         })?,
     };
-    Ok(crate::daemon::unix_ns(t))
+    Ok(model::unix_ns(t))
 }
 
 /// Run `tailtrap incidents`.
@@ -169,7 +169,7 @@ fn lasted(i: &Incident) -> String {
     match i.closed_ns {
         Some(c) => fmt_span(c.saturating_sub(i.opened_ns)),
         None => {
-            let now = crate::daemon::unix_ns(SystemTime::now());
+            let now = model::unix_ns(SystemTime::now());
             format!("{} so far", fmt_span(now.saturating_sub(i.opened_ns)))
         }
     }

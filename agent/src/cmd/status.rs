@@ -8,9 +8,9 @@ use storage::IncidentState;
 
 use crate::api::query::IncidentsParams;
 use crate::api::StatusReport;
-use crate::daemon::unix_ns;
 use crate::output::{fmt_bytes, fmt_ns, fmt_span, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
+use model::unix_ns;
 
 /// Arguments of `tailtrap status`.
 #[derive(clap::Args)]
@@ -237,6 +237,40 @@ fn print_report(r: &StatusReport) {
         ]);
     }
     println!("{t}");
+
+    if let Some(o) = &r.otlp {
+        let mut t = table(["OTLP export", ""]);
+        t.add_row([
+            "collector".to_owned(),
+            format!("{} ({})", o.endpoint, o.protocol),
+        ]);
+        t.add_row([
+            "events".to_owned(),
+            format!(
+                "{} sent{}, {} queued of {}, {} dropped from a full queue",
+                o.sent,
+                o.last_sent_ns
+                    .map(|ns| format!(" (last at {})", fmt_time(ns)))
+                    .unwrap_or_default(),
+                o.queued,
+                o.capacity,
+                o.dropped
+            ),
+        ]);
+        t.add_row([
+            "exports".to_owned(),
+            match o.failing_since_ns {
+                Some(since) => format!(
+                    "FAILING since {} ({} failed requests): {}",
+                    fmt_time(since),
+                    o.failed_exports,
+                    o.last_error.as_deref().unwrap_or("?")
+                ),
+                None => format!("working ({} failed requests since start)", o.failed_exports),
+            },
+        ]);
+        println!("{t}");
+    }
 
     if !r.bpf_cost.is_empty() {
         let stats_on = r.bpf_cost.iter().any(|p| p.run_time_ns > 0);

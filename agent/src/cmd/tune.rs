@@ -330,7 +330,7 @@ struct Row {
 }
 
 fn ns(t: SystemTime) -> u64 {
-    crate::daemon::unix_ns(t)
+    model::unix_ns(t)
 }
 
 /// The end of the point starting at `start` ns: the time the daemon's detector saw it at.

@@ -15,9 +15,9 @@ use model::Probe;
 use model::Sample;
 
 use super::kernel::Kernel;
-use super::unix_ns;
 use crate::api::{CaptureCounts, CaptureReport};
 use crate::output::fmt_ns;
+use model::unix_ns;
 
 /// How many intervals between two updates of the flight recorder's thresholds from the
 /// baselines (each is a map write per service and probe).

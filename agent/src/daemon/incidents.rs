@@ -9,10 +9,11 @@ use std::time::{Duration, SystemTime};
 use detector::IncidentKey;
 use storage::{CaptureState, IncidentState, NewIncident, PwruState, Store};
 
-use super::unix_ns;
 use super::writer::{self, FlushSoon, SampleQueue};
 use crate::api::OpenIncident;
+use crate::otlp::{Event, EventKind, Outbox};
 use crate::output::{headline, probe_list, stage};
+use model::unix_ns;
 
 /// Closed records kept for the changes that still come after closing (pwru's and
 /// capture's outcome), so that a change starts from the loop's own copy rather than from a
@@ -45,6 +46,8 @@ pub(super) struct Incidents {
     records: SampleQueue,
     open: HashMap<IncidentKey, Open>,
     closed: VecDeque<storage::Incident>,
+    /// Where incident events go when `[otlp]` is on.
+    outbox: Option<Outbox>,
 }
 
 struct Open {
@@ -60,6 +63,48 @@ impl Incidents {
             records,
             open: HashMap::new(),
             closed: VecDeque::new(),
+            outbox: None,
+        }
+    }
+
+    /// Send incident events to `outbox` from now on.
+    pub(super) fn set_outbox(&mut self, outbox: Outbox) {
+        self.outbox = Some(outbox);
+    }
+
+    /// Tell the fleet (OTLP), when configured: the queue takes it without waiting.
+    fn announce(
+        outbox: Option<&Outbox>,
+        kind: EventKind,
+        record: &storage::Incident,
+        detail: Option<&detector::Incident>,
+    ) {
+        if let Some(o) = outbox {
+            o.send(Event::new(
+                kind,
+                record,
+                detail,
+                o.host_id(),
+                SystemTime::now(),
+            ));
+        }
+    }
+
+    /// A pwru session of incident `id` ended (or will not run): say so with its outcome,
+    /// as its record now has it.
+    pub(super) fn pwru_ended(&self, id: u64) {
+        let Some(outbox) = &self.outbox else {
+            return;
+        };
+        if let Some(o) = self.open.values().find(|o| o.record.id == id) {
+            Self::announce(
+                Some(outbox),
+                EventKind::PwruEnded,
+                &o.record,
+                Some(&o.detail),
+            );
+        } else if let Some(r) = self.closed.iter().find(|r| r.id == id) {
+            Self::announce(Some(outbox), EventKind::PwruEnded, r, None);
         }
     }
 
@@ -103,6 +148,7 @@ impl Incidents {
             stage = %stage(&inc),
             "incident opened"
         );
+        Self::announce(self.outbox.as_ref(), EventKind::Opened, &record, Some(&inc));
         let id = record.id;
         self.open.insert(
             inc.key(),
@@ -164,6 +210,10 @@ impl Incidents {
         let Some(open) = self.open.get_mut(&inc.key()) else {
             return;
         };
+        // The fleet hears of a new verdict or a new hot probe, not of every stronger figure.
+        let changed = open.record.probes != inc.probes
+            || open.detail.stage.as_ref().map(|s| &s.verdict)
+                != inc.stage.as_ref().map(|s| &s.verdict);
         open.record.probes = inc.probes.clone();
         open.record.evidence_json = json(&inc);
         open.record.stages_json = json(&inc.stage);
@@ -175,6 +225,14 @@ impl Incidents {
             headline = %headline(&inc),
             "incident updated"
         );
+        if changed {
+            Self::announce(
+                self.outbox.as_ref(),
+                EventKind::Changed,
+                &record,
+                Some(&inc),
+            );
+        }
         open.detail = inc;
         self.write(record, false);
     }
@@ -193,6 +251,12 @@ impl Incidents {
         open.record.state = IncidentState::Closed;
         open.record.closed_ns = Some(unix_ns(closed_at));
         self.write(open.record.clone(), true);
+        Self::announce(
+            self.outbox.as_ref(),
+            EventKind::Closed,
+            &open.record,
+            Some(&inc),
+        );
         self.forget_settled();
         if self.closed.len() == RECENTLY_CLOSED {
             self.closed.pop_front();
@@ -231,6 +295,12 @@ impl Incidents {
         for (_, mut open) in self.open.drain() {
             open.record.state = IncidentState::Interrupted;
             open.record.closed_ns = Some(now_ns);
+            Self::announce(
+                self.outbox.as_ref(),
+                EventKind::Closed,
+                &open.record,
+                Some(&open.detail),
+            );
             if let Err(e) = self.store.update_incident(&open.record) {
                 tracing::error!(incident = open.record.id, error = %e, "marking the incident interrupted failed");
             } else {

@@ -15,12 +15,13 @@ use super::capture::CaptureController;
 use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
+use super::lock;
 use super::pwru::{self, Finished, PwruStarter, QueueVerdict, SessionNews, SessionQueue};
 use super::writer::{SamplesWritten, Writer};
-use super::{lock, unix_ns};
 use crate::api::{KernelCounters, LatencyRow};
 use crate::config::Config;
 use crate::metrics::Cumulative;
+use model::unix_ns;
 
 /// How many intervals between two reads of the BPF programs' run-time statistics (the read
 /// walks every BPF program on the host).
@@ -195,6 +196,11 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
     #[cfg(test)]
     pub(super) fn sync_records(&self) {
         self.writer.sync();
+    }
+
+    /// Send incident events to the OTLP export from now on.
+    pub(super) fn set_outbox(&mut self, outbox: crate::otlp::Outbox) {
+        self.incidents.set_outbox(outbox);
     }
 
     /// The pwru side.
@@ -494,6 +500,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
             record.counters.store_errors += done.store_errors;
         });
+        self.incidents.pwru_ended(done.incident);
         if freed {
             self.start_waiting();
         }
@@ -524,6 +531,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             r.pwru.state = PwruState::NotRun;
             r.pwru.message = format!("skipped-busy: {}; {why}", w.busy);
         });
+        self.incidents.pwru_ended(w.incident);
     }
 
     /// Shutdown, before pwru stops: no incident waits for a session any more.

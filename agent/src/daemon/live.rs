@@ -27,6 +27,8 @@ pub(super) struct Live {
     pwru_enabled: bool,
     /// `storage.max_bytes`.
     store_budget: u64,
+    /// The OTLP export's queue and figures, when `[otlp]` is on.
+    otlp: Option<crate::otlp::Outbox>,
 }
 
 /// What the interval loop updates.
@@ -129,7 +131,7 @@ impl Live {
             daemon: DaemonInfo {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 pid: std::process::id(),
-                started_ns: super::unix_ns(started),
+                started_ns: model::unix_ns(started),
                 interval: config.daemon.interval,
                 config: config.origin.clone(),
                 db: config.daemon.db.clone(),
@@ -148,6 +150,7 @@ impl Live {
             pwru,
             pwru_enabled: config.pwru.enabled(),
             store_budget: config.storage.max_bytes,
+            otlp: None,
         };
         live.set_probes(config, probes);
         live
@@ -173,6 +176,11 @@ impl Live {
     /// Where `GET /metrics` is served (`None`: metrics are off).
     pub(super) fn set_metrics_listen(&mut self, addr: Option<String>) {
         self.daemon.metrics_listen = addr;
+    }
+
+    /// The OTLP export whose figures the report shows.
+    pub(super) fn set_otlp(&mut self, outbox: crate::otlp::Outbox) {
+        self.otlp = Some(outbox);
     }
 
     pub(super) fn set_reload(&mut self, outcome: ReloadOutcome) {
@@ -226,6 +234,7 @@ impl Live {
                     count,
                 })
                 .collect(),
+            otlp: self.otlp.as_ref().map(crate::otlp::Outbox::report),
         }
     }
 }

@@ -35,6 +35,7 @@ use tokio::sync::mpsc;
 use crate::api::server::{self, AppState};
 use crate::config::{self, Config};
 use crate::metrics;
+use crate::otlp;
 use interval::{DaemonCore, Now};
 use kernel::BpfKernel;
 use live::Live;
@@ -46,6 +47,8 @@ const STORE_LOCK_WAIT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for a running pwru session to be reaped after asking it to stop
 /// (on top of its kill grace).
 const PWRU_STOP_SLACK: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the collector to take the last incident events.
+const OTLP_STOP_WAIT: Duration = Duration::from_secs(3);
 
 /// Run the daemon until SIGTERM or SIGINT.
 pub fn run(config_path: Option<PathBuf>) -> anyhow::Result<()> {
@@ -108,6 +111,8 @@ struct Daemon {
     pwru_news: mpsc::Receiver<SessionNews>,
     /// What the metrics listener serves, when `[metrics]` is enabled.
     metrics: Option<Arc<metrics::Shared>>,
+    /// Incident events to a collector, when `[otlp]` is enabled.
+    otlp: Option<otlp::Exporter>,
 }
 
 impl Daemon {
@@ -178,7 +183,14 @@ impl Daemon {
         )));
         let pwru = PwruSessions::new(manager, store.clone(), pwru_news_tx);
         let kernel = BpfKernel::new(probes);
-        let core = DaemonCore::new(
+        let exporter = if config.otlp.enabled {
+            let e = otlp::Exporter::start(&config.otlp).context("starting the OTLP export")?;
+            lock(&live).set_otlp(e.outbox());
+            Some(e)
+        } else {
+            None
+        };
+        let mut core = DaemonCore::new(
             config,
             kernel,
             detector,
@@ -186,6 +198,9 @@ impl Daemon {
             pwru,
             Instant::now(),
         );
+        if let Some(e) = &exporter {
+            core.set_outbox(e.outbox());
+        }
         Ok(Daemon {
             core,
             config_path,
@@ -193,6 +208,7 @@ impl Daemon {
             live,
             pwru_news,
             metrics: None,
+            otlp: exporter,
         })
     }
 
@@ -283,6 +299,11 @@ impl Daemon {
             self.core.pwru_news(news);
         }
         self.core.stop(Now::read());
+        // The stop's own events (incidents interrupted) get a short chance to leave.
+        if let Some(e) = self.otlp.take() {
+            e.stop(self.core.config().otlp.timeout.min(OTLP_STOP_WAIT))
+                .await;
+        }
         if let Some(m) = metrics {
             m.abort();
         }
@@ -378,12 +399,6 @@ fn notify(state: &[NotifyState<'_>]) {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The guarded data is plain status figures: keep using it after a panic elsewhere.
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// ns since the Unix epoch.
-pub fn unix_ns(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The largest value pushed within the last [`RecentMax::WINDOW`]: how late intervals

@@ -15,7 +15,8 @@ use storage::{PwruRecord, PwruState, PwruStatus, Store};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use super::{lock, unix_ns};
+use super::lock;
+use model::unix_ns;
 
 /// Lines buffered between pwru's reader and the store.
 const LINE_BUFFER: usize = 1024;

@@ -3,9 +3,10 @@
 use std::time::SystemTime;
 
 use super::kernel::BpfKernel;
-use super::{load_probes, lock, unix_ns, Daemon};
+use super::{load_probes, lock, Daemon};
 use crate::api::ReloadOutcome;
 use crate::config::{self, Config};
+use model::unix_ns;
 
 /// Why a reload applied nothing.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,7 @@ impl Daemon {
             daemon: running.daemon.clone(),
             api: running.api.clone(),
             metrics: running.metrics.clone(),
+            otlp: running.otlp.clone(),
             ..new.clone()
         };
         let needs_restart: Vec<&'static str> = [
@@ -74,6 +76,7 @@ impl Daemon {
             ("daemon", new.daemon != running.daemon),
             ("api", new.api != running.api),
             ("metrics", new.metrics != running.metrics),
+            ("otlp", new.otlp != running.otlp),
         ]
         .into_iter()
         .filter_map(|(t, changed)| changed.then_some(t))

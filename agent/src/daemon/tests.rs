@@ -216,6 +216,7 @@ fn config() -> Config {
         },
         api: ApiConfig::default(),
         metrics: crate::metrics::MetricsConfig::default(),
+        otlp: crate::otlp::OtlpConfig::default(),
     }
 }
 
@@ -250,7 +251,7 @@ impl Harness {
     }
 
     fn now_ns(&self) -> u64 {
-        super::unix_ns(self.wall)
+        model::unix_ns(self.wall)
     }
 
     /// One interval of `ns` packets at the hot probe (and quiet ones at tcp-start).

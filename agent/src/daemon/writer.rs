@@ -21,7 +21,7 @@ use std::time::SystemTime;
 use model::{Histogram, Probe, Sample};
 use storage::{HistoryPoint, Store};
 
-use super::unix_ns;
+use model::unix_ns;
 
 /// Intervals of history the writer may be behind (each holds every (service, probe)
 /// histogram of one interval: ~1 MiB at 64 services × 7 probes).

@@ -601,6 +601,62 @@ impl Collector for View {
             single(&mut enc, f, v)?;
         }
 
+        // The OTLP export of incidents, when `[otlp]` is on.
+        if let Some(o) = &r.otlp {
+            for (f, v) in [
+                (
+                    family(
+                        "tailtrap_otlp_queue_events",
+                        "Incident events waiting for the OTLP collector",
+                        Gauge,
+                    ),
+                    o.queued as f64,
+                ),
+                (
+                    family(
+                        "tailtrap_otlp_queue_capacity_events",
+                        "The OTLP queue's size (otlp.queue_size); beyond, the oldest events are dropped",
+                        Gauge,
+                    ),
+                    o.capacity as f64,
+                ),
+                (
+                    family(
+                        "tailtrap_otlp_events_sent",
+                        "Incident events the OTLP collector accepted",
+                        Counter,
+                    ),
+                    o.sent as f64,
+                ),
+                (
+                    family(
+                        "tailtrap_otlp_events_dropped",
+                        "Incident events dropped from a full OTLP queue (still in the local store)",
+                        Counter,
+                    ),
+                    o.dropped as f64,
+                ),
+                (
+                    family(
+                        "tailtrap_otlp_export_failures",
+                        "OTLP export requests that failed (refused, timed out, TLS, rejected)",
+                        Counter,
+                    ),
+                    o.failed_exports as f64,
+                ),
+                (
+                    family(
+                        "tailtrap_otlp_failing",
+                        "1 while every OTLP export fails, since the first failure after a success",
+                        Gauge,
+                    ),
+                    flag(o.failing_since_ns.is_some()),
+                ),
+            ] {
+                single(&mut enc, f, v)?;
+            }
+        }
+
         // The daemon.
         let d = &r.daemon;
         info(

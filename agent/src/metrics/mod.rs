@@ -274,6 +274,7 @@ mod tests {
                 stage: "application read delay".into(),
                 count: 3,
             }],
+            otlp: None,
         }
     }
 

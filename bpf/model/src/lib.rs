@@ -29,3 +29,10 @@ pub use sample::{Comm, CommTooLong, Flow, Sample, SampleFlags, SocketQueue, Tran
 /// Longest service name, bytes: the store keys records by it with one length byte, and the
 /// config check refuses longer names up front.
 pub const MAX_SERVICE_LEN: usize = 128;
+
+/// `t` as ns since the Unix epoch (0 before it, saturating far after), the time unit every
+/// stored record and API answer uses.
+pub fn unix_ns(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
