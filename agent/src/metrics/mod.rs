@@ -274,7 +274,15 @@ mod tests {
                 stage: "application read delay".into(),
                 count: 3,
             }],
-            otlp: None,
+            otlp: Some(crate::otlp::OtlpReport {
+                queued: 2,
+                capacity: 4096,
+                sent: 11,
+                dropped: 1,
+                failed_exports: 3,
+                failing_since_ns: Some(5),
+                ..Default::default()
+            }),
         }
     }
 
@@ -322,6 +330,12 @@ mod tests {
             "tailtrap_interval_duration_seconds 0.0025",
             "# TYPE tailtrap_build_info gauge",
             "tailtrap_build_info{version=\"9.9.9\"} 1",
+            "tailtrap_otlp_queue_events 2",
+            "tailtrap_otlp_queue_capacity_events 4096",
+            "tailtrap_otlp_events_sent_total 11",
+            "tailtrap_otlp_events_dropped_total 1",
+            "tailtrap_otlp_export_failures_total 3",
+            "tailtrap_otlp_failing 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
