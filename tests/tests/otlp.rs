@@ -351,8 +351,12 @@ fn http_with_mutual_tls_fails_loudly_without_its_certificate_and_works_with_it()
     );
 
     // Without the client certificate the collector refuses the handshake: counted, logged,
-    // and the daemon carries on detecting.
-    let config = config(dir, server.addr().port(), &common);
+    // and the daemon carries on detecting. A queue of one event keeps only the newest.
+    let config = config(
+        dir,
+        server.addr().port(),
+        &format!("{common}\nqueue_size = 1"),
+    );
     let mut daemon = warm_daemon(&config, dir);
     open_one(&daemon, &config, &server);
     daemon.wait_for(Duration::from_secs(30), "a failed export", || {
@@ -365,6 +369,14 @@ fn http_with_mutual_tls_fails_loudly_without_its_certificate_and_works_with_it()
     assert!(s["daemon"]["intervals"].as_u64().unwrap() > before);
     assert!(s["otlp"]["last_error"].is_string(), "{}", s["otlp"]);
     assert_eq!(s["otlp"]["sent"], 0, "{}", s["otlp"]);
+    // The opening and the closing were queued: the opening was dropped for the closing.
+    assert_eq!(s["otlp"]["queued"], 1, "{}", s["otlp"]);
+    assert!(s["otlp"]["dropped"].as_u64().unwrap() >= 1, "{}", s["otlp"]);
+    assert!(
+        daemon.log().contains("the OTLP queue is full"),
+        "{}",
+        daemon.log()
+    );
     assert!(
         daemon.log().contains("OTLP export failing"),
         "{}",

@@ -471,6 +471,57 @@ fn an_incident_opens_captures_asks_for_pwru_and_closes() {
     );
 }
 
+/// With `[otlp]` on, the loop hands the outbox an event per opening, closing and pwru end
+/// of each incident, in that order, and one for an incident the stop interrupts.
+#[test]
+fn incident_events_reach_the_otlp_outbox_in_order() {
+    use crate::otlp::{EventKind, Outbox};
+    let mut h = Harness::new(FakeKernel::default());
+    let outbox = Outbox::detached(64);
+    h.core.set_outbox(outbox.clone());
+    h.warm_up();
+    let id = h.slow_until_open();
+    h.quiet_until_closed(6);
+    h.core.pwru_news(session_ended(
+        id,
+        SessionStatus::unavailable(SERVICE, "no binary".into()),
+    ));
+    let events = outbox.take_all();
+    let kinds: Vec<EventKind> = events.iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [EventKind::Opened, EventKind::Closed, EventKind::PwruEnded]
+    );
+    for e in &events {
+        assert!(e.id.starts_with(&format!("test-host/{id}/")), "{}", e.id);
+        assert!(e.body.contains(SERVICE), "{}", e.body);
+    }
+    let stage = |e: &crate::otlp::Event| {
+        e.attributes
+            .iter()
+            .find(|(k, _)| *k == "tailtrap.stage")
+            .map(|(_, v)| v.clone())
+    };
+    assert!(stage(&events[0]).is_some(), "{:?}", events[0]);
+
+    // An incident open at the stop ends as interrupted, and says so.
+    let second = h.slow_until_open();
+    assert_ne!(second, id);
+    let stop = h.wall + Duration::from_secs(1);
+    h.core.stop(Now {
+        wall: stop,
+        mono: h.mono,
+    });
+    let events = outbox.take_all();
+    let last = events.last().expect("events");
+    assert_eq!(last.kind, EventKind::Closed);
+    assert!(
+        last.body.starts_with("interrupted incident"),
+        "{}",
+        last.body
+    );
+}
+
 /// The catch-alls are services like any other for capture: an incident on `host` (traffic
 /// no declared service claims) or `other` (auto services beyond the limit) arms their fixed
 /// slots, though the kernel has no named slot for them.

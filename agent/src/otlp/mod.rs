@@ -128,6 +128,37 @@ impl Outbox {
         self.shared.wake.notify_one();
     }
 
+    /// An outbox with no export task behind it: the daemon loop's tests read what it was
+    /// given with [`Outbox::take_all`].
+    #[cfg(test)]
+    pub fn detached(capacity: usize) -> Outbox {
+        Outbox {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue {
+                    capacity,
+                    ..Queue::default()
+                }),
+                wake: Notify::new(),
+                stopping: AtomicBool::new(false),
+                report: Mutex::new(OtlpReport {
+                    capacity: capacity as u64,
+                    ..OtlpReport::default()
+                }),
+                host_id: "test-host".into(),
+            }),
+        }
+    }
+
+    /// Everything queued, in order, emptying the queue.
+    #[cfg(test)]
+    pub fn take_all(&self) -> Vec<Event> {
+        lock(&self.shared.queue)
+            .events
+            .drain(..)
+            .map(|q| q.event)
+            .collect()
+    }
+
     /// The export's figures now.
     pub fn report(&self) -> OtlpReport {
         let queued = lock(&self.shared.queue).events.len() as u64;
@@ -293,21 +324,7 @@ mod tests {
     use super::*;
 
     fn outbox(capacity: usize) -> Outbox {
-        Outbox {
-            shared: Arc::new(Shared {
-                queue: Mutex::new(Queue {
-                    capacity,
-                    ..Queue::default()
-                }),
-                wake: Notify::new(),
-                stopping: AtomicBool::new(false),
-                report: Mutex::new(OtlpReport {
-                    capacity: capacity as u64,
-                    ..OtlpReport::default()
-                }),
-                host_id: "h".into(),
-            }),
-        }
+        Outbox::detached(capacity)
     }
 
     fn event(n: u64) -> Event {
