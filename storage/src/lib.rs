@@ -18,6 +18,8 @@ mod chunk;
 mod codec;
 mod config;
 mod error;
+#[cfg(test)]
+mod golden_tests;
 mod heap_watch;
 mod history;
 mod history_rebuild;

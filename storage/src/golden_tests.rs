@@ -1,0 +1,402 @@
+//! Golden records: `storage/tests/golden/records/*.bin` hold one stored value of every
+//! layout ever written (envelope included), made from the fixed values below. These tests
+//! decode each with today's code and compare every field, and encode the values of the
+//! layouts this build writes and compare the bytes: a field added to a stored type, or
+//! to any type inside one, fails them until a new frozen version is added
+//! (docs/storage.md, "Changing a stored type").
+//!
+//! Written by `TAILTRAP_WRITE_GOLDEN=1 cargo test -p storage --lib -- --ignored
+//! write_golden_records`, only ever for a file that does not exist yet: a layout once
+//! written stays as its file says.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+use model::{Comm, Flow, Histogram, Probe, Sample, SampleFlags, SocketQueue, Transport};
+
+use crate::codec::{self, SAMPLE_CHUNK_V3};
+use crate::history::{decode_record, Chunk, Stored, HISTORY_CHUNK_VERSION};
+use crate::store::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
+use crate::{
+    chunk, CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, IncidentVerdict,
+    PwruRecord, PwruState, PwruStatus, Verdict,
+};
+
+const T: u64 = 1_790_000_000_123_456_789;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/records")
+}
+
+fn golden(name: &str) -> Vec<u8> {
+    let path = dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+// ---- the fixed values: every field set, none to its default -----------------------------
+
+fn incident() -> Incident {
+    Incident {
+        id: 4242,
+        service: "checkout".into(),
+        probes: vec![Probe::UdpSocketEnqueued, Probe::TcpSocketRead],
+        opened_ns: T,
+        closed_ns: Some(T + 61),
+        state: IncidentState::Interrupted,
+        evidence_json: r#"{"q":0.99}"#.into(),
+        stages_json: r#"{"stage":"softirq"}"#.into(),
+        capture: CaptureStatus {
+            state: CaptureState::Disarmed,
+            emitted: 1,
+            dropped: 2,
+            rate_limited: 3,
+            stored: 4,
+            pre_trigger: 5,
+            message: "disarmed: time cap".into(),
+        },
+        pwru: PwruStatus {
+            state: PwruState::Failed,
+            exit_status: Some(-2),
+            signal: Some(9),
+            stderr_tail: "killed".into(),
+            started_ns: Some(T + 6),
+            ended_ns: Some(T + 7),
+            lines_stored: 8,
+            message: "pwru was killed".into(),
+        },
+        counters: IncidentCounters {
+            intervals: 9,
+            store_errors: 10,
+        },
+    }
+}
+
+fn v6(last: u16) -> IpAddr {
+    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, last))
+}
+
+fn pwru() -> PwruRecord {
+    PwruRecord {
+        incident: 4242,
+        seq: 17,
+        received_ns: T + 11,
+        pwru_time_ns: Some(123_456),
+        func: "tcp_v6_rcv".into(),
+        skb: 0xffff_8880_0000_1200,
+        flow: Some(Flow {
+            transport: Transport::Tcp,
+            src: v6(2),
+            sport: 443,
+            dst: v6(1),
+            dport: 51000,
+        }),
+        raw: r#"{"func":"tcp_v6_rcv"}"#.into(),
+    }
+}
+
+fn verdict() -> IncidentVerdict {
+    IncidentVerdict {
+        verdict: Verdict::FalseAlarm,
+        note: "a deploy".into(),
+        marked_ns: T + 12,
+    }
+}
+
+fn baseline() -> Vec<u8> {
+    b"\x02opaque detector baseline".to_vec()
+}
+
+fn moved_aside() -> Vec<String> {
+    vec!["/var/lib/tailtrap/db.corrupt-2026-01-02T03:04:05Z".into()]
+}
+
+/// Three samples of one incident in time order whose fields differ from each other and
+/// from their defaults between them.
+fn samples() -> Vec<Sample> {
+    let mut a = model::fixtures::sample(4242, 3, T + 100);
+    a.comm = Comm::try_from("nginx: worker").unwrap_or_default();
+    a.flags = SampleFlags::PRE_TRIGGER | SampleFlags::HOL_SUSPECT;
+    let b = Sample {
+        time_ns: T + 200,
+        incident: 4242,
+        probe: Probe::UdpSocketRead,
+        latency_ns: 987_654_321,
+        flow: Flow {
+            transport: Transport::Udp,
+            src: v6(7),
+            sport: 5353,
+            dst: v6(8),
+            dport: 53,
+        },
+        cgroup_id: 0,
+        pid: None,
+        comm: Comm::default(),
+        cpu: 3,
+        ifindex: 0,
+        netns_ino: 4026532001,
+        skb_len: 77,
+        socket_queue: None,
+        tcp_seq: None,
+        flags: SampleFlags::SUBSAMPLED,
+        skb: None,
+    };
+    let c = Sample {
+        time_ns: T + 300,
+        incident: 4242,
+        probe: Probe::IpStart,
+        latency_ns: u64::MAX,
+        flow: Flow {
+            transport: Transport::Other(132),
+            src: IpAddr::V4(Ipv4Addr::new(172, 16, 0, 9)),
+            sport: 0,
+            dst: IpAddr::V4(Ipv4Addr::new(172, 16, 0, 1)),
+            dport: 0,
+        },
+        cgroup_id: u64::MAX,
+        pid: Some(u32::MAX),
+        comm: Comm::try_from("ksoftirqd/3").unwrap_or_default(),
+        cpu: u32::MAX,
+        ifindex: 12,
+        netns_ino: u32::MAX,
+        skb_len: u32::MAX,
+        socket_queue: Some(SocketQueue {
+            bytes: 10,
+            skbs: 20,
+            rmem_alloc: 30,
+            rcvbuf: 40,
+        }),
+        tcp_seq: Some(0),
+        flags: SampleFlags::empty(),
+        skb: Some(u64::MAX),
+    };
+    vec![a, b, c]
+}
+
+/// [`samples`] as layouts before the skb address read them.
+fn samples_without_skb() -> Vec<Sample> {
+    samples()
+        .into_iter()
+        .map(|s| Sample { skb: None, ..s })
+        .collect()
+}
+
+fn hist(seed: u64) -> Histogram {
+    let mut h = Histogram::new();
+    h.record_n(5 + seed, seed + 1);
+    h.record(1_000_000 * seed + 17);
+    h.record(u64::MAX / 2);
+    h
+}
+
+/// A history chunk's points: its start is the first's.
+fn history_points() -> Vec<(u64, Histogram)> {
+    vec![
+        (T, hist(1)),
+        (T + 1_000_000_000, hist(2)),
+        (T + 59_000_000_000, hist(3)),
+    ]
+}
+
+// ---- today's encoding of the layouts this build writes ----------------------------------
+
+fn encode_incident() -> Vec<u8> {
+    codec::encode("incident", &incident(), MAX_INCIDENT_BYTES).unwrap()
+}
+
+fn encode_pwru() -> Vec<u8> {
+    codec::encode("pwru", &pwru(), MAX_PWRU_BYTES).unwrap()
+}
+
+fn encode_verdict() -> Vec<u8> {
+    codec::encode("meta", &verdict(), 64 << 10).unwrap()
+}
+
+fn encode_baseline() -> Vec<u8> {
+    codec::encode("baseline", &baseline().as_slice(), MAX_BASELINE_BYTES).unwrap()
+}
+
+fn encode_moved_aside() -> Vec<u8> {
+    codec::encode("meta", &moved_aside(), 64 << 10).unwrap()
+}
+
+fn encode_counter() -> Vec<u8> {
+    codec::encode("meta", &0x0123_4567_89ab_cdefu64, 64 << 10).unwrap()
+}
+
+fn encode_schema() -> Vec<u8> {
+    codec::encode("meta", &5u32, 64 << 10).unwrap()
+}
+
+fn encode_sample_chunk() -> Vec<u8> {
+    chunk::encode_batch(1, &samples()).unwrap().remove(0).value
+}
+
+fn encode_history_chunk() -> Vec<u8> {
+    let points = history_points();
+    let mut c = Chunk::empty(points[0].0, Stored::Absent);
+    for (t, h) in &points {
+        c.add(*t, h, true).unwrap();
+    }
+    c.encode().unwrap()
+}
+
+/// Layouts no longer written, made as the builds that wrote them did: a sample without
+/// its address is today's encoding without its last byte (`None`), a version 3 chunk is
+/// today's samples uncompressed, a version 1 history record one histogram.
+fn encode_sample_v1() -> Vec<u8> {
+    let mut payload = postcard::to_allocvec(&samples_without_skb()[0]).unwrap();
+    assert_eq!(payload.pop(), Some(0));
+    envelope(codec::RECORD_VERSION, &payload)
+}
+
+fn encode_sample_chunk_v2() -> Vec<u8> {
+    let all = samples_without_skb();
+    let mut payload = postcard::to_allocvec(&all.len()).unwrap();
+    for s in &all {
+        let mut one = postcard::to_allocvec(s).unwrap();
+        assert_eq!(one.pop(), Some(0));
+        payload.extend(one);
+    }
+    envelope(codec::SAMPLE_CHUNK_V2, &payload)
+}
+
+fn encode_sample_chunk_v3() -> Vec<u8> {
+    envelope(SAMPLE_CHUNK_V3, &postcard::to_allocvec(&samples()).unwrap())
+}
+
+fn encode_history_v1() -> Vec<u8> {
+    envelope(
+        codec::RECORD_VERSION,
+        &postcard::to_allocvec(&hist(4)).unwrap(),
+    )
+}
+
+fn envelope(version: u8, payload: &[u8]) -> Vec<u8> {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&[version]), payload);
+    let mut out = vec![version];
+    out.extend_from_slice(&crc.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Makes a golden file's bytes.
+type Make = fn() -> Vec<u8>;
+
+/// Every golden file and how it is made.
+fn files() -> Vec<(&'static str, Make)> {
+    vec![
+        ("incident-v1.bin", encode_incident),
+        ("pwru-v1.bin", encode_pwru),
+        ("verdict-v1.bin", encode_verdict),
+        ("baseline-v1.bin", encode_baseline),
+        ("meta-moved-aside-v1.bin", encode_moved_aside),
+        ("meta-counter-v1.bin", encode_counter),
+        ("meta-schema-v1.bin", encode_schema),
+        ("sample-v1.bin", encode_sample_v1),
+        ("sample-chunk-v2.bin", encode_sample_chunk_v2),
+        ("sample-chunk-v3.bin", encode_sample_chunk_v3),
+        ("sample-chunk-v4.bin", encode_sample_chunk),
+        ("history-point-v1.bin", encode_history_v1),
+        ("history-chunk-v2.bin", encode_history_chunk),
+    ]
+}
+
+#[test]
+#[ignore = "writes golden files; TAILTRAP_WRITE_GOLDEN=1 to run"]
+fn write_golden_records() {
+    if std::env::var_os("TAILTRAP_WRITE_GOLDEN").is_none() {
+        return;
+    }
+    std::fs::create_dir_all(dir()).unwrap();
+    for (name, make) in files() {
+        let path = dir().join(name);
+        // A golden file is what some build wrote: never replaced.
+        if !path.exists() {
+            std::fs::write(&path, make()).unwrap();
+        }
+    }
+}
+
+// ---- decoding: every layout to its values -----------------------------------------------
+
+#[test]
+fn golden_records_decode_to_their_values() {
+    assert_eq!(
+        codec::decode::<Incident>(&golden("incident-v1.bin")),
+        Ok(incident())
+    );
+    assert_eq!(
+        codec::decode::<PwruRecord>(&golden("pwru-v1.bin")),
+        Ok(pwru())
+    );
+    assert_eq!(
+        codec::decode::<IncidentVerdict>(&golden("verdict-v1.bin")),
+        Ok(verdict())
+    );
+    assert_eq!(
+        codec::decode::<Vec<u8>>(&golden("baseline-v1.bin")),
+        Ok(baseline())
+    );
+    assert_eq!(
+        codec::decode::<Vec<String>>(&golden("meta-moved-aside-v1.bin")),
+        Ok(moved_aside())
+    );
+    assert_eq!(
+        codec::decode::<u64>(&golden("meta-counter-v1.bin")),
+        Ok(0x0123_4567_89ab_cdef)
+    );
+    assert_eq!(codec::decode::<u32>(&golden("meta-schema-v1.bin")), Ok(5));
+
+    let no_skb = samples_without_skb();
+    assert_eq!(
+        chunk::decode(&golden("sample-v1.bin")),
+        Ok(vec![no_skb[0].clone()])
+    );
+    assert_eq!(chunk::decode(&golden("sample-chunk-v2.bin")), Ok(no_skb));
+    assert_eq!(chunk::decode(&golden("sample-chunk-v3.bin")), Ok(samples()));
+    assert_eq!(chunk::decode(&golden("sample-chunk-v4.bin")), Ok(samples()));
+    for (name, n) in [
+        ("sample-v1.bin", 1),
+        ("sample-chunk-v2.bin", 3),
+        ("sample-chunk-v3.bin", 3),
+        ("sample-chunk-v4.bin", 3),
+    ] {
+        assert_eq!(chunk::sample_count(&golden(name)), n, "{name}");
+    }
+
+    assert_eq!(
+        decode_record(T, &golden("history-point-v1.bin")),
+        Ok(vec![(T, hist(4))])
+    );
+    let chunk = golden("history-chunk-v2.bin");
+    assert_eq!(chunk[0], HISTORY_CHUNK_VERSION);
+    assert_eq!(decode_record(T, &chunk), Ok(history_points()));
+    assert_eq!(crate::history::record_points(&chunk), 3);
+}
+
+// ---- encoding: the layouts written today are the golden bytes ----------------------------
+
+/// A version 4 chunk's header and its samples' bytes, decompressed: lz4's choice of
+/// matches may change with the library without changing what a chunk holds.
+fn chunk_v4_plain(value: &[u8]) -> (usize, usize, Vec<u8>) {
+    let payload = codec::verify_as(codec::SAMPLE_CHUNK_VERSION, value).unwrap();
+    let ((count, raw_len), block) = postcard::take_from_bytes::<(usize, usize)>(payload).unwrap();
+    let raw = lz4_flex::block::decompress(block, raw_len).unwrap();
+    (count, raw_len, raw)
+}
+
+#[test]
+fn todays_encoding_of_the_fixed_values_is_the_golden_bytes() {
+    for (name, make) in files() {
+        let want = golden(name);
+        let got = make();
+        if name == "sample-chunk-v4.bin" {
+            assert_eq!(chunk_v4_plain(&got), chunk_v4_plain(&want), "{name}");
+        } else {
+            assert_eq!(
+                got, want,
+                "{name}: today's encoding differs from the golden file"
+            );
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! Upgrade path: `golden/db-schema5/` is a database written by the code before the stored
+//! layouts were frozen (schema 5), with records of every earlier layout that still decodes
+//! added below the store (one-sample records of schema 1, version 2 and 3 sample chunks, a
+//! version 1 history point). Today's store opens a copy, reads back every incident,
+//! sample, pwru line, verdict, baseline and history point as the values below, writes to
+//! it again (a new incident, retention, a rotation) and checks it with [`Store::check`],
+//! what `tailtrap db check` prints.
+//!
+//! The directory is never rewritten by today's code: it stands for the users' databases.
+//! It was made with `TAILTRAP_WRITE_GOLDEN=1 cargo test -p storage --test upgrade --
+//! --ignored write_golden_database` (see docs/storage.md, "Changing a stored type").
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+
+use common::{SEC, T0};
+use model::{Comm, Flow, Histogram, Probe, Sample, SampleFlags, SocketQueue, Transport};
+use storage::{
+    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentQuery, IncidentState,
+    IncidentVerdict, NewIncident, PwruRecord, PwruState, PwruStatus, SampleFilter, Store,
+    StoreConfig, Verdict,
+};
+
+const GOLDEN_DB: &str = "tests/golden/db-schema5";
+const MIN: u64 = 60 * SEC;
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(GOLDEN_DB)
+}
+
+// ---- the values stored -------------------------------------------------------------------
+
+fn new_incident(service: &str, probes: Vec<Probe>, opened_ns: u64) -> NewIncident {
+    NewIncident {
+        service: service.into(),
+        probes,
+        opened_ns,
+        evidence_json: format!(r#"{{"service":"{service}","observed_ns":21000000}}"#),
+        stages_json: format!(r#"{{"stage":"{service}-read"}}"#),
+    }
+}
+
+/// Incident 1: closed, every status field set.
+fn web_status(inc: &mut Incident) {
+    inc.capture = CaptureStatus {
+        state: CaptureState::Disarmed,
+        emitted: 11,
+        dropped: 12,
+        rate_limited: 13,
+        stored: 14,
+        pre_trigger: 15,
+        message: "disarmed: sample cap 20000 reached".into(),
+    };
+    inc.pwru = PwruStatus {
+        state: PwruState::Done,
+        exit_status: Some(3),
+        signal: Some(15),
+        stderr_tail: "attached 42 probes".into(),
+        started_ns: Some(T0 + 2 * SEC),
+        ended_ns: Some(T0 + 40 * SEC),
+        lines_stored: 4,
+        message: "done".into(),
+    };
+    inc.counters = IncidentCounters {
+        intervals: 21,
+        store_errors: 22,
+    };
+}
+
+/// Incident 2: left open with capture armed and pwru running, so the next start marks
+/// it interrupted.
+fn db_status(inc: &mut Incident) {
+    inc.capture = CaptureStatus {
+        state: CaptureState::Armed,
+        emitted: 31,
+        dropped: 32,
+        rate_limited: 33,
+        stored: 34,
+        pre_trigger: 35,
+        message: "armed".into(),
+    };
+    inc.pwru = PwruStatus {
+        state: PwruState::Running,
+        exit_status: None,
+        signal: None,
+        stderr_tail: String::new(),
+        started_ns: Some(T0 + 3 * SEC),
+        ended_ns: None,
+        lines_stored: 0,
+        message: "running".into(),
+    };
+    inc.counters = IncidentCounters {
+        intervals: 41,
+        store_errors: 0,
+    };
+}
+
+/// Incident 3: closed, pwru failed.
+fn cache_status(inc: &mut Incident) {
+    inc.capture = CaptureStatus {
+        state: CaptureState::Failed,
+        emitted: 0,
+        dropped: 0,
+        rate_limited: 0,
+        stored: 5,
+        pre_trigger: 1,
+        message: "arming failed: no BTF".into(),
+    };
+    inc.pwru = PwruStatus {
+        state: PwruState::Failed,
+        exit_status: Some(1),
+        signal: None,
+        stderr_tail: "error: no such function".into(),
+        started_ns: Some(T0 + 4 * SEC),
+        ended_ns: Some(T0 + 5 * SEC),
+        lines_stored: 0,
+        message: "pwru exited 1".into(),
+    };
+    inc.counters = IncidentCounters {
+        intervals: 51,
+        store_errors: 52,
+    };
+}
+
+/// The incidents as today's store must read them from the golden database (after its
+/// open marked incident 2 interrupted).
+fn expected_incidents() -> Vec<Incident> {
+    let base = |id, n: NewIncident| Incident {
+        id,
+        service: n.service,
+        probes: n.probes,
+        opened_ns: n.opened_ns,
+        closed_ns: None,
+        state: IncidentState::Open,
+        evidence_json: n.evidence_json,
+        stages_json: n.stages_json,
+        capture: CaptureStatus::default(),
+        pwru: PwruStatus::default(),
+        counters: IncidentCounters::default(),
+    };
+    let mut web = base(
+        1,
+        new_incident(
+            "web",
+            vec![Probe::TcpSocketRead, Probe::UdpSocketEnqueued],
+            T0,
+        ),
+    );
+    web_status(&mut web);
+    web.state = IncidentState::Closed;
+    web.closed_ns = Some(T0 + 90 * SEC);
+    let mut db = base(2, new_incident("db", vec![Probe::IpStart], T0 + SEC));
+    db_status(&mut db);
+    db.state = IncidentState::Interrupted;
+    db.capture.state = CaptureState::Disarmed;
+    db.capture.message = "disarmed: tailtrap stopped while capture was armed".into();
+    db.pwru.state = PwruState::Failed;
+    db.pwru.message =
+        "tailtrap stopped while pwru ran; the lines stored until then are kept".into();
+    let mut cache = base(
+        3,
+        new_incident(
+            "cache",
+            vec![Probe::UdpSocketRead, Probe::TcpStart],
+            T0 + 2 * SEC,
+        ),
+    );
+    cache_status(&mut cache);
+    cache.state = IncidentState::Closed;
+    cache.closed_ns = Some(T0 + 3 * SEC);
+    vec![web, db, cache]
+}
+
+/// Samples of incident 1 (stored as version 4 chunks): 300 of the shared fixture, two
+/// chunks, and three with the fields the fixture leaves alone.
+fn web_samples() -> Vec<Sample> {
+    let mut out: Vec<Sample> = (0..300)
+        .map(|i| model::fixtures::sample(1, i, T0 + 10 * SEC + i * 1_000))
+        .collect();
+    out.extend(odd_samples(1, T0 + 20 * SEC));
+    out
+}
+
+/// Samples whose every field differs from the fixture's: UDP over IPv6, no process, no
+/// socket, no sequence number, no skb, other protocols and flags.
+fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
+    let v6 = |last| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last));
+    vec![
+        Sample {
+            time_ns: t,
+            incident,
+            probe: Probe::UdpSocketRead,
+            latency_ns: 7_654_321,
+            flow: Flow {
+                transport: Transport::Udp,
+                src: v6(5),
+                sport: 5353,
+                dst: v6(1),
+                dport: 53,
+            },
+            cgroup_id: 0,
+            pid: None,
+            comm: Comm::default(),
+            cpu: 7,
+            ifindex: 0,
+            netns_ino: 4026532000,
+            skb_len: 512,
+            socket_queue: None,
+            tcp_seq: None,
+            flags: SampleFlags::SUBSAMPLED | SampleFlags::HOL_SUSPECT,
+            skb: None,
+        },
+        Sample {
+            time_ns: t + 1,
+            incident,
+            probe: Probe::IpStart,
+            latency_ns: 1,
+            flow: Flow {
+                transport: Transport::Other(47),
+                src: IpAddr::V4(Ipv4Addr::new(192, 168, 7, 9)),
+                sport: 0,
+                dst: IpAddr::V4(Ipv4Addr::new(192, 168, 7, 1)),
+                dport: 0,
+            },
+            cgroup_id: u64::MAX,
+            pid: Some(u32::MAX),
+            comm: Comm::try_from("123456789012345").unwrap(),
+            cpu: 255,
+            ifindex: 9,
+            netns_ino: 1,
+            skb_len: 65535,
+            socket_queue: Some(SocketQueue {
+                bytes: 1,
+                skbs: 2,
+                rmem_alloc: 3,
+                rcvbuf: 4,
+            }),
+            tcp_seq: Some(u32::MAX),
+            flags: SampleFlags::PRE_TRIGGER | SampleFlags::SUBSAMPLED,
+            skb: Some(u64::MAX),
+        },
+        Sample {
+            time_ns: t + 2,
+            incident,
+            probe: Probe::UdpStart,
+            latency_ns: u64::MAX,
+            flow: Flow {
+                transport: Transport::Udp,
+                src: IpAddr::V4(Ipv4Addr::new(10, 9, 8, 7)),
+                sport: 1,
+                dst: IpAddr::V4(Ipv4Addr::new(10, 9, 8, 6)),
+                dport: 65535,
+            },
+            cgroup_id: 12345,
+            pid: Some(0),
+            comm: Comm::try_from("résumé").unwrap(),
+            cpu: 0,
+            ifindex: 3,
+            netns_ino: 4026531840,
+            skb_len: 0,
+            socket_queue: Some(SocketQueue {
+                bytes: 0,
+                skbs: 0,
+                rmem_alloc: 0,
+                rcvbuf: 212992,
+            }),
+            tcp_seq: None,
+            flags: SampleFlags::empty(),
+            skb: Some(0xffff_8880_1234_5600),
+        },
+    ]
+}
+
+/// Incident 3's samples by the layout they were written in: a one-sample record of
+/// schema 1, a version 2 chunk of two, a version 3 chunk of three (the first two layouts
+/// have no skb address: `None`).
+fn cache_samples() -> [Vec<Sample>; 3] {
+    let no_skb = |mut s: Sample| {
+        s.skb = None;
+        s
+    };
+    let at = |i, t| model::fixtures::sample(3, i, t);
+    let [a, b, c] = <[Sample; 3]>::try_from(odd_samples(3, T0 + 2 * SEC + 300)).unwrap();
+    [
+        vec![no_skb(at(3, T0 + 2 * SEC + 100))],
+        vec![no_skb(at(4, T0 + 2 * SEC + 200)), no_skb(b)],
+        vec![a, c, at(11, T0 + 2 * SEC + 400)],
+    ]
+}
+
+fn pwru_records() -> Vec<PwruRecord> {
+    let flows = [
+        Some(model::fixtures::sample(1, 1, 0).flow),
+        Some(odd_samples(1, 0)[0].flow),
+        None,
+        Some(odd_samples(1, 0)[1].flow),
+    ];
+    flows
+        .into_iter()
+        .enumerate()
+        .map(|(i, flow)| {
+            let seq = i as u64;
+            PwruRecord {
+                incident: 1,
+                seq,
+                received_ns: T0 + 30 * SEC + seq,
+                pwru_time_ns: (seq != 2).then_some(1_000_000 + seq),
+                func: ["ip_rcv_core", "tcp_v4_rcv", "udp_rcv", "skb_consume_udp"][i].into(),
+                skb: 0xffff_8880_0400_0000 + seq,
+                flow,
+                raw: format!(r#"{{"func":"f{seq}","skb":"0x{seq:x}"}}"#),
+            }
+        })
+        .collect()
+}
+
+fn verdicts() -> [(u64, IncidentVerdict); 2] {
+    [
+        (
+            1,
+            IncidentVerdict {
+                verdict: Verdict::Real,
+                note: "seen by the on-call".into(),
+                marked_ns: T0 + 100 * SEC,
+            },
+        ),
+        (
+            3,
+            IncidentVerdict {
+                verdict: Verdict::FalseAlarm,
+                note: "deploy".into(),
+                marked_ns: T0 + 101 * SEC,
+            },
+        ),
+    ]
+}
+
+fn baselines() -> Vec<(String, Probe, Vec<u8>)> {
+    vec![
+        ("db".into(), Probe::IpStart, b"\x01db baseline".to_vec()),
+        ("web".into(), Probe::TcpSocketRead, (0..=255u8).collect()),
+    ]
+}
+
+/// The 1 s history of web/tcp-socket-read at second `i`.
+fn hist(i: u64) -> Histogram {
+    let mut h = Histogram::new();
+    h.record_n(1_000 + i * 997, i + 1);
+    h.record(2_000_000 + i);
+    if i % 3 == 0 {
+        h.record(40_000_000_000 + i);
+    }
+    h
+}
+
+/// Seconds of web/tcp-socket-read history: a full 1 s chunk and part of the next.
+const WEB_SECONDS: u64 = 75;
+
+/// The version 1 history point (one record per point, before chunks) of cache/udp-start.
+fn old_point() -> (u64, Histogram) {
+    let mut h = Histogram::new();
+    h.record_n(123_456, 4);
+    h.record(9);
+    (T0 + 5 * SEC, h)
+}
+
+// ---- the generator -----------------------------------------------------------------------
+
+/// Writes `golden/db-schema5/` (run by hand; see the module's documentation). Never run
+/// it with a build that writes a new layout: the directory must stay what earlier builds
+/// wrote.
+#[test]
+#[ignore = "writes the golden database; TAILTRAP_WRITE_GOLDEN=1 to run"]
+fn write_golden_database() {
+    if std::env::var_os("TAILTRAP_WRITE_GOLDEN").is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("db");
+    {
+        let s = Store::open(&dir, StoreConfig::default()).unwrap();
+        let mut web = s
+            .open_incident(&new_incident(
+                "web",
+                vec![Probe::TcpSocketRead, Probe::UdpSocketEnqueued],
+                T0,
+            ))
+            .unwrap();
+        let mut db = s
+            .open_incident(&new_incident("db", vec![Probe::IpStart], T0 + SEC))
+            .unwrap();
+        let mut cache = s
+            .open_incident(&new_incident(
+                "cache",
+                vec![Probe::UdpSocketRead, Probe::TcpStart],
+                T0 + 2 * SEC,
+            ))
+            .unwrap();
+        web_status(&mut web);
+        db_status(&mut db);
+        cache_status(&mut cache);
+        for inc in [&web, &db, &cache] {
+            s.update_incident(inc).unwrap();
+        }
+        s.close_incident(&mut web, T0 + 90 * SEC).unwrap();
+        s.close_incident(&mut cache, T0 + 3 * SEC).unwrap();
+        s.put_samples(&web_samples()).unwrap();
+        s.put_pwru(&pwru_records()).unwrap();
+        for (id, v) in verdicts() {
+            s.mark_incident(id, &v).unwrap();
+        }
+        for (service, probe, bytes) in baselines() {
+            s.put_baseline(&service, probe, &bytes).unwrap();
+        }
+        for i in 0..WEB_SECONDS {
+            s.record_history("web", Probe::TcpSocketRead, T0 + i * SEC, &hist(i))
+                .unwrap();
+        }
+        s.flush().unwrap();
+    }
+    write_older_layouts(&dir);
+    // What an earlier build wrote is never replaced; a new layout gets a new directory.
+    let out = golden_dir();
+    assert!(!out.exists(), "{} exists: not replaced", out.display());
+    copy_dir(&dir, &out);
+}
+
+/// Records of the layouts earlier builds wrote, put below the store as those builds did.
+fn write_older_layouts(dir: &Path) {
+    let db = open_raw(dir);
+    let samples = db.open_tree("samples").unwrap();
+    let [one, v2, v3] = cache_samples();
+    // Schema 1: one record per sample, the sample without its skb address (the last
+    // field, `None`: one 0 byte), envelope version 1.
+    let mut payload = postcard::to_allocvec(&one[0]).unwrap();
+    assert_eq!(payload.pop(), Some(0));
+    samples
+        .insert(sample_key(&one[0], 7), envelope(1, &payload))
+        .unwrap();
+    // Version 2: a chunk of such samples.
+    let mut payload = postcard::to_allocvec(&v2.len()).unwrap();
+    for s in &v2 {
+        let mut one = postcard::to_allocvec(s).unwrap();
+        assert_eq!(one.pop(), Some(0));
+        payload.extend(one);
+    }
+    samples
+        .insert(sample_key(&v2[0], 8 << 20), envelope(2, &payload))
+        .unwrap();
+    // Version 3: the samples with their address, uncompressed.
+    let payload = postcard::to_allocvec(&v3).unwrap();
+    samples
+        .insert(sample_key(&v3[0], 9 << 20), envelope(3, &payload))
+        .unwrap();
+    // History before chunks: one version 1 record per point, keyed by its start.
+    let (start, h) = old_point();
+    let mut key = vec![0u8, 5];
+    key.extend_from_slice(b"cache");
+    key.push(Probe::UdpStart.id() as u8);
+    key.extend_from_slice(&start.to_be_bytes());
+    db.open_tree("history")
+        .unwrap()
+        .insert(key, envelope(1, &postcard::to_allocvec(&h).unwrap()))
+        .unwrap();
+    db.flush().unwrap();
+}
+
+fn sample_key(s: &Sample, seq: u64) -> Vec<u8> {
+    [s.incident, s.time_ns, seq]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect()
+}
+
+/// `version | CRC32C(version, payload) big-endian | payload`.
+fn envelope(version: u8, payload: &[u8]) -> Vec<u8> {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&[version]), payload);
+    let mut out = vec![version];
+    out.extend_from_slice(&crc.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// sled below the store; its I/O threads let go of a dropped database's lock a moment late.
+fn open_raw(path: &Path) -> sled::Db {
+    for _ in 0..150 {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    sled::open(path).unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+// ---- the test ----------------------------------------------------------------------------
+
+/// Everything the golden database holds, as today's store reads it.
+fn check_everything(s: &Store, history_1s: bool) {
+    let page = s.incidents(&IncidentQuery::default()).unwrap();
+    let mut got: Vec<Incident> = page.incidents.into_iter().filter(|i| i.id <= 3).collect();
+    got.sort_by_key(|i| i.id);
+    assert_eq!(got, expected_incidents());
+    for inc in expected_incidents() {
+        assert_eq!(s.incident(inc.id).unwrap(), Some(inc));
+    }
+
+    let mut want = web_samples();
+    want.sort_by_key(|s| s.time_ns);
+    assert_eq!(all_samples(s, 1), want);
+    let mut want: Vec<Sample> = cache_samples().concat();
+    want.sort_by_key(|s| s.time_ns);
+    assert_eq!(all_samples(s, 3), want);
+    assert_eq!(all_samples(s, 2), []);
+
+    assert_eq!(s.pwru_records(1, None, 100).unwrap(), pwru_records());
+    for (id, v) in verdicts() {
+        assert_eq!(s.verdict(id).unwrap(), Some(v));
+    }
+    assert_eq!(s.verdict(2).unwrap(), None);
+    assert_eq!(s.baselines().unwrap(), baselines());
+
+    let web = |level| {
+        // Before the first second (the first minute starts before it) to before the
+        // second written by the test.
+        s.history_at_level(level, "web", Probe::TcpSocketRead, T0 - MIN, T0 + 2 * MIN)
+            .unwrap()
+            .points
+    };
+    if history_1s {
+        let want: Vec<(u64, Histogram)> =
+            (0..WEB_SECONDS).map(|i| (T0 + i * SEC, hist(i))).collect();
+        assert_eq!(web(0), want);
+    }
+    // The coarser levels: each point the merge of the seconds within it.
+    for (level, width) in [(1, 10 * SEC), (2, MIN)] {
+        let mut want: Vec<(u64, Histogram)> = Vec::new();
+        for i in 0..WEB_SECONDS {
+            let t = T0 + i * SEC;
+            let start = t - t % width;
+            match want.last_mut() {
+                Some((s, h)) if *s == start => h.merge(&hist(i)),
+                _ => want.push((start, hist(i))),
+            }
+        }
+        assert_eq!(web(level), want, "level {level}");
+    }
+    if history_1s {
+        let cache = s
+            .history_at_level(0, "cache", Probe::UdpStart, T0, T0 + 60 * SEC)
+            .unwrap();
+        assert_eq!(cache.points, vec![old_point()]);
+    }
+}
+
+fn all_samples(s: &Store, incident: u64) -> Vec<Sample> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s
+            .samples(incident, &SampleFilter::default(), after, 1000)
+            .unwrap();
+        out.extend(page.samples);
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    out.sort_by_key(|s| s.time_ns);
+    out
+}
+
+fn assert_clean(s: &Store, samples: u64) {
+    let report = s.check(|_| {}).unwrap();
+    assert_eq!(report.undecodable, 0, "{report:#?}");
+    assert_eq!(report.samples, samples, "{report:#?}");
+    assert_eq!(s.stats().undecodable_records, 0);
+}
+
+#[test]
+fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("db");
+    copy_dir(&golden_dir(), &dir);
+    let before = web_samples().len() + cache_samples().concat().len();
+
+    let s = Store::open(&dir, StoreConfig::default()).unwrap();
+    assert_eq!(s.open_report().interrupted, vec![2]);
+    assert_eq!(s.open_report().moved_aside, None);
+    check_everything(&s, true);
+    assert_clean(&s, before as u64);
+
+    // Written again: a new incident with samples, pwru and a verdict, more history.
+    let mut four = s
+        .open_incident(&new_incident("web", vec![Probe::TcpStart], T0 + 200 * SEC))
+        .unwrap();
+    assert_eq!(four.id, 4);
+    let new: Vec<Sample> = (0..10)
+        .map(|i| model::fixtures::sample(4, i, T0 + 200 * SEC + i))
+        .collect();
+    s.put_samples(&new).unwrap();
+    let mut line = pwru_records().remove(0);
+    line.incident = 4;
+    s.put_pwru(std::slice::from_ref(&line)).unwrap();
+    s.close_incident(&mut four, T0 + 210 * SEC).unwrap();
+    let verdict = IncidentVerdict {
+        verdict: Verdict::Expected,
+        note: String::new(),
+        marked_ns: T0 + 220 * SEC,
+    };
+    s.mark_incident(4, &verdict).unwrap();
+    s.record_history("web", Probe::TcpSocketRead, T0 + 300 * SEC, &hist(300))
+        .unwrap();
+    s.flush().unwrap();
+    check_everything(&s, true);
+    assert_eq!(s.incident(4).unwrap(), Some(four.clone()));
+    assert_eq!(all_samples(&s, 4), new);
+    assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line.clone()]);
+    assert_eq!(s.verdict(4).unwrap(), Some(verdict.clone()));
+    let total = (before + new.len()) as u64;
+    assert_clean(&s, total);
+
+    // Every record copied into a fresh database, then retention past the 1 s level's
+    // 6 h: the incidents and the coarser history stay.
+    s.rotate().unwrap();
+    check_everything(&s, true);
+    s.enforce_retention(T0 + 7 * 3600 * SEC).unwrap();
+    check_everything(&s, false);
+    assert_eq!(
+        s.history_at_level(0, "web", Probe::TcpSocketRead, T0, T0 + 2 * MIN)
+            .unwrap()
+            .points,
+        []
+    );
+    assert_clean(&s, total);
+    drop(s);
+
+    // And what was written reads back after a restart.
+    let s = Store::open(&dir, StoreConfig::default()).unwrap();
+    assert_eq!(s.open_report().interrupted, Vec::<u64>::new());
+    check_everything(&s, false);
+    assert_eq!(s.incident(4).unwrap(), Some(four));
+    assert_eq!(all_samples(&s, 4), new);
+    assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line]);
+    assert_eq!(s.verdict(4).unwrap(), Some(verdict));
+    assert_clean(&s, total);
+}
