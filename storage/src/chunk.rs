@@ -12,12 +12,12 @@
 //! index in the chunk`, so the chunk holding a sample is found from the sequence number
 //! alone.
 
-use model::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue};
-use serde::Deserialize;
+use model::Sample;
 
 use crate::codec::{self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_VERSION};
 use crate::error::{Result, StoreError};
 use crate::keys;
+use crate::layout::sample::{SampleV1, SampleV3, SamplesV3};
 
 /// Samples per chunk record (a power of two: the low bits of a sequence number).
 pub(crate) const SAMPLES_PER_CHUNK: usize = 256;
@@ -84,7 +84,8 @@ pub(crate) fn encode_batch(batch_id: u64, samples: &[Sample]) -> Result<Vec<Enco
 fn encode_compressed(chunk: &[&Sample]) -> Result<Vec<u8>> {
     let kind = "sample chunk";
     let mut raw = Vec::with_capacity(2 + chunk.len() * TYPICAL_SAMPLE_BYTES);
-    raw = postcard::to_extend(chunk, raw).map_err(|source| StoreError::Encode { kind, source })?;
+    raw = postcard::to_extend(&SamplesV3(chunk), raw)
+        .map_err(|source| StoreError::Encode { kind, source })?;
     if raw.len() > MAX_CHUNK_BYTES {
         return Err(StoreError::TooLarge {
             kind,
@@ -128,7 +129,8 @@ fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
             raw.len()
         )));
     }
-    let samples: Vec<Sample> = postcard::from_bytes(&raw).map_err(|e| bad(e.to_string()))?;
+    let frozen: Vec<SampleV3<'_>> = postcard::from_bytes(&raw).map_err(|e| bad(e.to_string()))?;
+    let samples = thaw(frozen)?;
     if samples.len() != count {
         return Err(bad(format!(
             "chunk holds {} samples, the header says {count}",
@@ -138,60 +140,36 @@ fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
     Ok(samples)
 }
 
-/// A sample as version 1 records and version 2 chunks hold it: before the skb address.
-/// Frozen: postcard has no field names, so this layout must never change.
-#[derive(Deserialize)]
-struct SampleV2 {
-    time_ns: u64,
-    incident: u64,
-    probe: Probe,
-    latency_ns: u64,
-    flow: Flow,
-    cgroup_id: u64,
-    pid: Option<u32>,
-    comm: Comm,
-    cpu: u32,
-    ifindex: u32,
-    netns_ino: u32,
-    skb_len: u32,
-    socket_queue: Option<SocketQueue>,
-    tcp_seq: Option<u32>,
-    flags: SampleFlags,
-}
-
-impl From<SampleV2> for Sample {
-    fn from(s: SampleV2) -> Sample {
-        Sample {
-            time_ns: s.time_ns,
-            incident: s.incident,
-            probe: s.probe,
-            latency_ns: s.latency_ns,
-            flow: s.flow,
-            cgroup_id: s.cgroup_id,
-            pid: s.pid,
-            comm: s.comm,
-            cpu: s.cpu,
-            ifindex: s.ifindex,
-            netns_ino: s.netns_ino,
-            skb_len: s.skb_len,
-            socket_queue: s.socket_queue,
-            tcp_seq: s.tcp_seq,
-            flags: s.flags,
-            skb: None,
-        }
-    }
-}
-
 /// Decode a stored samples record: a chunk, or a record of an earlier layout (kept
 /// readable so an upgrade loses nothing).
 pub(crate) fn decode(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
     match value.first() {
-        Some(&codec::RECORD_VERSION) => codec::decode::<SampleV2>(value).map(|s| vec![s.into()]),
-        Some(&SAMPLE_CHUNK_V2) => codec::decode_as::<Vec<SampleV2>>(SAMPLE_CHUNK_V2, value)
-            .map(|v| v.into_iter().map(Sample::from).collect()),
-        Some(&SAMPLE_CHUNK_V3) => codec::decode_as(SAMPLE_CHUNK_V3, value),
+        Some(&codec::RECORD_VERSION) => thaw(vec![codec::decode_borrowed_as::<SampleV1<'_>>(
+            codec::RECORD_VERSION,
+            value,
+        )?]),
+        Some(&SAMPLE_CHUNK_V2) => thaw(codec::decode_borrowed_as::<Vec<SampleV1<'_>>>(
+            SAMPLE_CHUNK_V2,
+            value,
+        )?),
+        Some(&SAMPLE_CHUNK_V3) => thaw(codec::decode_borrowed_as::<Vec<SampleV3<'_>>>(
+            SAMPLE_CHUNK_V3,
+            value,
+        )?),
         _ => decode_compressed(value),
     }
+}
+
+/// Frozen samples as live ones; one that has no live equivalent (a command name too long)
+/// makes the record undecodable, as it did when the live type was decoded directly.
+fn thaw<F>(frozen: Vec<F>) -> Result<Vec<Sample>, DecodeError>
+where
+    Sample: TryFrom<F, Error = String>,
+{
+    frozen
+        .into_iter()
+        .map(|f| Sample::try_from(f).map_err(DecodeError::Payload))
+        .collect()
 }
 
 /// Whether a stored samples record is a chunk (of any layout), not a one-sample record.
@@ -280,7 +258,21 @@ mod tests {
 
     /// A version 3 chunk, as builds before compression wrote them.
     fn uncompressed(samples: &[Sample]) -> Vec<u8> {
-        codec::encode_as(SAMPLE_CHUNK_V3, "test", &samples, MAX_CHUNK_BYTES, 64).unwrap()
+        let refs: Vec<&Sample> = samples.iter().collect();
+        codec::encode_as(
+            SAMPLE_CHUNK_V3,
+            "test",
+            &SamplesV3(&refs),
+            MAX_CHUNK_BYTES,
+            64,
+        )
+        .unwrap()
+    }
+
+    /// Samples as a version 4 chunk's block holds them, uncompressed.
+    fn plain(samples: &[Sample]) -> Vec<u8> {
+        let refs: Vec<&Sample> = samples.iter().collect();
+        postcard::to_allocvec(&SamplesV3(&refs)).unwrap()
     }
 
     /// A version 4 envelope around `header` and `block`, its checksum right.
@@ -318,7 +310,7 @@ mod tests {
     #[test]
     fn a_compressed_chunk_whose_header_lies_is_an_error_not_an_allocation() {
         let batch: Vec<Sample> = (0..3).map(|t| sample(1, t)).collect();
-        let raw = postcard::to_allocvec(&batch).unwrap();
+        let raw = plain(&batch);
         let block = lz4_flex::block::compress(&raw);
         assert_eq!(decode(&sealed((3, raw.len()), &block)).unwrap(), batch);
         for (header, block, why) in [
@@ -364,7 +356,7 @@ mod tests {
         ) {
             let _ = decode(&sealed((count, raw_len), &junk));
             let batch: Vec<Sample> = (0..40).map(|t| sample(1, t)).collect();
-            let raw = postcard::to_allocvec(&batch).unwrap();
+            let raw = plain(&batch);
             let mut block = lz4_flex::block::compress(&raw);
             block.truncate(block.len().saturating_sub(cut));
             if !junk.is_empty() && !block.is_empty() {

@@ -3,9 +3,10 @@
 //! The CRC covers the version byte and the payload, so a torn or bit-flipped value is caught
 //! before postcard sees it; postcard alone would happily decode some garbage.
 
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
+use crate::layout::Record;
 
 /// Version of the envelope and of the record layouts inside it, for every tree but samples.
 pub(crate) const RECORD_VERSION: u8 = 1;
@@ -44,14 +45,16 @@ fn crc(version: u8, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&[version]), payload)
 }
 
-/// Encode `value` into a [`RECORD_VERSION`] envelope, refusing anything over `max` bytes.
-pub(crate) fn encode<T: Serialize>(kind: &'static str, value: &T, max: usize) -> Result<Vec<u8>> {
+/// Encode `value` as its frozen layout into a [`RECORD_VERSION`] envelope, refusing
+/// anything over `max` bytes.
+pub(crate) fn encode<R: Record>(kind: &'static str, value: &R, max: usize) -> Result<Vec<u8>> {
     // Room for a typical small record, so the buffer is allocated once.
-    encode_as(RECORD_VERSION, kind, value, max, 128)
+    encode_as(RECORD_VERSION, kind, &value.freeze(), max, 128)
 }
 
-/// Encode `value` into an envelope of `version`, refusing anything over `max` bytes;
-/// `capacity` is the expected size (one allocation when right).
+/// Encode `value`, a frozen layout (`crate::layout`), into an envelope of `version`,
+/// refusing anything over `max` bytes; `capacity` is the expected size (one allocation
+/// when right).
 pub(crate) fn encode_as<T: Serialize>(
     version: u8,
     kind: &'static str,
@@ -125,13 +128,21 @@ pub(crate) fn verify_as(expected: u8, bytes: &[u8]) -> Result<&[u8], DecodeError
     Ok(payload)
 }
 
-/// Decode a [`RECORD_VERSION`] envelope.
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, DecodeError> {
-    decode_as(RECORD_VERSION, bytes)
+/// Decode a [`RECORD_VERSION`] envelope of `R`'s frozen layout into `R`.
+pub(crate) fn decode<R: Record>(bytes: &[u8]) -> Result<R, DecodeError> {
+    R::thaw(decode_as(RECORD_VERSION, bytes)?).map_err(DecodeError::Payload)
 }
 
-/// Decode an envelope that must be of `version`.
+/// Decode an envelope that must be of `version` into `T`, a frozen layout.
 pub(crate) fn decode_as<T: DeserializeOwned>(version: u8, bytes: &[u8]) -> Result<T, DecodeError> {
+    decode_borrowed_as(version, bytes)
+}
+
+/// [`decode_as`] for a layout that borrows from `bytes` (text, without a copy).
+pub(crate) fn decode_borrowed_as<'a, T: Deserialize<'a>>(
+    version: u8,
+    bytes: &'a [u8],
+) -> Result<T, DecodeError> {
     let payload = verify_as(version, bytes)?;
     postcard::from_bytes(payload).map_err(|e| DecodeError::Payload(e.to_string()))
 }
@@ -143,22 +154,20 @@ mod tests {
     #[test]
     fn round_trip_and_damage_detection() {
         let v = (42u64, "hello".to_string());
-        let enc = encode("test", &v, 1024).unwrap();
+        let enc = encode_as(RECORD_VERSION, "test", &v, 1024, 16).unwrap();
         assert_eq!(enc[0], RECORD_VERSION);
-        assert_eq!(decode::<(u64, String)>(&enc).unwrap(), v);
+        let dec = |b: &[u8]| decode_as::<(u64, String)>(RECORD_VERSION, b);
+        assert_eq!(dec(&enc).unwrap(), v);
 
         for i in 0..enc.len() {
             let mut bad = enc.clone();
             bad[i] ^= 0x40;
-            assert!(decode::<(u64, String)>(&bad).is_err(), "flip at byte {i}");
+            assert!(dec(&bad).is_err(), "flip at byte {i}");
         }
-        assert_eq!(decode::<(u64, String)>(&enc[..3]), Err(DecodeError::Short));
+        assert_eq!(dec(&enc[..3]), Err(DecodeError::Short));
         let mut future = enc.clone();
         future[0] = 9;
-        assert_eq!(
-            decode::<(u64, String)>(&future),
-            Err(DecodeError::Version(9))
-        );
+        assert_eq!(dec(&future), Err(DecodeError::Version(9)));
     }
 
     #[test]
@@ -182,9 +191,9 @@ mod tests {
 
     #[test]
     fn valid_envelope_with_wrong_payload_type_is_an_error() {
-        let enc = encode("test", &1u8, 1024).unwrap();
+        let enc = encode("test", &1u32, 1024).unwrap();
         assert!(matches!(
-            decode::<(u64, String)>(&enc),
+            decode_as::<(u64, String)>(RECORD_VERSION, &enc),
             Err(DecodeError::Payload(_))
         ));
     }

@@ -212,7 +212,7 @@ fn encode_verdict() -> Vec<u8> {
 }
 
 fn encode_baseline() -> Vec<u8> {
-    codec::encode("baseline", &baseline().as_slice(), MAX_BASELINE_BYTES).unwrap()
+    codec::encode("baseline", &baseline(), MAX_BASELINE_BYTES).unwrap()
 }
 
 fn encode_moved_aside() -> Vec<u8> {

@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::codec;
 use crate::error::{Result, StoreError};
 use crate::keys;
+use crate::layout::common::HistogramV1;
 use crate::store::{Store, MAX_HISTORY_BYTES, T};
 
 /// Histograms of one (service, probe) over a time range at one resolution.
@@ -90,8 +91,9 @@ pub(crate) fn chunk_span(res_ns: u64) -> u64 {
 /// (`history_rebuild.rs`).
 pub(crate) const COARSE_WRITE_EVERY: u64 = 10;
 
-/// Envelope version of a history chunk; version-1 history records hold one point each
-/// (written before chunks) and stay readable.
+/// Envelope version of a history chunk (`Vec<(offset ns, HistogramV1)>`, see
+/// `crate::layout`); version-1 history records hold one point each (a `HistogramV1`,
+/// written before chunks) and stay readable.
 pub(crate) const HISTORY_CHUNK_VERSION: u8 = 2;
 /// Cap on a chunk record: its points are capped one by one at [`MAX_HISTORY_BYTES`].
 pub(crate) const MAX_HISTORY_CHUNK_BYTES: usize = CHUNK_POINTS as usize * MAX_HISTORY_BYTES;
@@ -182,14 +184,16 @@ pub(crate) fn decode_record(
     key_start: u64,
     value: &[u8],
 ) -> std::result::Result<Vec<(u64, Histogram)>, codec::DecodeError> {
+    let thaw = |h: HistogramV1| Histogram::try_from(h).map_err(codec::DecodeError::Payload);
     if value.first() == Some(&HISTORY_CHUNK_VERSION) {
-        let points: Vec<(u64, Histogram)> = codec::decode_as(HISTORY_CHUNK_VERSION, value)?;
-        Ok(points
+        let points: Vec<(u64, HistogramV1)> = codec::decode_as(HISTORY_CHUNK_VERSION, value)?;
+        points
             .into_iter()
-            .map(|(off, h)| (key_start.saturating_add(off), h))
-            .collect())
+            .map(|(off, h)| Ok((key_start.saturating_add(off), thaw(h)?)))
+            .collect()
     } else {
-        Ok(vec![(key_start, codec::decode::<Histogram>(value)?)])
+        let h: HistogramV1 = codec::decode_as(codec::RECORD_VERSION, value)?;
+        Ok(vec![(key_start, thaw(h)?)])
     }
 }
 
@@ -281,13 +285,15 @@ impl Chunk {
         put_varint(&mut payload, self.done_n);
         payload.extend_from_slice(&self.done);
         // Encoded here from valid histograms: it decodes.
-        let mut points: Vec<(u64, Histogram)> = postcard::from_bytes(&payload)
-            .map(|v: Vec<(u64, Histogram)>| {
-                v.into_iter()
-                    .map(|(off, h)| (self.start + off, h))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut points: Vec<(u64, Histogram)> =
+            postcard::from_bytes::<Vec<(u64, HistogramV1)>>(&payload)
+                .ok()
+                .and_then(|v| {
+                    v.into_iter()
+                        .map(|(off, h)| Some((self.start + off, Histogram::try_from(h).ok()?)))
+                        .collect()
+                })
+                .unwrap_or_default();
         points.extend(self.open.clone());
         points
     }
@@ -1378,7 +1384,11 @@ impl Store {
     /// one. The bytes are opaque to the store.
     pub fn put_baseline(&self, service: &str, probe: Probe, snapshot: &[u8]) -> Result<()> {
         keys::check_service(service)?;
-        let value = self.encode("baseline", &snapshot, crate::store::MAX_BASELINE_BYTES)?;
+        let value = self.encode(
+            "baseline",
+            &snapshot.to_vec(),
+            crate::store::MAX_BASELINE_BYTES,
+        )?;
         self.put(T::Baselines, &keys::service_probe(service, probe), value)
     }
 
@@ -1404,6 +1414,12 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// A history record of an earlier build: one point.
+    fn version_1_point(h: &Histogram) -> Vec<u8> {
+        let frozen = HistogramV1::from(h);
+        codec::encode_as(codec::RECORD_VERSION, "history", &frozen, 1 << 16, 64).unwrap()
+    }
+
     fn wire(h: &Histogram) -> SparseWire<'_> {
         SparseWire {
             buckets: Nonzero(h),
@@ -1412,19 +1428,20 @@ mod tests {
         }
     }
 
+    /// The stored form is `HistogramV1`'s, which `put_point` writes without building one.
     #[test]
-    fn borrowed_wire_form_encodes_like_the_histogram() {
+    fn borrowed_wire_form_encodes_like_the_frozen_histogram() {
         let mut h = Histogram::new();
         assert_eq!(
             postcard::to_allocvec(&wire(&h)).unwrap(),
-            postcard::to_allocvec(&h).unwrap()
+            postcard::to_allocvec(&HistogramV1::from(&h)).unwrap()
         );
         for v in [0, 1, 17, 999, 50_000, 1 << 40, u64::MAX] {
             h.record_n(v, v % 1000 + 1);
         }
         assert_eq!(
             postcard::to_allocvec(&wire(&h)).unwrap(),
-            postcard::to_allocvec(&h).unwrap()
+            postcard::to_allocvec(&HistogramV1::from(&h)).unwrap()
         );
         assert_eq!(
             serde_json::to_string(&wire(&h)).unwrap(),
@@ -1465,15 +1482,15 @@ mod tests {
         let record = c.encode().unwrap();
         assert_eq!(record_points(&record), 4);
         assert_eq!(decode_record(1000, &record).unwrap(), expected);
-        let offsets: Vec<(u64, Histogram)> = expected
+        let offsets: Vec<(u64, HistogramV1)> = expected
             .iter()
-            .map(|(t, h)| (t - 1000, h.clone()))
+            .map(|(t, h)| (t - 1000, HistogramV1::from(h)))
             .collect();
         assert_eq!(
             codec::verify(&record).unwrap(),
             postcard::to_allocvec(&offsets).unwrap()
         );
-        let one = codec::encode("history", &h(5), 1024).unwrap();
+        let one = version_1_point(&h(5));
         assert_eq!(record_points(&one), 1);
         assert_eq!(decode_record(77, &one).unwrap(), vec![(77, h(5))]);
     }
@@ -1610,7 +1627,7 @@ mod tests {
         let at = t0 + 1500 * SEC;
         tree.insert(
             keys::history(0, "web", Probe::IpStart, at),
-            codec::encode("history", &hist(1), 1 << 16).unwrap(),
+            version_1_point(&hist(1)),
         )
         .unwrap();
         same(&store);

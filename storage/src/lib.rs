@@ -24,6 +24,7 @@ mod heap_watch;
 mod history;
 mod history_rebuild;
 mod keys;
+mod layout;
 mod lock;
 mod model;
 mod query;

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
+use crate::layout::Record;
 use model::config::Validate;
 use model::Sample;
-use serde::{de::DeserializeOwned, Serialize};
 
 use crate::chunk;
 use crate::codec;
@@ -1071,7 +1071,7 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) fn encode<V: Serialize>(
+    pub(crate) fn encode<V: Record>(
         &self,
         kind: &'static str,
         value: &V,
@@ -1089,12 +1089,7 @@ impl Store {
     }
 
     /// Decode a stored value; a bad one is logged, counted and skipped.
-    pub(crate) fn decode_counted<V: DeserializeOwned>(
-        &self,
-        t: T,
-        key: &[u8],
-        value: &[u8],
-    ) -> Option<V> {
+    pub(crate) fn decode_counted<V: Record>(&self, t: T, key: &[u8], value: &[u8]) -> Option<V> {
         self.touch((key.len() + value.len()) as u64);
         self.skip_undecodable(t, key, codec::decode(value))
     }
@@ -1123,7 +1118,7 @@ impl Store {
 
     /// Decoded records of a key range, undecodable ones skipped and counted. The tree
     /// handle is taken out of the lock, so a long scan does not hold up writers.
-    pub(crate) fn scan<V: DeserializeOwned>(
+    pub(crate) fn scan<V: Record>(
         &self,
         t: T,
         range: impl std::ops::RangeBounds<Vec<u8>>,
@@ -1201,12 +1196,12 @@ impl Store {
         }
     }
 
-    pub(crate) fn meta_get<V: DeserializeOwned>(&self, key: &[u8]) -> Result<Option<V>> {
+    pub(crate) fn meta_get<V: Record>(&self, key: &[u8]) -> Result<Option<V>> {
         let raw = self.engine().tree(T::Meta).get(key)?;
         Ok(raw.and_then(|v| self.decode_counted(T::Meta, key, &v)))
     }
 
-    pub(crate) fn meta_put<V: Serialize>(&self, key: &[u8], value: &V) -> Result<()> {
+    pub(crate) fn meta_put<V: Record>(&self, key: &[u8], value: &V) -> Result<()> {
         let value = self.encode("meta", value, 64 << 10)?;
         self.put(T::Meta, key, value)
     }

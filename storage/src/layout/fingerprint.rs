@@ -1,0 +1,148 @@
+//! Test-time check that every live stored type still has exactly the fields (and enum
+//! variants) of the frozen layout it is written as, in the same order: serde tells a
+//! deserializer a struct's field names and an enum's variant names, and the tiny
+//! deserializer below records them. A field added to a live type therefore fails this
+//! test even where its conversion was made to compile by ignoring the field (`..`);
+//! the exhaustive conversions already fail to compile when it is not.
+
+use serde::de::{self, Deserialize, Deserializer, Visitor};
+
+use super::common::{FlowV1, HistogramV1, ProbeV1, SocketQueueV1, TransportV1};
+use super::incident::{
+    CaptureStateV1, CaptureStatusV1, IncidentCountersV1, IncidentStateV1, IncidentV1,
+    IncidentVerdictV1, PwruRecordV1, PwruStateV1, PwruStatusV1, VerdictV1,
+};
+use super::sample::SampleV3;
+
+/// Records the field or variant names serde asks for, then stops the deserialization.
+struct Names<'a>(&'a mut Option<&'static [&'static str]>);
+
+impl<'de> Deserializer<'de> for Names<'_> {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom("neither a struct nor an enum"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = Some(fields);
+        Err(de::Error::custom("names taken"))
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        variants: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = Some(variants);
+        Err(de::Error::custom("names taken"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+        identifier ignored_any
+    }
+}
+
+/// `T`'s field or variant names, normalised (case, `-` and `_` dropped: live enums are
+/// renamed to kebab-case for JSON).
+fn names<T: Deserialize<'static>>() -> Vec<String> {
+    let mut out = None;
+    // Always an error: the names are what it leaves behind.
+    let _ = T::deserialize(Names(&mut out));
+    out.unwrap_or_default()
+        .iter()
+        .map(|n| n.to_lowercase().replace(['-', '_'], ""))
+        .collect()
+}
+
+/// Differences between live types and their frozen layouts, one line each.
+fn mismatches(pairs: &[(&str, Vec<String>, Vec<String>)]) -> Vec<String> {
+    pairs
+        .iter()
+        .filter(|(_, live, frozen)| live != frozen || live.is_empty())
+        .map(|(name, live, frozen)| format!("{name}: live {live:?}, frozen {frozen:?}"))
+        .collect()
+}
+
+macro_rules! pair {
+    ($live:ty, $frozen:ty) => {
+        (stringify!($live), names::<$live>(), names::<$frozen>())
+    };
+}
+
+#[test]
+fn live_stored_types_have_the_fields_of_their_frozen_layouts() {
+    use crate::model::*;
+    use crate::verdict::{IncidentVerdict, Verdict};
+    use model::{Flow, Histogram, Probe, Sample, SocketQueue, Transport};
+    let pairs = [
+        pair!(Sample, SampleV3<'static>),
+        pair!(Flow, FlowV1),
+        pair!(Transport, TransportV1),
+        pair!(SocketQueue, SocketQueueV1),
+        pair!(Probe, ProbeV1),
+        pair!(Histogram, HistogramV1),
+        pair!(Incident, IncidentV1),
+        pair!(IncidentState, IncidentStateV1),
+        pair!(CaptureStatus, CaptureStatusV1),
+        pair!(CaptureState, CaptureStateV1),
+        pair!(PwruStatus, PwruStatusV1),
+        pair!(PwruState, PwruStateV1),
+        pair!(IncidentCounters, IncidentCountersV1),
+        pair!(PwruRecord, PwruRecordV1),
+        pair!(IncidentVerdict, IncidentVerdictV1),
+        pair!(Verdict, VerdictV1),
+    ];
+    let bad = mismatches(&pairs);
+    assert!(
+        bad.is_empty(),
+        "a live stored type no longer matches the layout it is stored as; add a new \
+         frozen version (docs/storage.md, \"Changing a stored type\"):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The check itself: a type with one field more than its layout is reported.
+#[test]
+fn a_field_added_to_a_live_type_is_reported() {
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)] // only its serde names are looked at
+    struct Frozen {
+        a: u64,
+        b: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Live {
+        a: u64,
+        b: String,
+        added: Option<u32>,
+    }
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    enum LiveEnum {
+        One,
+        Two,
+    }
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    enum FrozenEnum {
+        One,
+    }
+    let bad = mismatches(&[
+        pair!(Live, Frozen),
+        pair!(Frozen, Frozen),
+        pair!(LiveEnum, FrozenEnum),
+    ]);
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(bad[0].contains("added"), "{bad:?}");
+    assert!(bad[1].contains("two"), "{bad:?}");
+}

@@ -1,0 +1,331 @@
+//! Frozen layouts of the incidents tree, the pwru tree and the verdicts in the meta tree
+//! (envelope version 1). Never edited: a change is a new type and envelope version.
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{FlowV1, ProbeV1};
+use super::Record;
+use crate::model::{
+    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, PwruRecord, PwruState,
+    PwruStatus,
+};
+use crate::verdict::{IncidentVerdict, Verdict};
+
+/// [`IncidentState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum IncidentStateV1 {
+    Open,
+    Closed,
+    Interrupted,
+}
+
+/// [`CaptureState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum CaptureStateV1 {
+    NotArmed,
+    Armed,
+    Disarmed,
+    Failed,
+}
+
+/// [`CaptureStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CaptureStatusV1 {
+    state: CaptureStateV1,
+    emitted: u64,
+    dropped: u64,
+    rate_limited: u64,
+    stored: u64,
+    pre_trigger: u64,
+    message: String,
+}
+
+/// [`PwruState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum PwruStateV1 {
+    NotRun,
+    Running,
+    Done,
+    Failed,
+}
+
+/// [`PwruStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PwruStatusV1 {
+    state: PwruStateV1,
+    exit_status: Option<i32>,
+    signal: Option<i32>,
+    stderr_tail: String,
+    started_ns: Option<u64>,
+    ended_ns: Option<u64>,
+    lines_stored: u64,
+    message: String,
+}
+
+/// [`IncidentCounters`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IncidentCountersV1 {
+    intervals: u64,
+    store_errors: u64,
+}
+
+/// [`Incident`]: the incidents tree's records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IncidentV1 {
+    id: u64,
+    service: String,
+    probes: Vec<ProbeV1>,
+    opened_ns: u64,
+    closed_ns: Option<u64>,
+    state: IncidentStateV1,
+    evidence_json: String,
+    stages_json: String,
+    capture: CaptureStatusV1,
+    pwru: PwruStatusV1,
+    counters: IncidentCountersV1,
+}
+
+impl Record for Incident {
+    type Frozen = IncidentV1;
+
+    fn freeze(&self) -> IncidentV1 {
+        // Destructured, here and below: a field added to a live type is a compile error
+        // until it has a place in a (new) frozen layout.
+        let Incident {
+            id,
+            service,
+            probes,
+            opened_ns,
+            closed_ns,
+            state,
+            evidence_json,
+            stages_json,
+            capture,
+            pwru,
+            counters,
+        } = self;
+        let CaptureStatus {
+            state: capture_state,
+            emitted,
+            dropped,
+            rate_limited,
+            stored,
+            pre_trigger,
+            message: capture_message,
+        } = capture;
+        let PwruStatus {
+            state: pwru_state,
+            exit_status,
+            signal,
+            stderr_tail,
+            started_ns,
+            ended_ns,
+            lines_stored,
+            message: pwru_message,
+        } = pwru;
+        let IncidentCounters {
+            intervals,
+            store_errors,
+        } = counters;
+        IncidentV1 {
+            id: *id,
+            service: service.clone(),
+            probes: probes.iter().map(|&p| p.into()).collect(),
+            opened_ns: *opened_ns,
+            closed_ns: *closed_ns,
+            state: match state {
+                IncidentState::Open => IncidentStateV1::Open,
+                IncidentState::Closed => IncidentStateV1::Closed,
+                IncidentState::Interrupted => IncidentStateV1::Interrupted,
+            },
+            evidence_json: evidence_json.clone(),
+            stages_json: stages_json.clone(),
+            capture: CaptureStatusV1 {
+                state: match capture_state {
+                    CaptureState::NotArmed => CaptureStateV1::NotArmed,
+                    CaptureState::Armed => CaptureStateV1::Armed,
+                    CaptureState::Disarmed => CaptureStateV1::Disarmed,
+                    CaptureState::Failed => CaptureStateV1::Failed,
+                },
+                emitted: *emitted,
+                dropped: *dropped,
+                rate_limited: *rate_limited,
+                stored: *stored,
+                pre_trigger: *pre_trigger,
+                message: capture_message.clone(),
+            },
+            pwru: PwruStatusV1 {
+                state: match pwru_state {
+                    PwruState::NotRun => PwruStateV1::NotRun,
+                    PwruState::Running => PwruStateV1::Running,
+                    PwruState::Done => PwruStateV1::Done,
+                    PwruState::Failed => PwruStateV1::Failed,
+                },
+                exit_status: *exit_status,
+                signal: *signal,
+                stderr_tail: stderr_tail.clone(),
+                started_ns: *started_ns,
+                ended_ns: *ended_ns,
+                lines_stored: *lines_stored,
+                message: pwru_message.clone(),
+            },
+            counters: IncidentCountersV1 {
+                intervals: *intervals,
+                store_errors: *store_errors,
+            },
+        }
+    }
+
+    fn thaw(f: IncidentV1) -> Result<Incident, String> {
+        let (c, p) = (f.capture, f.pwru);
+        Ok(Incident {
+            id: f.id,
+            service: f.service,
+            probes: f.probes.into_iter().map(Into::into).collect(),
+            opened_ns: f.opened_ns,
+            closed_ns: f.closed_ns,
+            state: match f.state {
+                IncidentStateV1::Open => IncidentState::Open,
+                IncidentStateV1::Closed => IncidentState::Closed,
+                IncidentStateV1::Interrupted => IncidentState::Interrupted,
+            },
+            evidence_json: f.evidence_json,
+            stages_json: f.stages_json,
+            capture: CaptureStatus {
+                state: match c.state {
+                    CaptureStateV1::NotArmed => CaptureState::NotArmed,
+                    CaptureStateV1::Armed => CaptureState::Armed,
+                    CaptureStateV1::Disarmed => CaptureState::Disarmed,
+                    CaptureStateV1::Failed => CaptureState::Failed,
+                },
+                emitted: c.emitted,
+                dropped: c.dropped,
+                rate_limited: c.rate_limited,
+                stored: c.stored,
+                pre_trigger: c.pre_trigger,
+                message: c.message,
+            },
+            pwru: PwruStatus {
+                state: match p.state {
+                    PwruStateV1::NotRun => PwruState::NotRun,
+                    PwruStateV1::Running => PwruState::Running,
+                    PwruStateV1::Done => PwruState::Done,
+                    PwruStateV1::Failed => PwruState::Failed,
+                },
+                exit_status: p.exit_status,
+                signal: p.signal,
+                stderr_tail: p.stderr_tail,
+                started_ns: p.started_ns,
+                ended_ns: p.ended_ns,
+                lines_stored: p.lines_stored,
+                message: p.message,
+            },
+            counters: IncidentCounters {
+                intervals: f.counters.intervals,
+                store_errors: f.counters.store_errors,
+            },
+        })
+    }
+}
+
+/// [`PwruRecord`]: the pwru tree's records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PwruRecordV1 {
+    incident: u64,
+    seq: u64,
+    received_ns: u64,
+    pwru_time_ns: Option<u64>,
+    func: String,
+    skb: u64,
+    flow: Option<FlowV1>,
+    raw: String,
+}
+
+impl Record for PwruRecord {
+    type Frozen = PwruRecordV1;
+
+    fn freeze(&self) -> PwruRecordV1 {
+        let PwruRecord {
+            incident,
+            seq,
+            received_ns,
+            pwru_time_ns,
+            func,
+            skb,
+            flow,
+            raw,
+        } = self;
+        PwruRecordV1 {
+            incident: *incident,
+            seq: *seq,
+            received_ns: *received_ns,
+            pwru_time_ns: *pwru_time_ns,
+            func: func.clone(),
+            skb: *skb,
+            flow: flow.map(Into::into),
+            raw: raw.clone(),
+        }
+    }
+
+    fn thaw(f: PwruRecordV1) -> Result<PwruRecord, String> {
+        Ok(PwruRecord {
+            incident: f.incident,
+            seq: f.seq,
+            received_ns: f.received_ns,
+            pwru_time_ns: f.pwru_time_ns,
+            func: f.func,
+            skb: f.skb,
+            flow: f.flow.map(Into::into),
+            raw: f.raw,
+        })
+    }
+}
+
+/// [`Verdict`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum VerdictV1 {
+    Real,
+    FalseAlarm,
+    Expected,
+}
+
+/// [`IncidentVerdict`]: `verdict/ | id` records of the meta tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IncidentVerdictV1 {
+    verdict: VerdictV1,
+    note: String,
+    marked_ns: u64,
+}
+
+impl Record for IncidentVerdict {
+    type Frozen = IncidentVerdictV1;
+
+    fn freeze(&self) -> IncidentVerdictV1 {
+        let IncidentVerdict {
+            verdict,
+            note,
+            marked_ns,
+        } = self;
+        IncidentVerdictV1 {
+            verdict: match verdict {
+                Verdict::Real => VerdictV1::Real,
+                Verdict::FalseAlarm => VerdictV1::FalseAlarm,
+                Verdict::Expected => VerdictV1::Expected,
+            },
+            note: note.clone(),
+            marked_ns: *marked_ns,
+        }
+    }
+
+    fn thaw(f: IncidentVerdictV1) -> Result<IncidentVerdict, String> {
+        Ok(IncidentVerdict {
+            verdict: match f.verdict {
+                VerdictV1::Real => Verdict::Real,
+                VerdictV1::FalseAlarm => Verdict::FalseAlarm,
+                VerdictV1::Expected => Verdict::Expected,
+            },
+            note: f.note,
+            marked_ns: f.marked_ns,
+        })
+    }
+}
