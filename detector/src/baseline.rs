@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use model::hist::{bucket_lower, bucket_upper, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS};
 
+#[cfg(test)]
+mod golden_tests;
+
 /// Version byte in front of every saved baseline; bump when the layout changes.
 const FORMAT_VERSION: u8 = 1;
 
