@@ -59,6 +59,11 @@ enum Command {
     /// Inspect the local database.
     #[command(subcommand)]
     Db(cmd::db::Command),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(cmd::completions::Args),
+    /// Print the manual page, or write every page into a directory (for packaging).
+    #[command(hide = true)]
+    Man(cmd::man::Args),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +94,8 @@ fn main() -> ExitCode {
         Command::Replay(args) => cmd::replay::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Db(c) => cmd::db::run(c),
+        Command::Completions(args) => cmd::completions::run(args),
+        Command::Man(args) => cmd::man::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,11 +1,13 @@
 //! One module per subcommand.
 
+pub mod completions;
 pub mod config;
 pub mod db;
 pub mod export;
 pub mod hist;
 pub mod history;
 pub mod incidents;
+pub mod man;
 pub mod pwru;
 pub mod replay;
 pub mod run;
