@@ -80,6 +80,11 @@ pub struct Attachment {
     /// How it is attached, or why not.
     #[serde(flatten)]
     pub method: AttachMethod,
+    /// Why the methods preferred to `method` were refused (e.g. fentry on a kernel that
+    /// refuses trampolines, or the verifier's complaint); `None` when the first choice
+    /// loaded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// BPF run-time statistics of one loaded program (collected while
@@ -218,7 +223,9 @@ impl std::fmt::Debug for ProbeSet {
 /// What the loader decided for one probe before the final load.
 #[derive(Debug, Clone)]
 enum Plan {
-    Use(Variant),
+    /// This variant, and why the ones preferred to it were refused (`None`: it is the
+    /// preferred one).
+    Use(Variant, Option<String>),
     Unavailable(String),
     Disabled,
 }
@@ -270,7 +277,7 @@ impl ProbeSet {
         let chosen: Vec<&str> = plans
             .values()
             .filter_map(|p| match p {
-                Plan::Use(v) => Some(v.programs()),
+                Plan::Use(v, _) => Some(v.programs()),
                 _ => None,
             })
             .flatten()
@@ -308,7 +315,10 @@ impl ProbeSet {
             return Err(LoadError::NothingAttached(reasons));
         }
         for a in &attachments {
-            progress(&format!("{}: {}", a.probe, a.method));
+            match &a.refused {
+                Some(why) => progress(&format!("{}: {} (refused: {why})", a.probe, a.method)),
+                None => progress(&format!("{}: {}", a.probe, a.method)),
+            }
         }
 
         let slot_names = if config.services.is_empty() {
@@ -674,7 +684,7 @@ fn attachments(
                 Plan::Unavailable(reason) => AttachMethod::Unavailable {
                     reason: reason.clone(),
                 },
-                Plan::Use(v) => {
+                Plan::Use(v, _) => {
                     let failed: Vec<&str> = v
                         .programs()
                         .iter()
@@ -689,7 +699,15 @@ fn attachments(
                     }
                 }
             };
-            Attachment { probe, method }
+            let refused = match plan {
+                Plan::Use(_, why) => why.clone(),
+                _ => None,
+            };
+            Attachment {
+                probe,
+                method,
+                refused,
+            }
         })
         .collect()
 }
@@ -832,7 +850,7 @@ fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
         .collect();
     if trial_load(&preferred).is_ok() {
         for p in enabled {
-            plans.insert(p, Plan::Use(variants(p)[0]));
+            plans.insert(p, Plan::Use(variants(p)[0], None));
         }
         return plans;
     }
@@ -842,7 +860,8 @@ fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
         for v in variants(p) {
             match trial_load(&v.programs()) {
                 Ok(()) => {
-                    plan = Some(Plan::Use(*v));
+                    let refused = (!reasons.is_empty()).then(|| reasons.join("; "));
+                    plan = Some(Plan::Use(*v, refused));
                     break;
                 }
                 Err(e) => reasons.push(format!(
@@ -972,7 +991,7 @@ fn configure(
         map.set_max_entries(n)
             .map_err(bpf_err("sizing the BPF maps"))?;
     }
-    let uses_sk_data_ready = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(v)) if v.programs().contains(&SK_DATA_READY_PROG));
+    let uses_sk_data_ready = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(v, _)) if v.programs().contains(&SK_DATA_READY_PROG));
     let Some(ro) = open.maps.rodata_data.as_deref_mut() else {
         return Err(LoadError::Object("it has no read-only data section"));
     };

@@ -66,8 +66,9 @@ mapfile -t executables < <(printf '%s\n' "$json" |
 # lateness under 64 API clients (meaningless under software emulation), and the
 # interval-by-interval replay comparison of tune_daemon (blurred by emulation's late
 # intervals), and the allocator settings (user space alone). They run in scripts/test's
-# host step.
-HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator otlp otelcol_harness)
+# host step. The Debian package test (package) needs a chroot and the Debian archive, not a
+# particular kernel.
+HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator otlp otelcol_harness package)
 tests=()
 for exe in "${executables[@]}"; do
     name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash

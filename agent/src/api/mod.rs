@@ -126,6 +126,9 @@ pub struct ProbeRow {
     pub probe: Probe,
     /// How it is attached (`tp_btf skb_copy_datagram_iovec`, `disabled`, ...).
     pub method: String,
+    /// Why the preferred method was refused, when this is a fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// Quantiles of one (service, probe) in the last interval and in the baseline, ns.

@@ -158,9 +158,18 @@ fn print_report(r: &StatusReport) {
     ]);
     println!("{t}");
 
-    let mut t = table(["probe", "attach method"]);
+    let refused = r.probes.iter().any(|p| p.refused.is_some());
+    let mut t = if refused {
+        table(["probe", "attach method", "preferred method refused because"])
+    } else {
+        table(["probe", "attach method"])
+    };
     for p in &r.probes {
-        t.add_row([p.probe.to_string(), p.method.clone()]);
+        let mut row = vec![p.probe.to_string(), p.method.clone()];
+        if refused {
+            row.push(p.refused.clone().unwrap_or_default());
+        }
+        t.add_row(row);
     }
     println!("{t}");
 

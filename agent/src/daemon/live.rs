@@ -163,6 +163,7 @@ impl Live {
             .map(|a| ProbeRow {
                 probe: a.probe,
                 method: a.method.to_string(),
+                refused: a.refused.clone(),
             })
             .collect();
         self.services = config

@@ -384,7 +384,12 @@ fn load_probes(config: &bpf::ProbeConfig) -> anyhow::Result<ProbeSet> {
     let probes = ProbeSet::load(config, &mut |step| tracing::debug!("{step}"))
         .context("cannot start the probes")?;
     for a in probes.attachments() {
-        tracing::info!(probe = %a.probe, method = %a.method, "probe");
+        match &a.refused {
+            Some(why) => {
+                tracing::info!(probe = %a.probe, method = %a.method, refused = %why, "probe (fallback)")
+            }
+            None => tracing::info!(probe = %a.probe, method = %a.method, "probe"),
+        }
     }
     Ok(probes)
 }

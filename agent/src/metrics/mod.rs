@@ -219,6 +219,7 @@ mod tests {
             probes: vec![ProbeRow {
                 probe: Probe::TcpSocketRead,
                 method: "tp_btf skb_copy_datagram_iovec".into(),
+                refused: None,
             }],
             services: vec!["web".into(), "idle".into()],
             latency: vec![LatencyRow {

@@ -24,6 +24,23 @@ struct sk_buff___pre_6_11 {
 	__u8 mono_delivery_time : 1;
 } __attribute__((preserve_access_index));
 
+/* Kernel 7.2 keeps the receive stamps of a read (tcp_recv_timestamp's tss) as ktime_t;
+ * before, as struct timespec64. Both are CLOCK_REALTIME. */
+struct scm_timestamping_internal___ktime {
+	ktime_t ts[3];
+} __attribute__((preserve_access_index));
+
+/* The software stamp of the last skb a read copied (tss->ts[0]), ns. */
+static __always_inline __u64 read_stamp_ns(const struct scm_timestamping_internal *tss)
+{
+	const struct scm_timestamping_internal___ktime *k = (const void *)tss;
+
+	/* Exists only where ts is an array of ktime_t: the types must match for CO-RE. */
+	if (bpf_core_field_exists(k->ts))
+		return k->ts[0];
+	return tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec;
+}
+
 /* CLOCK_TAI - CLOCK_REALTIME in ns, kept current by user space (leap seconds, NTP). */
 volatile __s64 tai_offset_ns;
 

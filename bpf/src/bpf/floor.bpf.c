@@ -148,7 +148,7 @@ SEC("fentry/tcp_recv_timestamp")
 int BPF_PROG(clock_tcp_recv_timestamp, struct msghdr *msg, struct sock *sk,
 	     struct scm_timestamping_internal *tss)
 {
-	return use_clock(tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec,
+	return use_clock(read_stamp_ns(tss),
 			 TT_CLOCK_REALTIME);
 }
 

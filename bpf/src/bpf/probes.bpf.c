@@ -341,7 +341,7 @@ int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 {
 	struct tt_sample s = {
 		.sk = sk,
-		.stamp_ns = tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec,
+		.stamp_ns = read_stamp_ns(tss),
 		.probe = TT_PROBE_TCP_SOCKET_READ,
 		.clock = TT_CLOCK_REALTIME,
 		.process_context = true,
