@@ -1,17 +1,15 @@
 //! A learned reference distribution of one (service, probe): bucket weights that decay with a
 //! half-life, so the baseline follows slow change but lags a ramp long enough to flag it.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use serde::{Deserialize, Serialize};
+use std::time::{Duration, SystemTime};
 
 use model::hist::{bucket_lower, bucket_upper, QuantileEstimate, MAX_BUCKET, NUM_BUCKETS};
 
 #[cfg(test)]
 mod golden_tests;
+mod layout;
 
-/// Version byte in front of every saved baseline; bump when the layout changes.
-const FORMAT_VERSION: u8 = 1;
+use layout::{BaselineV1, FORMAT_VERSION};
 
 /// A saved baseline could not be restored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,17 +34,9 @@ pub(crate) struct Baseline {
     last_update: SystemTime,
 }
 
-/// On-disk form: sparse weights and times as seconds since the epoch.
 /// The last decay factor computed: (step, half-life, factor), as bits of their f64.
 #[derive(Debug, Default)]
 pub(crate) struct DecayMemo(Option<(u64, u64, f64)>);
-
-#[derive(Serialize, Deserialize)]
-struct Saved {
-    weights: Vec<(u16, f64)>,
-    first_seen_s: f64,
-    last_update_s: f64,
-}
 
 impl Baseline {
     pub(crate) fn new(now: SystemTime) -> Self {
@@ -172,61 +162,28 @@ impl Baseline {
         })
     }
 
+    /// The saved form: [`FORMAT_VERSION`], then postcard of the baseline's frozen layout
+    /// (`layout.rs`), never of the live type.
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        let saved = Saved {
-            weights: self
-                .weights
-                .iter()
-                .enumerate()
-                .filter(|(_, &w)| w > 0.0)
-                .map(|(i, &w)| (i as u16, w))
-                .collect(),
-            first_seen_s: epoch_secs(self.first_seen),
-            last_update_s: epoch_secs(self.last_update),
-        };
         let mut out = vec![FORMAT_VERSION];
         // Serialising plain numbers into a Vec cannot fail.
-        out.extend(postcard::to_allocvec(&saved).unwrap_or_default());
+        out.extend(postcard::to_allocvec(&BaselineV1::from(self)).unwrap_or_default());
         out
     }
 
+    /// A baseline saved by [`Self::to_bytes`] of this build or an earlier one.
     pub(crate) fn from_bytes(bytes: &[u8]) -> Result<Self, BaselineError> {
         let (&version, body) = bytes
             .split_first()
             .ok_or_else(|| BaselineError::Corrupt("empty".into()))?;
-        if version != FORMAT_VERSION {
-            return Err(BaselineError::Version(version));
+        let corrupt = |e: postcard::Error| BaselineError::Corrupt(e.to_string());
+        match version {
+            1 => postcard::from_bytes::<BaselineV1>(body)
+                .map_err(corrupt)?
+                .try_into(),
+            other => Err(BaselineError::Version(other)),
         }
-        let saved: Saved =
-            postcard::from_bytes(body).map_err(|e| BaselineError::Corrupt(e.to_string()))?;
-        let mut b = Baseline::new(from_epoch_secs(saved.first_seen_s)?);
-        b.last_update = from_epoch_secs(saved.last_update_s)?;
-        for (i, w) in saved.weights {
-            let slot = b
-                .weights
-                .get_mut(usize::from(i))
-                .ok_or_else(|| BaselineError::Corrupt(format!("bucket {i} out of range")))?;
-            if !(w.is_finite() && w >= 0.0) {
-                return Err(BaselineError::Corrupt(format!("bucket {i} weight {w}")));
-            }
-            *slot = w;
-            b.total += w;
-            b.widen(usize::from(i));
-        }
-        Ok(b)
     }
-}
-
-fn epoch_secs(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-fn from_epoch_secs(s: f64) -> Result<SystemTime, BaselineError> {
-    Duration::try_from_secs_f64(s)
-        .map(|d| UNIX_EPOCH + d)
-        .map_err(|_| BaselineError::Corrupt(format!("time {s}")))
 }
 
 /// [`Baseline::cumulative_into`] for several baselines, up to [`SIDE_BY_SIDE`] at a time:
@@ -413,6 +370,7 @@ impl Cumulative {
 mod tests {
     use super::*;
     use model::hist::{bucket_index, Histogram};
+    use std::time::UNIX_EPOCH;
 
     fn t(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
