@@ -350,6 +350,19 @@ impl HistoryBuffer {
         }
     }
 
+    /// Let go of the chunks of `level` that retention deletes when stored: those that can
+    /// hold no point from `cut_ns` on (`reach`: how long after its start a chunk's newest
+    /// point can start). A chunk still buffered past its level's retention would otherwise
+    /// be read back and, when changed since last written, written again by the next flush,
+    /// undoing retention: retention deletes only stored records.
+    pub(crate) fn drop_expired(&mut self, level: u8, reach: u64, cut_ns: u64) {
+        for s in self.streams.values_mut().flatten() {
+            if s.level == level {
+                s.chunk.take_if(|c| c.start.saturating_add(reach) < cut_ns);
+            }
+        }
+    }
+
     /// The buffered points of a stream from `since` to `until`, with the start of the
     /// buffered chunk (whose stored record they supersede).
     pub(crate) fn points_of(

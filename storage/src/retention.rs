@@ -218,6 +218,13 @@ impl Store {
             .map_or(1, |l| nanos(l.resolution).max(1));
         // The newest point a chunk can hold starts this long after the chunk.
         let reach = history::chunk_span(res) - res;
+        if !by_start {
+            // Before the stored records: a writer can no longer store the chunk again.
+            self.history_write
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drop_expired(level, reach, cut_ns);
+        }
         let mut n = 0;
         for stream in self.history_stream_keys(level)? {
             let mut end = stream.clone();

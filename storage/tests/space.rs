@@ -104,6 +104,61 @@ fn retention_by_age_per_kind_never_touches_open_incidents() {
     );
 }
 
+/// Points of the chunk a store is still filling (its write buffer) go with their level's
+/// retention like stored ones: not read back, and not written again by a later flush or
+/// the close. Once with the chunk never written (dirty), once written and clean.
+#[test]
+fn history_past_its_retention_is_gone_while_its_chunk_is_still_buffered() {
+    let minute = 60 * SEC;
+    let h = {
+        let mut h = Histogram::new();
+        h.record(1000);
+        h
+    };
+    // After the 1 s level's 6 h, within the 10 s level's 3 days.
+    let now = T0 + 7 * 3600 * SEC;
+    for flushed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let s = Store::open(&path, StoreConfig::default()).unwrap();
+        for i in 0..10 {
+            s.record_history("web", Probe::TcpSocketRead, T0 + i * SEC, &h)
+                .unwrap();
+        }
+        if flushed {
+            s.flush().unwrap();
+        }
+        let fine = |s: &Store| {
+            s.history_at_level(0, "web", Probe::TcpSocketRead, T0, T0 + minute)
+                .unwrap()
+                .points
+        };
+        let coarse = |s: &Store| {
+            s.history_at_level(1, "web", Probe::TcpSocketRead, T0, T0 + minute)
+                .unwrap()
+                .points
+                .len()
+        };
+        assert_eq!(fine(&s).len(), 10, "flushed: {flushed}");
+
+        s.enforce_retention(now).unwrap();
+        assert_eq!(
+            fine(&s),
+            [],
+            "read back after retention, flushed: {flushed}"
+        );
+        assert_eq!(coarse(&s), 1, "the 10 s level keeps its point");
+        s.flush().unwrap();
+        assert_eq!(fine(&s), [], "written again by a flush, flushed: {flushed}");
+        drop(s);
+
+        let s = Store::open(&path, StoreConfig::default()).unwrap();
+        assert_eq!(fine(&s), [], "written again at close, flushed: {flushed}");
+        assert_eq!(coarse(&s), 1);
+        assert_eq!(s.check(|_| {}).unwrap().undecodable, 0);
+    }
+}
+
 #[test]
 fn over_budget_deletes_oldest_closed_incidents_then_oldest_history() {
     let dir = tempfile::tempdir().unwrap();
