@@ -882,13 +882,14 @@ impl Store {
         drop(placeholder);
         // The files' size, to set the reopens against RSS and the log's growth.
         let disk_bytes = self.size_on_disk().unwrap_or(0);
-        // Readers and writers wait for `held_ms` (drop and open), not for the flush. At info:
-        // a reopen stalls writes, and it is rare (once `cache_bytes` went through).
+        // Readers and writers wait for `held_ms` (drop and open), not for the flush. At debug:
+        // routine (a busy host reopens every minute or so), counted in status and /metrics
+        // (`tailtrap_store_engine_reopens_total`).
         let (why, heap_growth) = match why {
             Recycle::Records => ("records", None),
             Recycle::Heap(grown) => ("heap", Some(grown)),
         };
-        tracing::info!(
+        tracing::debug!(
             why,
             touched,
             heap_growth,

@@ -146,7 +146,8 @@ EOF
 "$tt" config check "$out/tailtrap.toml" >/dev/null || exit 1
 
 # At the priority packaging/tailtrap.service gives the daemon (Nice=-5).
-RUST_LOG=${SOAK_RUST_LOG:-info} nice -n -5 "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
+# The engine reopens it counts are logged at debug by the store.
+RUST_LOG=${SOAK_RUST_LOG:-info,storage::store=debug} nice -n -5 "$tt" run --config "$out/tailtrap.toml" 2>"$out/daemon.log" &
 daemon=$!
 pids+=($daemon)
 for _ in $(seq 300); do

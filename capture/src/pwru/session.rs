@@ -407,10 +407,19 @@ impl SessionManager {
                     b.recheck = None;
                 }
                 _ => {
-                    tracing::warn!(
-                        status = %prereq.status, summary = %prereq.summary, fix = prereq.status.fix(),
-                        "pwru prerequisites still not met; sessions stay unavailable"
-                    );
+                    // A standing condition: said at start (and whenever it changes), not at
+                    // every incident's recheck.
+                    if b.result.as_ref().err() == Some(&prereq.summary) {
+                        tracing::debug!(
+                            summary = %prereq.summary,
+                            "pwru prerequisites still not met; sessions stay unavailable"
+                        );
+                    } else {
+                        tracing::warn!(
+                            status = %prereq.status, summary = %prereq.summary, fix = prereq.status.fix(),
+                            "pwru prerequisites still not met, for another reason now; sessions stay unavailable"
+                        );
+                    }
                     b.result = Err(prereq.summary.clone());
                     b.recheck = Some((what, Instant::now()));
                 }
