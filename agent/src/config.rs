@@ -75,7 +75,8 @@ pub fn defaults_toml() -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("reading config {}: {source}", path.display())]
+    // The cause is the error's source: anyhow prints it after the message, once.
+    #[error("reading config {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -107,7 +108,9 @@ impl ConfigError {
     /// One line per problem, `FILE, line N: key `a.b`: reason`.
     pub fn lines(&self) -> Vec<String> {
         match self {
-            ConfigError::Read { .. } => vec![self.to_string()],
+            ConfigError::Read { path, source } => {
+                vec![format!("reading config {}: {source}", path.display())]
+            }
             ConfigError::Invalid { origin, problems } => lines(origin, problems),
         }
     }

@@ -127,3 +127,30 @@ fn init_logging(verbose: u8) {
         fmt.init();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    #[test]
+    fn the_target_options_go_anywhere_on_the_command_line() {
+        for args in [
+            &["tailtrap", "incidents", "--config", "/f.toml", "show", "4"][..],
+            &["tailtrap", "incidents", "show", "4", "--config", "/f.toml"],
+            &["tailtrap", "incidents", "--db", "/db", "mark", "4", "real"],
+            &[
+                "tailtrap",
+                "incidents",
+                "--json",
+                "--socket",
+                "/s",
+                "show",
+                "4",
+            ],
+        ] {
+            assert!(Cli::try_parse_from(args).is_ok(), "{args:?} refused");
+        }
+    }
+}

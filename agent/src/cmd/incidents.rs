@@ -18,8 +18,10 @@ use crate::output::{fmt_ns, fmt_span, fmt_time, headline, print_json, quantile_n
 use crate::source::{block_on, Source, Target};
 
 /// Arguments of `tailtrap incidents`.
+// The listing's options are refused with `show`/`mark` in `run` rather than by clap's
+// `args_conflicts_with_subcommands`, which also refused the global `--config`, `--socket`
+// and `--db` before the subcommand.
 #[derive(clap::Args)]
-#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
     #[command(subcommand)]
     show: Option<Show>,
@@ -33,9 +35,9 @@ pub struct Args {
     /// Only incidents still open.
     #[arg(long)]
     open: bool,
-    /// At most this many (newest first).
-    #[arg(long, default_value_t = 100)]
-    limit: usize,
+    /// At most this many (newest first) [default: 100].
+    #[arg(long)]
+    limit: Option<usize>,
     /// JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -78,6 +80,20 @@ pub fn parse_since(s: &str) -> Result<u64, String> {
 
 /// Run `tailtrap incidents`.
 pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+    if args.show.is_some() {
+        let listing = [
+            ("--since", args.since.is_some()),
+            ("--service", args.service.is_some()),
+            ("--open", args.open),
+            ("--limit", args.limit.is_some()),
+        ];
+        if let Some((flag, _)) = listing.iter().find(|(_, given)| *given) {
+            anyhow::bail!(
+                "{flag} narrows the list of incidents; `incidents show` and `incidents mark` \
+                 take one incident id"
+            );
+        }
+    }
     block_on(async move {
         let source = Source::open(&args.target, verbose).await?;
         match args.show {
@@ -143,7 +159,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                     service: args.service,
                     state: args.open.then_some(IncidentState::Open),
                     before_id: None,
-                    limit: args.limit,
+                    limit: args.limit.unwrap_or(100),
                 };
                 let page = source.incidents(&params).await?;
                 if args.json {
