@@ -9,7 +9,8 @@
 //! For end-to-end tests, [`Daemon`] runs the real `tailtrap run` with a test configuration
 //! (logging to a file in a [`ScratchDir`]) and [`cli`] / [`cli_json`] run the CLI against it.
 //! For metrics tests, [`Prometheus`] runs a real Prometheus server scraping the daemon and
-//! [`http_get`] scrapes by hand.
+//! [`http_get`] scrapes by hand. For the Helm chart and the container image, [`helm_template`],
+//! [`k8s_validate`] and [`image_archive`].
 //!
 //! The test binaries of this crate run on the host kernel (`cargo test`) and, through
 //! `tests/vm/run-vm-tests.sh`, on stock kernels under qemu; [`vm_kernel`] and
@@ -22,6 +23,7 @@ mod cgroup;
 mod cmd;
 mod daemon;
 mod error;
+mod k8s;
 mod netns;
 mod otelcol;
 mod prometheus;
@@ -32,6 +34,10 @@ pub use bins::{expected_attach, require_vm, tailtrap_bin, traffic_bin, vm_kernel
 pub use cgroup::Cgroup;
 pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
 pub use error::{Error, Result};
+pub use k8s::{
+    chart_dir, helm, helm_bin, helm_template, image_archive, k8s_tools, k8s_validate, object,
+    repo_root,
+};
 pub use netns::Netns;
 pub use otelcol::{
     any_value, attr, make_test_pki, otelcol_binary, resource_attr, OtelCollector,

@@ -65,10 +65,11 @@ mapfile -t executables < <(printf '%s\n' "$json" |
 # Host-tier executables: a real Prometheus (not in the guest), scrape timing and interval
 # lateness under 64 API clients (meaningless under software emulation), and the
 # interval-by-interval replay comparison of tune_daemon (blurred by emulation's late
-# intervals), and the allocator settings (user space alone). They run in scripts/test's
+# intervals), and the allocator settings (user space alone), podman and the image
+# (container) and helm (helm_chart), which the guests do not have. They run in scripts/test's
 # host step. The Debian package test (package) needs a chroot and the Debian archive, not a
 # particular kernel.
-HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator otlp otelcol_harness package)
+HOST_ONLY=(prometheus metrics_endpoint faults tune_daemon churn allocator otlp otelcol_harness container helm_chart package)
 tests=()
 for exe in "${executables[@]}"; do
     name=$(basename "$exe"); name=${name%-*}   # strip cargo's hash
