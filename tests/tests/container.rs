@@ -329,8 +329,9 @@ fn image_runs_as_the_daemonset_declares() {
         .output();
     let mut run_args = vec!["run", "--detach", "--name", &name];
     run_args.extend(args.iter().map(String::as_str));
-    podman(&run_args);
+    // The guard first: a container that was created but failed to start is removed too.
     let container = Container(name.clone());
+    podman(&run_args);
 
     let status = wait_status(
         &cli_config,
