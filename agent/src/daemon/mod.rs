@@ -156,7 +156,10 @@ impl Daemon {
             }
             _ => SessionManager::from_prerequisites(&prereq, config.pwru.manager_config()),
         };
-        if prereq.is_usable() || ignore {
+        if !config.pwru.enabled() {
+            // Nothing will run: whatever the check found is not the operator's problem.
+            tracing::debug!(status = %prereq.status, summary = %prereq.summary, "pwru sessions are off");
+        } else if prereq.is_usable() || ignore {
             tracing::info!(
                 status = %prereq.status,
                 ignored = ignore,
