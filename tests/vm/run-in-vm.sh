@@ -23,6 +23,8 @@
 #   VM_CONSOLE_KEEP=FILE when the run fails, copy the whole guest console there (the summary
 #                        below shows only its end, where a hang's first report is long gone)
 #   VM_LOCKUP_SECS=120   a guest CPU reported stuck this long (soft lockup) ends the run
+#   VM_BOOT_SECS=300     a guest that has not started COMMAND this long after qemu did ends
+#                        the run (a hang while booting; status 126)
 #   VM_CACHE             where the unpacked vmlinux and initramfs per kernel are kept
 #                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
 #   VM_QEMU=qemu-system-x86_64  VM_CPU=max
@@ -212,7 +214,15 @@ qpid=$!
 # growing time until the timeout, 20 minutes later. Stop at the first report past
 # VM_LOCKUP_SECS instead (shorter reports come and go when the host is overloaded).
 lockup_secs=${VM_LOCKUP_SECS:-120}
+# A guest that has not started the command this long after qemu did hung while booting
+# (seen once on 7.2 under emulation, the console silent after 2.3 s of boot): ended here,
+# with a kernel death's status, instead of holding the whole timeout.
+boot_secs=${VM_BOOT_SECS:-300}
+booting_since=$SECONDS
 ( while kill -0 $qpid 2>/dev/null; do
+      if [ ! -e "$SHARE/started" ] && [ $((SECONDS - booting_since)) -ge "$boot_secs" ]; then
+          : > "$RUN/boothang"; kill $qpid 2>/dev/null; break
+      fi
       stuck=$(grep -oE 'soft lockup - CPU#[0-9]+ stuck for [0-9]+s' "$RUN/console.log" 2>/dev/null |
                   grep -oE '[0-9]+s$' | tr -d s | sort -n | tail -n 1)
       if [ "${stuck:-0}" -ge "$lockup_secs" ]; then
@@ -236,7 +246,10 @@ fi
 first_report() { # pattern: the kernel's first report matching it, with its stack
     grep -m1 -A 40 -E "$1" "$RUN/console.log" | sed -n '1,/^\[ *[0-9.]*\] *<\/TASK>/p'
 }
-if [ -e "$RUN/lockup" ]; then
+if [ -e "$RUN/boothang" ]; then
+    echo "$PROG: the guest did not start the command within ${boot_secs}s of booting (kernel $kver): a hang while booting" >&2
+    rc=126
+elif [ -e "$RUN/lockup" ]; then
     # A CPU spinning in the kernel (a lock never released, a wait that never ends). Seen once
     # on 6.1 under emulation, in the UDP slow-reader test's traffic task, with the host
     # loaded by three soaks and a CI run; its first report was lost with the console, which

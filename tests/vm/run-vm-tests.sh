@@ -14,7 +14,7 @@
 # Exit status 0 only if every executable ran and passed on every kernel.
 #
 # Options:
-#   --kernel SERIES   6.1 or 6.12 (repeatable; default both)
+#   --kernel SERIES   6.1, 6.12 or unstable (repeatable; default all three)
 #   --test NAME       only this test executable (file name under tests/tests, no .rs; repeatable)
 #   -- ARGS           passed to every test executable (e.g. a name filter)
 # Environment:
@@ -39,9 +39,9 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument '$1' (see the header of $0)" ;;
     esac
 done
-[ ${#series[@]} -gt 0 ] || series=(6.1 6.12)
+[ ${#series[@]} -gt 0 ] || series=(6.1 6.12 unstable)
 for s in "${series[@]}"; do
-    case $s in 6.1|6.12) ;; *) die "unknown kernel series '$s' (6.1 or 6.12)" ;; esac
+    case $s in 6.1|6.12|unstable) ;; *) die "unknown kernel series '$s' (6.1, 6.12 or unstable)" ;; esac
 done
 
 # ---- kernels
