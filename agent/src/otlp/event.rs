@@ -96,11 +96,9 @@ impl Event {
             EventKind::Changed => detail.map_or_else(|| unix_ns(now), |d| unix_ns(d.updated_at)),
             EventKind::PwruEnded => record.pwru.ended_ns.unwrap_or_else(|| unix_ns(now)),
         };
+        let id = format!("{host_id}/{}/{}/{time_ns}", record.id, kind.word());
         let mut a: Vec<(&'static str, Value)> = vec![
-            (
-                "tailtrap.event.id",
-                Value::Str(format!("{host_id}/{}/{}/{time_ns}", record.id, kind.word())),
-            ),
+            ("tailtrap.event.id", Value::Str(id.clone())),
             ("tailtrap.incident.id", Value::Int(int(record.id))),
             ("tailtrap.incident.state", Value::Str(state(record.state))),
             ("tailtrap.service", Value::Str(record.service.clone())),
@@ -205,10 +203,7 @@ impl Event {
         Event {
             kind,
             time_ns,
-            id: match &a[0].1 {
-                Value::Str(s) => s.clone(),
-                _ => String::new(),
-            },
+            id,
             body,
             attributes: a,
         }

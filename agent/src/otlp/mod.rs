@@ -115,7 +115,7 @@ impl Outbox {
         if dropped {
             let mut r = lock(&self.shared.report);
             r.dropped += 1;
-            // Once per spell of drops: the first since the queue last had room.
+            // The first drop, then one line per 1000 while exports keep failing.
             if r.dropped == 1 || r.failing_since_ns.is_some() && r.dropped % 1000 == 1 {
                 tracing::warn!(
                     dropped = r.dropped,
