@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const SOURCES: [&str; 14] = [
+const SOURCES: [&str; 16] = [
     "tailtrap.h",
     "bucket.h",
     "counter.bpf.h",
     "hist.bpf.h",
     "clock.bpf.h",
+    "cgroup.bpf.h",
     "ip.bpf.h",
     "sample.bpf.h",
     "service.bpf.h",
@@ -23,6 +24,7 @@ const SOURCES: [&str; 14] = [
     "vmlinux.h",
     "probes.bpf.c",
     "floor.bpf.c",
+    "features.bpf.c",
 ];
 
 /// libbpf-cargo's name for the target architecture in `__TARGET_ARCH_*`.
@@ -51,7 +53,8 @@ fn main() {
         "-I".to_owned(),
         BPF_DIR.to_owned(),
         format!("-D__TARGET_ARCH_{}", target_arch()),
-        // cpu v3: atomic fetch-and-add with a result (auto-service slots); kernels >= 5.12.
+        // cpu v3: 32-bit jumps and ALU (5.1+). Its atomics with a result (5.12+) must not
+        // appear: 5.10's verifier refuses a program holding one even on a dead path.
         "-mcpu=v3".to_owned(),
         "-Wall".to_owned(),
         "-Werror".to_owned(),
@@ -59,8 +62,9 @@ fn main() {
     fs::write(out.join("bpf_clang_args.txt"), clang_args.join("\n"))
         .expect("writing bpf_clang_args.txt to OUT_DIR");
 
-    // probes: the product; floor: empty programs for the probe-cost benchmark.
-    for name in ["probes", "floor"] {
+    // probes: the product; features: what the kernel offers, loaded before it; floor:
+    // empty programs for the probe-cost benchmark.
+    for name in ["probes", "features", "floor"] {
         SkeletonBuilder::new()
             .source(format!("{BPF_DIR}/{name}.bpf.c"))
             .clang_args(&clang_args)

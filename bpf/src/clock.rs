@@ -1,10 +1,48 @@
-//! User-space side of the clock handling: the TAI offset and RX software timestamping.
+//! User-space side of the clock handling: the clock offsets and RX software timestamping.
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
+/// The offsets the BPF programs add to the clocks they can read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offsets {
+    /// CLOCK_TAI - CLOCK_REALTIME: how RX stamps (REALTIME) compare with "now" (TAI).
+    pub(crate) tai_minus_realtime_ns: i64,
+    /// CLOCK_TAI - CLOCK_MONOTONIC: "now" in TAI where the kernel has no TAI helper.
+    pub(crate) tai_minus_monotonic_ns: i64,
+}
+
+pub(crate) fn offsets() -> io::Result<Offsets> {
+    Ok(Offsets {
+        tai_minus_realtime_ns: tai_offset_ns()?,
+        tai_minus_monotonic_ns: tai_minus_monotonic_ns()?,
+    })
+}
+
+fn clock_ns(clock: libc::clockid_t) -> io::Result<i128> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec))
+}
+
+/// CLOCK_TAI - CLOCK_MONOTONIC in ns: TAI read between two MONOTONIC reads, against their
+/// midpoint, so the error is half the time between them (tens of ns).
+fn tai_minus_monotonic_ns() -> io::Result<i64> {
+    let before = clock_ns(libc::CLOCK_MONOTONIC)?;
+    let tai = clock_ns(libc::CLOCK_TAI)?;
+    let after = clock_ns(libc::CLOCK_MONOTONIC)?;
+    i64::try_from(tai - (before + after) / 2)
+        .map_err(|_| io::Error::other("CLOCK_TAI - CLOCK_MONOTONIC does not fit in 64 bits"))
+}
+
 /// CLOCK_TAI - CLOCK_REALTIME in ns, from the kernel's NTP state (exact whole seconds).
-pub(crate) fn tai_offset_ns() -> io::Result<i64> {
+fn tai_offset_ns() -> io::Result<i64> {
     // SAFETY: timex is plain data; modes = 0 only reads the state.
     let mut tx: libc::timex = unsafe { std::mem::zeroed() };
     // SAFETY: tx is a valid, writable timex.

@@ -41,6 +41,8 @@ pub struct ProbeConfig {
     /// packet, the largest part of ip-start's cost); off: ip-start counts everything as
     /// `host`.
     pub ip_start_ports: bool,
+    /// Use the kernel's features where it has them, or the stand-ins of 5.10 everywhere.
+    pub kernel_features: KernelFeatureMode,
     /// Override the histogram map's entry count (normally service slots x probes).
     #[serde(skip)]
     pub hist_map_entries: Option<u32>,
@@ -55,9 +57,21 @@ impl Default for ProbeConfig {
             filters: Filters::default(),
             hol_filter: true,
             ip_start_ports: true,
+            kernel_features: KernelFeatureMode::Detect,
             hist_map_entries: None,
         }
     }
+}
+
+/// `[probes] kernel_features`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelFeatureMode {
+    /// Find out what the kernel has (`"detect"`, the default).
+    Detect,
+    /// Use every stand-in that a 5.10 kernel needs, whatever the kernel has (`"baseline"`):
+    /// to compare their accuracy and cost with the real features.
+    Baseline,
 }
 
 /// `[probes.enable]`, read by hand so that an unknown probe name is reported at its own

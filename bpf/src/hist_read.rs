@@ -33,6 +33,9 @@ pub(crate) struct HistReader {
     /// [`HistReader::zeroed`]), so equal totals mean equal buckets: comparing two words
     /// instead of 273 was a tenth of the daemon's CPU.
     last: Vec<Totals>,
+    /// Whether the kernel reads a per-CPU array in batches (5.10 does not: one lookup per
+    /// entry instead).
+    batched: bool,
 }
 
 /// An entry's total count over its buckets and its sum of latencies.
@@ -52,7 +55,27 @@ impl HistReader {
             values: Vec::new(),
             keys: Vec::new(),
             last: Vec::new(),
+            batched: true,
         }
+    }
+
+    /// Read entry by entry, as where the kernel has no batched lookup.
+    pub(crate) fn read_one_by_one(&mut self) {
+        self.batched = false;
+    }
+
+    /// Find out whether the kernel reads `map` in batches, and read it entry by entry from
+    /// now on if not. Returns whether it does.
+    pub(crate) fn check_batched(&mut self, map: &libbpf_rs::MapMut<'_>) -> Result<bool, ReadError> {
+        let per_entry = self.cpus * WORDS;
+        let mut keys = [0u32; 1];
+        let mut values = vec![0u64; per_entry];
+        match lookup_batch(map, None, &mut keys, &mut values, 1, per_entry) {
+            Ok(_) => self.batched = true,
+            Err(e) if batch_unsupported(&e) => self.batched = false,
+            Err(e) => return Err(e),
+        }
+        Ok(self.batched)
     }
 
     /// Read entries `0..entries` of the per-CPU histogram `map` and call `each` with every
@@ -74,6 +97,14 @@ impl HistReader {
         if self.last.len() < entries as usize {
             // Never shrunk: the entries past a smaller prefix keep their last totals.
             self.last.resize(entries as usize, (0, 0));
+        }
+        if !self.batched {
+            for key in 0..entries {
+                let words = &mut self.values[..per_entry];
+                lookup_one(map, key, words)?;
+                visit(&mut self.last, key, words, &mut each)?;
+            }
+            return Ok(());
         }
         let mut done = 0u32;
         let mut after: Option<u32> = None;
@@ -149,6 +180,44 @@ fn sum_cpus(words: &[u64], sums: &mut Sums) {
             *total = total.saturating_add(word);
         }
     }
+}
+
+/// The kernel has no batched lookup for this map type (ENOTSUPP, or EOPNOTSUPP).
+fn batch_unsupported(e: &ReadError) -> bool {
+    const ENOTSUPP: i32 = 524; // the kernel's own, not in libc
+    match e {
+        ReadError::Map { source, .. } => {
+            let text = source.to_string();
+            [ENOTSUPP, libc::EOPNOTSUPP]
+                .iter()
+                .any(|n| text.contains(&format!("os error {n})")))
+        }
+        _ => false,
+    }
+}
+
+/// One entry's per-CPU value (`per_entry` words) by a plain lookup.
+fn lookup_one(map: &libbpf_rs::MapMut<'_>, key: u32, words: &mut [u64]) -> Result<(), ReadError> {
+    use libbpf_rs::libbpf_sys;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    // SAFETY: words holds one entry's per-CPU value, CPUs x WORDS u64 words, which is
+    // what the kernel writes for a per-CPU array of this value size; key is a u32 like the
+    // array's key.
+    let ret = unsafe {
+        libbpf_sys::bpf_map_lookup_elem(
+            map.as_fd().as_raw_fd(),
+            (&raw const key).cast(),
+            words.as_mut_ptr().cast(),
+        )
+    };
+    if ret < 0 {
+        return Err(ReadError::Map {
+            map: "hists",
+            source: libbpf_rs::Error::from_raw_os_error(-ret),
+        });
+    }
+    Ok(())
 }
 
 /// One `BPF_MAP_LOOKUP_BATCH` of up to `count` entries, starting after key `after` (from

@@ -17,6 +17,7 @@ mod capture;
 mod cgroup;
 mod clock;
 mod config;
+mod features;
 mod hist_read;
 pub mod kernel_functions;
 mod loader;
@@ -28,13 +29,20 @@ mod snapshot;
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/probes.skel.rs"));
 }
+#[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, unreachable_pub)]
+mod skel_features {
+    include!(concat!(env!("OUT_DIR"), "/features.skel.rs"));
+}
 
 pub use capture::{
     capture_counters, CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader,
     CaptureRecord, Records,
 };
 pub use cgroup::cgroup2_mount;
-pub use config::{Filters, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_SERVICE_LIMIT};
+pub use config::{
+    Filters, KernelFeatureMode, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_SERVICE_LIMIT,
+};
+pub use features::MissingFeature;
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};
 

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
 use crate::config::{ProbeConfig, ServiceSpec};
+use crate::features::{KernelFeatures, MissingFeature};
 use crate::hist_read::HistReader;
 use crate::probes::{variants, Variant, SK_DATA_READY_PROG};
 use crate::skel::types;
@@ -37,6 +38,9 @@ const _: () = {
 };
 
 const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+/// Cgroups whose service is kept where the kernel has no socket storage for it.
+const CGROUP_RULE_CACHE_ENTRIES: usize = 4096;
 
 /// How a probe is attached on the running kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -147,6 +151,9 @@ pub enum LoadError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A first read of the maps failed.
+    #[error("reading the probes' maps: {0}")]
+    Read(Box<ReadError>),
     /// Every probe is disabled or unavailable.
     #[error("no probe could be attached:\n{0}")]
     NothingAttached(String),
@@ -209,6 +216,8 @@ pub struct ProbeSet {
     auto_freed: u64,
     /// The histogram map's read buffer and what the last snapshot saw.
     hist_reader: HistReader,
+    /// What the kernel lacks and the probes stand in for.
+    missing_features: Vec<MissingFeature>,
     _rx_timestamping: OwnedFd,
 }
 
@@ -263,8 +272,16 @@ impl ProbeSet {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
+        progress("probing kernel features");
+        let (features, missing_features) = detect_features(config.kernel_features);
+        for m in &missing_features {
+            progress(&format!(
+                "kernel lacks {} (since {}): {}; cost: {}",
+                m.feature, m.since, m.stand_in, m.cost
+            ));
+        }
         progress("probing attach methods (fentry/fexit, then tp_btf)");
-        let plans = plan_attach_methods(config);
+        let plans = plan_attach_methods(config, features);
 
         progress("loading BPF programs");
         // The skeleton borrows its object storage for its whole life; a ProbeSet lives
@@ -284,14 +301,21 @@ impl ProbeSet {
             .collect();
         set_autoload(&mut open, &chosen)
             .map_err(bpf_err("setting the programs' attach targets"))?;
-        configure(&mut open, config, &plans, &service_cgroups, &filter_cgroups)?;
+        configure(
+            &mut open,
+            config,
+            features,
+            &plans,
+            &service_cgroups,
+            &filter_cgroups,
+        )?;
         let mut skel = load_final(open)?;
         fill_maps(&skel, config, &service_cgroups, &filter_cgroups)?;
-        let tai = crate::clock::tai_offset_ns().map_err(|source| LoadError::System {
-            stage: "reading the TAI offset (adjtimex)",
+        let offsets = crate::clock::offsets().map_err(|source| LoadError::System {
+            stage: "reading the clock offsets (adjtimex, clock_gettime)",
             source,
         })?;
-        set_tai_offset(&mut skel, tai);
+        set_clock_offsets(&mut skel, offsets);
         let rx_timestamping =
             crate::clock::rx_timestamping_socket().map_err(|source| LoadError::System {
                 stage: "enabling RX software timestamping",
@@ -327,6 +351,24 @@ impl ProbeSet {
             SlotNames::Configured(config.services.iter().map(|s| s.name.clone()).collect())
         };
         let cpus = libbpf_rs::num_possible_cpus().map_err(bpf_err("counting the CPUs"))?;
+        let mut hist_reader = HistReader::new(cpus);
+        let mut missing_features = missing_features;
+        let forced = config.kernel_features == crate::KernelFeatureMode::Baseline;
+        if forced {
+            hist_reader.read_one_by_one();
+        }
+        if forced
+            || !hist_reader
+                .check_batched(&skel.maps.hists)
+                .map_err(|e| LoadError::Read(Box::new(e)))?
+        {
+            let m = crate::features::MissingFeature::batched_map_reads(forced);
+            progress(&format!(
+                "kernel lacks {} (since {}): {}; cost: {}",
+                m.feature, m.since, m.stand_in, m.cost
+            ));
+            missing_features.push(m);
+        }
         Ok(ProbeSet {
             links,
             skel,
@@ -334,7 +376,8 @@ impl ProbeSet {
             slot_names,
             quarantine: Vec::new(),
             auto_freed: 0,
-            hist_reader: HistReader::new(cpus),
+            hist_reader,
+            missing_features,
             _rx_timestamping: rx_timestamping,
         })
     }
@@ -342,6 +385,11 @@ impl ProbeSet {
     /// The attach method of every probe, in [`Probe::ALL`] order.
     pub fn attachments(&self) -> &[Attachment] {
         &self.attachments
+    }
+
+    /// The kernel features the probes stand in for on this kernel (empty on 6.1 and newer).
+    pub fn missing_features(&self) -> &[MissingFeature] {
+        &self.missing_features
     }
 
     /// The skeleton, for in-kernel capture (`crate::capture`).
@@ -374,11 +422,12 @@ impl ProbeSet {
             .find(|&slot| slot_name(&mut self.slot_names, slot, &auto_slots) == service))
     }
 
-    /// Re-read CLOCK_TAI - CLOCK_REALTIME and hand it to the BPF programs (it changes on
-    /// leap seconds and when NTP/PTP set it). Call it every interval.
+    /// Re-read CLOCK_TAI - CLOCK_REALTIME (it changes on leap seconds and when NTP/PTP set
+    /// it) and CLOCK_TAI - CLOCK_MONOTONIC (the TAI clock's stand-in before 6.1; it changes
+    /// when the clock is stepped) and hand them to the BPF programs. Call it every interval.
     pub fn refresh_clock(&mut self) -> Result<(), ReadError> {
-        let tai = crate::clock::tai_offset_ns().map_err(ReadError::Clock)?;
-        set_tai_offset(&mut self.skel, tai);
+        let offsets = crate::clock::offsets().map_err(ReadError::Clock)?;
+        set_clock_offsets(&mut self.skel, offsets);
         Ok(())
     }
 
@@ -831,9 +880,17 @@ impl Drop for CaptureLibbpf {
     }
 }
 
+/// The kernel's features, found by trial loads of `features.bpf.c` (libbpf's complaints
+/// kept for the reasons, not printed).
+fn detect_features(mode: crate::KernelFeatureMode) -> (KernelFeatures, Vec<MissingFeature>) {
+    let _one_at_a_time = PLANNING.lock().unwrap_or_else(|e| e.into_inner());
+    let capture = CaptureLibbpf::new();
+    KernelFeatures::detect(mode, &|| capture.take_verifier_complaint())
+}
+
 /// Decide each probe's attach method by trial loads: every probe's preferred variant at
 /// once first (the common case costs one load), else probe by probe in preference order.
-fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
+fn plan_attach_methods(config: &ProbeConfig, features: KernelFeatures) -> BTreeMap<Probe, Plan> {
     let _one_at_a_time = PLANNING.lock().unwrap_or_else(|e| e.into_inner());
     let capture = CaptureLibbpf::new();
     let enabled: Vec<Probe> = Probe::ALL
@@ -848,7 +905,7 @@ fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
         .iter()
         .flat_map(|p| variants(*p)[0].programs())
         .collect();
-    if trial_load(&preferred).is_ok() {
+    if trial_load(&preferred, features).is_ok() {
         for p in enabled {
             plans.insert(p, Plan::Use(variants(p)[0], None));
         }
@@ -858,7 +915,7 @@ fn plan_attach_methods(config: &ProbeConfig) -> BTreeMap<Probe, Plan> {
         let mut reasons = Vec::new();
         let mut plan = None;
         for v in variants(p) {
-            match trial_load(&v.programs()) {
+            match trial_load(&v.programs(), features) {
                 Ok(()) => {
                     let refused = (!reasons.is_empty()).then(|| reasons.join("; "));
                     plan = Some(Plan::Use(*v, refused));
@@ -917,12 +974,22 @@ fn load_final(open: OpenProbesSkel<'static>) -> Result<ProbesSkel<'static>, Load
     })
 }
 
-/// Load the object with only `programs` (maps at their 1-entry defaults); drop it again.
-fn trial_load(programs: &[&str]) -> Result<(), libbpf_rs::Error> {
+/// Load the object with only `programs` (maps at their 1-entry defaults, the kernel's
+/// feature flags set); drop it again.
+fn trial_load(programs: &[&str], features: KernelFeatures) -> Result<(), libbpf_rs::Error> {
     let mut storage = MaybeUninit::uninit();
     let mut open = ProbesSkelBuilder::default().open(&mut storage)?;
     set_autoload(&mut open, programs)?;
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        set_feature_flags(ro, features);
+    }
     open.load().map(drop)
+}
+
+/// Which stand-ins the programs use (read-only: the verifier drops the other branch).
+fn set_feature_flags(ro: &mut types::rodata, features: KernelFeatures) {
+    ro.have_tai_clock = features.tai_clock;
+    ro.have_sk_storage = features.sk_storage;
 }
 
 /// Load only `programs`, each attached where the model's table says (the C sections name
@@ -948,6 +1015,7 @@ fn set_autoload(open: &mut OpenProbesSkel<'_>, programs: &[&str]) -> Result<(), 
 fn configure(
     open: &mut OpenProbesSkel<'_>,
     config: &ProbeConfig,
+    features: KernelFeatures,
     plans: &BTreeMap<Probe, Plan>,
     service_cgroups: &[Option<u64>],
     filter_cgroups: &[u64],
@@ -968,7 +1036,14 @@ fn configure(
     let port_rules: usize = config.services.iter().map(|s| s.ports.len()).sum();
     let cgroup_rules = service_cgroups.iter().flatten().count();
     let f = &config.filters;
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 10] = [
+    // Without socket storage the cgroup rules' answer is kept per cgroup (an LRU: a host
+    // with more live cgroups than this walks the ancestors again for the evicted ones).
+    let rule_cache = if !features.sk_storage && cgroup_rules > 0 {
+        CGROUP_RULE_CACHE_ENTRIES
+    } else {
+        0
+    };
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 11] = [
         (&mut open.maps.hists, entries as usize),
         (&mut open.maps.service_cgroups, cgroup_rules),
         // Indexed by port: every port has an entry once any rule exists.
@@ -976,6 +1051,7 @@ fn configure(
             &mut open.maps.service_ports,
             if port_rules > 0 { 1 << 16 } else { 0 },
         ),
+        (&mut open.maps.cgroup_rule_slots, rule_cache),
         (&mut open.maps.auto_cgroups, if auto { slots } else { 0 }),
         (&mut open.maps.auto_free_slots, if auto { slots } else { 0 }),
         (&mut open.maps.auto_slot_gen, if auto { slots } else { 0 }),
@@ -995,6 +1071,7 @@ fn configure(
     let Some(ro) = open.maps.rodata_data.as_deref_mut() else {
         return Err(LoadError::Object("it has no read-only data section"));
     };
+    set_feature_flags(ro, features);
     ro.auto_services = auto;
     ro.auto_service_limit = config.auto_service_limit;
     ro.have_cgroup_rules = cgroup_rules > 0;
@@ -1041,6 +1118,13 @@ fn fill_maps(
             )?;
         }
     }
+    // Every auto slot starts free: the BPF side pops one per new cgroup.
+    if config.services.is_empty() {
+        for rel in 0..config.auto_service_limit {
+            // A queue has no key: update pushes.
+            put(&maps.auto_free_slots, &[], &rel.to_ne_bytes())?;
+        }
+    }
     let f = &config.filters;
     for pid in &f.pids {
         put(&maps.allowed_pids, &pid.to_ne_bytes(), &[1])?;
@@ -1057,10 +1141,11 @@ fn fill_maps(
     Ok(())
 }
 
-fn set_tai_offset(skel: &mut ProbesSkel<'_>, offset_ns: i64) {
+fn set_clock_offsets(skel: &mut ProbesSkel<'_>, offsets: crate::clock::Offsets) {
     if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-        // The .bss is mmapped: the programs see the new value at once.
-        bss.tai_offset_ns = offset_ns;
+        // The .bss is mmapped: the programs see the new values at once.
+        bss.tai_offset_ns = offsets.tai_minus_realtime_ns;
+        bss.tai_minus_mono_ns = offsets.tai_minus_monotonic_ns;
     }
 }
 

@@ -140,6 +140,22 @@ cooldown = "1s"
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert_eq!(status["services"], serde_json::json!(["slow", "quiet"]));
     assert_eq!(status["pwru"]["prerequisites_ignored"], true);
+    // Status names what the kernel lacks: on 5.10 (the VM tier sets TAILTRAP_KERNEL) the
+    // stand-ins, each with its cost; from 6.1 on, nothing.
+    let lacks: Vec<&str> = status["missing_kernel_features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert!(m["cost"].as_str().is_some_and(|c| !c.is_empty()), "{m}");
+            m["feature"].as_str().unwrap_or_default()
+        })
+        .collect();
+    if std::env::var("TAILTRAP_KERNEL").is_ok_and(|k| k.starts_with("5.10.")) {
+        assert_eq!(lacks.len(), 3, "{lacks:?}");
+    } else {
+        assert!(lacks.is_empty(), "{lacks:?}");
+    }
     let read_method = status["probes"]
         .as_array()
         .unwrap()

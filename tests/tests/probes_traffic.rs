@@ -209,6 +209,106 @@ fn without_services_sockets_group_by_their_cgroup_up_to_the_limit() {
     assert!(snapshot.counters.auto_overflow > 0);
 }
 
+/// The kernel features a 5.10 kernel lacks (see `bpf::MissingFeature`).
+const FEATURES_5_10_LACKS: [&str; 3] = [
+    "bpf_ktime_get_tai_ns",
+    "socket storage in tracing programs",
+    "batched lookups of per-CPU array maps",
+];
+
+fn missing(probes: &bpf::ProbeSet) -> Vec<&'static str> {
+    probes
+        .missing_features()
+        .iter()
+        .map(|m| m.feature)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn the_kernels_missing_features_are_those_of_its_version() {
+    let probes = load(&ProbeConfig::default());
+    // Set by the VM runner; the host kernel (6.18) and the guests from 6.1 on have them all.
+    let kernel = std::env::var("TAILTRAP_KERNEL").unwrap_or_default();
+    if kernel.starts_with("5.10.") {
+        assert_eq!(missing(&probes), FEATURES_5_10_LACKS);
+    } else {
+        assert_eq!(missing(&probes), Vec::<&str>::new(), "kernel {kernel:?}");
+    }
+}
+
+/// `kernel_features = "baseline"` runs 5.10's stand-ins on any kernel: the clock from
+/// CLOCK_MONOTONIC plus an offset, services resolved per cgroup without socket storage,
+/// the histograms read entry by entry. They must measure and attribute as the features do.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn the_stand_ins_of_5_10_measure_and_attribute_like_the_features() {
+    let cg_slow = Cgroup::create("tt-base-slow").unwrap();
+    let cg_fast = Cgroup::create("tt-base-fast").unwrap();
+    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let slow = TcpServer::spawn(server(
+        localhost,
+        None,
+        Some(&cg_slow),
+        Duration::from_millis(20),
+    ))
+    .unwrap();
+    let fast = TcpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+    let baseline = ProbeConfig {
+        kernel_features: bpf::KernelFeatureMode::Baseline,
+        ..ProbeConfig::default()
+    };
+
+    // Configured: "slow" by its cgroup (the per-cgroup map), "fast" by its port.
+    let mut probes = load(&ProbeConfig {
+        services: vec![
+            service("slow", Some(&cg_slow), &[]),
+            service("fast", None, &[fast.addr().port()]),
+        ],
+        ..baseline.clone()
+    });
+    assert_eq!(missing(&probes), FEATURES_5_10_LACKS);
+    for m in probes.missing_features() {
+        assert!(m.why.contains("baseline") && !m.cost.is_empty(), "{m:?}");
+    }
+    run_client(client(slow.addr(), None, Proto::Tcp, 30)).unwrap();
+    run_client(client(fast.addr(), None, Proto::Tcp, 30)).unwrap();
+    probes.refresh_clock().unwrap();
+    let snapshot = probes.snapshot().unwrap();
+    let (slow_read, fast_read) = (
+        hist(&snapshot, "slow", Probe::TcpSocketRead),
+        hist(&snapshot, "fast", Probe::TcpSocketRead),
+    );
+    assert!(
+        slow_read.count() >= 30 && fast_read.count() >= 30,
+        "{snapshot:#?}"
+    );
+    // The stand-in clock must agree with the kernel's stamps: the 20 ms sleep shows as
+    // such, not as 0 or as the 37 s of TAI - UTC.
+    let (slow_p50, fast_p50) = (q(&slow_read, 0.5), q(&fast_read, 0.5));
+    assert!(
+        slow_p50.lower_ns >= 15 * MS && slow_p50.upper_ns < 1_000 * MS,
+        "{slow_p50:?}"
+    );
+    assert!(fast_p50.upper_ns <= 10 * MS, "{fast_p50:?}");
+    assert_eq!(
+        snapshot.counters.future_tstamp, 0,
+        "{:?}",
+        snapshot.counters
+    );
+    drop(probes);
+
+    // Auto-grouped: the per-cgroup slots without socket storage.
+    let mut probes = load(&baseline);
+    run_client(client(slow.addr(), None, Proto::Tcp, 20)).unwrap();
+    run_client(client(fast.addr(), None, Proto::Tcp, 20)).unwrap();
+    let snapshot = probes.snapshot().unwrap();
+    for cg in [&cg_slow, &cg_fast] {
+        let h = hist(&snapshot, cg.rel_path(), Probe::TcpSocketRead);
+        assert!(h.count() >= 20, "{}: {snapshot:#?}", cg.rel_path());
+    }
+}
+
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_tiny_histogram_map_reports_drops() {

@@ -26,6 +26,9 @@ pub struct StatusReport {
     pub daemon: DaemonInfo,
     /// Each probe and how it is attached.
     pub probes: Vec<ProbeRow>,
+    /// Kernel features the probes stand in for on this kernel (empty on 6.1 and newer).
+    #[serde(default)]
+    pub missing_kernel_features: Vec<MissingFeatureRow>,
     /// Configured services (empty: grouped by cgroup automatically).
     pub services: Vec<String>,
     /// Last interval's quantiles per (service, probe) against the learned baseline.
@@ -129,6 +132,33 @@ pub struct ProbeRow {
     /// Why the preferred method was refused, when this is a fallback.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+}
+
+/// A kernel feature the probes lack on this kernel and what stands in for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissingFeatureRow {
+    /// The feature.
+    pub feature: String,
+    /// The first mainline kernel that has it.
+    pub since: String,
+    /// What the probes do instead.
+    pub stand_in: String,
+    /// What that costs in accuracy or CPU.
+    pub cost: String,
+    /// Why it counts as missing.
+    pub why: String,
+}
+
+impl From<&bpf::MissingFeature> for MissingFeatureRow {
+    fn from(m: &bpf::MissingFeature) -> MissingFeatureRow {
+        MissingFeatureRow {
+            feature: m.feature.to_owned(),
+            since: m.since.to_owned(),
+            stand_in: m.stand_in.to_owned(),
+            cost: m.cost.to_owned(),
+            why: m.why.clone(),
+        }
+    }
 }
 
 /// Quantiles of one (service, probe) in the last interval and in the baseline, ns.

@@ -68,6 +68,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !args.json {
         print_attachments(&mut out, probes.attachments())?;
     }
+    // Once, on stderr: the stand-ins hold for the whole run, and stdout stays one table (or
+    // one JSON object) per interval.
+    for m in probes.missing_features() {
+        eprintln!(
+            "note: kernel lacks {} (since {}): {}; cost: {}",
+            m.feature, m.since, m.stand_in, m.cost
+        );
+    }
     let mut prev: HashMap<(String, Probe), Histogram> = HashMap::new();
     let mut prev_time = Instant::now();
     let mut done = 0u64;

@@ -173,6 +173,19 @@ fn print_report(r: &StatusReport) {
     }
     println!("{t}");
 
+    if !r.missing_kernel_features.is_empty() {
+        let mut t = table(["kernel lacks", "since", "stand-in", "what it costs"]);
+        for m in &r.missing_kernel_features {
+            t.add_row([
+                m.feature.clone(),
+                m.since.clone(),
+                m.stand_in.clone(),
+                m.cost.clone(),
+            ]);
+        }
+        println!("{t}");
+    }
+
     if r.latency.is_empty() {
         println!("no samples in the last interval");
     } else {

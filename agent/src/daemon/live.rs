@@ -5,15 +5,16 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use bpf::Attachment;
+use bpf::ProbeSet;
 use capture::pwru::{Prerequisites, SessionManager};
 use storage::{Store, StoreStats};
 
 use super::lock;
 
 use crate::api::{
-    CaptureReport, DaemonInfo, KernelCounters, LatencyRow, OpenIncident, OpenedCount, ProbeRow,
-    ProcessStats, ProgCost, PwruReport, ReloadOutcome, StatusReport, StoreReport,
+    CaptureReport, DaemonInfo, KernelCounters, LatencyRow, MissingFeatureRow, OpenIncident,
+    OpenedCount, ProbeRow, ProcessStats, ProgCost, PwruReport, ReloadOutcome, StatusReport,
+    StoreReport,
 };
 use crate::config::Config;
 
@@ -22,6 +23,7 @@ pub(super) struct Live {
     daemon: DaemonInfo,
     started: SystemTime,
     probes: Vec<ProbeRow>,
+    missing_features: Vec<MissingFeatureRow>,
     services: Vec<String>,
     pwru: (Prerequisites, bool, SessionManager),
     pwru_enabled: bool,
@@ -123,7 +125,7 @@ impl Live {
     /// `started`: when the process started (CPU use is averaged from there).
     pub(super) fn new(
         config: &Config,
-        probes: &[Attachment],
+        probes: &ProbeSet,
         pwru: (Prerequisites, bool, SessionManager),
         started: SystemTime,
     ) -> Live {
@@ -146,6 +148,7 @@ impl Live {
             },
             started,
             probes: Vec::new(),
+            missing_features: Vec::new(),
             services: Vec::new(),
             pwru,
             pwru_enabled: config.pwru.enabled(),
@@ -157,8 +160,14 @@ impl Live {
     }
 
     /// After a (re)load of the probes.
-    pub(super) fn set_probes(&mut self, config: &Config, probes: &[Attachment]) {
+    pub(super) fn set_probes(&mut self, config: &Config, probes: &ProbeSet) {
+        self.missing_features = probes
+            .missing_features()
+            .iter()
+            .map(MissingFeatureRow::from)
+            .collect();
         self.probes = probes
+            .attachments()
             .iter()
             .map(|a| ProbeRow {
                 probe: a.probe,
@@ -212,6 +221,7 @@ impl Live {
         StatusReport {
             daemon,
             probes: self.probes.clone(),
+            missing_kernel_features: self.missing_features.clone(),
             services: self.services.clone(),
             latency: status.latency.clone(),
             open_incidents: status.open_incidents.clone(),

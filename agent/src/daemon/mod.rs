@@ -180,7 +180,7 @@ impl Daemon {
         let (pwru_news_tx, pwru_news) = mpsc::channel(16);
         let live = Arc::new(Mutex::new(Live::new(
             &config,
-            probes.attachments(),
+            &probes,
             (prereq, ignore, manager.clone()),
             started,
         )));
@@ -386,6 +386,16 @@ async fn open_store(config: &Config) -> anyhow::Result<Store> {
 fn load_probes(config: &bpf::ProbeConfig) -> anyhow::Result<ProbeSet> {
     let probes = ProbeSet::load(config, &mut |step| tracing::debug!("{step}"))
         .context("cannot start the probes")?;
+    for m in probes.missing_features() {
+        tracing::warn!(
+            feature = m.feature,
+            since = m.since,
+            stand_in = m.stand_in,
+            cost = m.cost,
+            why = %m.why,
+            "kernel feature missing: using a stand-in"
+        );
+    }
     for a in probes.attachments() {
         match &a.refused {
             Some(why) => {

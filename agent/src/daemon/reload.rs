@@ -83,7 +83,7 @@ impl Daemon {
         .collect();
         if new.probes != running.probes {
             let probes = load_probes(&new.probes).map_err(ReloadError::Probes)?;
-            lock(&self.live).set_probes(&kept, probes.attachments());
+            lock(&self.live).set_probes(&kept, &probes);
             self.core.replace_kernel(BpfKernel::new(probes), &kept);
         }
         self.core.reconfigure(kept);

@@ -221,6 +221,7 @@ mod tests {
                 method: "tp_btf skb_copy_datagram_iovec".into(),
                 refused: None,
             }],
+            missing_kernel_features: Vec::new(),
             services: vec!["web".into(), "idle".into()],
             latency: vec![LatencyRow {
                 service: "web".into(),

@@ -16,6 +16,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "tailtrap.h"
+#include "cgroup.bpf.h"
 #include "clock.bpf.h"
 #include "counter.bpf.h"
 #include "ip.bpf.h"
@@ -70,7 +71,13 @@ static __always_inline __u64 ring_wakeup(void)
 		       : BPF_RB_NO_WAKEUP;
 }
 
-/* Take one record's worth of the rate limit; a lost race with another CPU counts as limited. */
+/*
+ * Take one record's worth of the rate limit (GCRA: tat is the theoretical arrival time of
+ * the next record). A plain load and store, no compare-and-exchange: kernels before 5.12
+ * refuse any program that contains one, even on a path never taken. CPUs that race here
+ * may each take the same token, so a burst can admit one extra record per racing CPU; the
+ * limit never sticks, and the race needs two slow samples within nanoseconds.
+ */
 static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burst_ns,
 				       __u64 now)
 {
@@ -79,16 +86,13 @@ static __always_inline bool take_token(__u64 *tat, __u64 interval_ns, __u64 burs
 	if (!interval_ns)
 		return true;
 	if (!now)
-		now = bpf_ktime_get_tai_ns();
-	for (int attempt = 0; attempt < 3; attempt++) {
-		old = *(volatile __u64 *)tat;
-		start = old > now ? old : now;
-		if (start - now > burst_ns)
-			return false;
-		if (__sync_val_compare_and_swap(tat, old, start + interval_ns) == old)
-			return true;
-	}
-	return false;
+		now = tai_now();
+	old = *(volatile __u64 *)tat;
+	start = old > now ? old : now;
+	if (start - now > burst_ns)
+		return false;
+	*(volatile __u64 *)tat = start + interval_ns;
+	return true;
 }
 
 static __always_inline void copy_in6(__u8 *dst, const struct in6_addr *a)
@@ -160,9 +164,7 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		flags |= TT_CAPTURE_F_PROCESS;
 	}
 	if (sk) {
-		struct cgroup *cg = sk->sk_cgrp_data.cgroup;
-
-		r->cgroup_id = cg ? cg->kn->id : 0;
+		r->cgroup_id = sock_cgroup_id(sk);
 		r->netns_ino = sk->__sk_common.skc_net.net->ns.inum;
 		r->queue_skbs = sk->sk_receive_queue.qlen;
 		r->rmem_alloc = sk->sk_backlog.rmem_alloc.counter;

@@ -44,6 +44,21 @@ static __always_inline __u64 read_stamp_ns(const struct scm_timestamping_interna
 /* CLOCK_TAI - CLOCK_REALTIME in ns, kept current by user space (leap seconds, NTP). */
 volatile __s64 tai_offset_ns;
 
+/* bpf_ktime_get_tai_ns exists (6.1+); the loader finds out with features.bpf.c. Without it,
+ * CLOCK_TAI is CLOCK_MONOTONIC plus their difference, which user space re-reads every
+ * interval: the two only drift apart when the clock is stepped, never by NTP slewing. */
+const volatile bool have_tai_clock = true;
+volatile __s64 tai_minus_mono_ns;
+
+static __always_inline __u64 tai_now(void)
+{
+	/* A read-only constant: the verifier drops the branch not taken, so a kernel without
+	 * the helper never sees its call. */
+	if (have_tai_clock)
+		return bpf_ktime_get_tai_ns();
+	return bpf_ktime_get_ns() + tai_minus_mono_ns;
+}
+
 static __always_inline __u8 skb_clock(const struct sk_buff *skb)
 {
 	if (bpf_core_field_exists(skb->tstamp_type))
@@ -66,10 +81,10 @@ static __always_inline __u64 clock_now_tai(__u8 clock, __u64 *tai)
 		*tai = 0;
 		return bpf_ktime_get_ns();
 	case TT_CLOCK_TAI:
-		*tai = bpf_ktime_get_tai_ns();
+		*tai = tai_now();
 		return *tai;
 	default:
-		*tai = bpf_ktime_get_tai_ns();
+		*tai = tai_now();
 		return *tai - tai_offset_ns;
 	}
 }
@@ -80,9 +95,9 @@ static __always_inline __u64 clock_now(__u8 clock)
 	case TT_CLOCK_MONOTONIC:
 		return bpf_ktime_get_ns();
 	case TT_CLOCK_TAI:
-		return bpf_ktime_get_tai_ns();
+		return tai_now();
 	default:
-		return bpf_ktime_get_tai_ns() - tai_offset_ns;
+		return tai_now() - tai_offset_ns;
 	}
 }
 

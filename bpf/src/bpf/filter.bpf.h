@@ -10,7 +10,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 
-#include "service.bpf.h" /* sock_cgroup(), cgroup_id() */
+#include "cgroup.bpf.h"
 
 const volatile bool filter_pids = false;
 const volatile bool filter_cgroups = false;
@@ -80,7 +80,7 @@ static __always_inline bool filters_pass(const struct sk_buff *skb, const struct
 			return false;
 	}
 	if (filter_cgroups && sk) {
-		__u64 id = cgroup_id(sock_cgroup(sk));
+		__u64 id = sock_cgroup_id(sk);
 
 		if (!bpf_map_lookup_elem(&allowed_cgroups, &id))
 			return false;

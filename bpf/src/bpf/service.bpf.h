@@ -4,10 +4,11 @@
  * and by local port; probes before socket lookup only have the packet's local port.
  * Unmatched traffic goes to TT_SERVICE_HOST. With no services configured, sockets are
  * grouped by their own cgroup (sk->sk_cgrp_data, not the running task's) into slots handed
- * out here, up to auto_service_limit; the rest go to TT_SERVICE_OTHER. User space frees
- * the slots of cgroups that are gone (see docs/probes.md): it deletes the auto_cgroups
- * entry, bumps the slot's generation and, one interval later, pushes the slot to
- * auto_free_slots, which is drawn from before auto_next_slot.
+ * out here, up to auto_service_limit; the rest go to TT_SERVICE_OTHER. The loader fills
+ * auto_free_slots with every slot, and a new cgroup pops one: the queue map is the only
+ * allocator, so no atomic fetch-and-add (5.12+) is needed. User space frees the slots of
+ * cgroups that are gone (see docs/probes.md): it deletes the auto_cgroups entry, bumps the
+ * slot's generation and, one interval later, pushes the slot back to auto_free_slots.
  */
 #ifndef TT_SERVICE_BPF_H
 #define TT_SERVICE_BPF_H
@@ -18,6 +19,7 @@
 
 #include "tailtrap.h"
 #include "counter.bpf.h"
+#include "cgroup.bpf.h"
 
 /* Deepest cgroup ancestor checked against the configured cgroups. */
 #define TT_MAX_CGROUP_DEPTH 16
@@ -26,9 +28,8 @@ const volatile bool auto_services = false;
 const volatile __u32 auto_service_limit = 0;
 const volatile bool have_cgroup_rules = false;
 const volatile bool have_port_rules = false;
-
-/* Next free auto slot (relative to TT_SERVICE_FIRST). */
-__u32 auto_next_slot;
+/* Tracing programs may use socket storage (5.11+); set by the loader. */
+const volatile bool have_sk_storage = true;
 
 /* Configured: cgroup id -> service slot; max_entries set by the loader. */
 struct {
@@ -64,6 +65,16 @@ struct {
 	__type(value, struct sock_service);
 } sock_services SEC(".maps");
 
+/* Without socket storage: socket cgroup id -> the slot its cgroup rules give (host when
+ * none), so that the ancestor walk runs once per cgroup. Rules do not change while loaded,
+ * so an entry never goes stale; max_entries set by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1);
+	__type(key, __u64);
+	__type(value, __u32);
+} cgroup_rule_slots SEC(".maps");
+
 /* Auto-grouping: socket cgroup id -> slot, filled here; the loader reads it for names. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -72,7 +83,8 @@ struct {
 	__type(value, __u32);
 } auto_cgroups SEC(".maps");
 
-/* Auto slots (relative to TT_SERVICE_FIRST) freed by user space, reused first. */
+/* Auto slots (relative to TT_SERVICE_FIRST) not in use: all of them at load, and those
+ * user space freed since. */
 struct {
 	__uint(type, BPF_MAP_TYPE_QUEUE);
 	__uint(max_entries, 1);
@@ -89,16 +101,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } auto_slot_gen SEC(".maps");
-
-static __always_inline struct cgroup *sock_cgroup(const struct sock *sk)
-{
-	return sk->sk_cgrp_data.cgroup;
-}
-
-static __always_inline __u64 cgroup_id(const struct cgroup *cg)
-{
-	return cg ? cg->kn->id : 0;
-}
 
 static __always_inline __u32 service_of_port(__u16 port)
 {
@@ -131,7 +133,7 @@ static __always_inline __u32 service_of_cgroup(const struct sock *sk)
 
 static __always_inline __u32 auto_service(const struct sock *sk)
 {
-	__u64 id = cgroup_id(sock_cgroup(sk));
+	__u64 id = sock_cgroup_id(sk);
 	__u32 *known, slot;
 
 	if (!id)
@@ -139,18 +141,10 @@ static __always_inline __u32 auto_service(const struct sock *sk)
 	known = bpf_map_lookup_elem(&auto_cgroups, &id);
 	if (known)
 		return *known;
-	if (!bpf_map_pop_elem(&auto_free_slots, &slot))
-		goto claim;
-	if (auto_next_slot >= auto_service_limit) {
+	if (bpf_map_pop_elem(&auto_free_slots, &slot)) {
 		count_event(TT_COUNTER_AUTO_OVERFLOW);
 		return TT_SERVICE_OTHER;
 	}
-	slot = __sync_fetch_and_add(&auto_next_slot, 1);
-	if (slot >= auto_service_limit) {
-		count_event(TT_COUNTER_AUTO_OVERFLOW);
-		return TT_SERVICE_OTHER;
-	}
-claim:
 	slot += TT_SERVICE_FIRST;
 	if (bpf_map_update_elem(&auto_cgroups, &id, &slot, BPF_NOEXIST)) {
 		/* Another CPU registered this cgroup first: use its slot and hand ours back. */
@@ -187,6 +181,28 @@ static __always_inline __u32 resolve_service_of_sock(const struct sock *sk)
 	return service_of_port(sk->__sk_common.skc_num);
 }
 
+/* The stand-in for the socket cache before 5.11: a lookup per packet keyed by the
+ * socket's cgroup. Auto-grouping's own map is keyed that way already. */
+static __always_inline __u32 service_of_sock_by_cgroup(const struct sock *sk)
+{
+	__u64 id;
+	__u32 *known, slot;
+
+	if (auto_services)
+		return auto_service(sk);
+	id = sock_cgroup_id(sk);
+	known = bpf_map_lookup_elem(&cgroup_rule_slots, &id);
+	if (known) {
+		slot = *known;
+	} else {
+		slot = service_of_cgroup(sk);
+		bpf_map_update_elem(&cgroup_rule_slots, &id, &slot, BPF_ANY);
+	}
+	if (slot != TT_SERVICE_HOST)
+		return slot;
+	return service_of_port(sk->__sk_common.skc_num);
+}
+
 static __always_inline __u32 service_of_sock(const struct sock *sk)
 {
 	struct sock_service *cached;
@@ -197,6 +213,9 @@ static __always_inline __u32 service_of_sock(const struct sock *sk)
 	 * helper call, and no storage is created. */
 	if (!auto_services && !have_cgroup_rules)
 		return service_of_port(sk->__sk_common.skc_num);
+	/* A read-only constant: on kernels with socket storage this branch is dropped. */
+	if (!have_sk_storage)
+		return service_of_sock_by_cgroup(sk);
 	/* NULL for sockets without storage (not full sockets) or out of memory: resolve. */
 	cached = bpf_sk_storage_get(&sock_services, (struct sock *)sk, 0,
 				    BPF_SK_STORAGE_GET_F_CREATE);
