@@ -81,3 +81,39 @@ pub fn expected_attach() -> Option<String> {
         .ok()
         .filter(|v| !v.is_empty())
 }
+
+/// The pwru stand-in (`capture/tests/fake-pwru/pwru`), with its list of the functions pwru
+/// would select on this kernel made beforehand. The stand-in makes that list from the
+/// kernel's BTF when it first runs (a Python pass over every type, cached per kernel
+/// release); in a guest under software emulation that alone took longer than the daemon's
+/// 1 min attach timeout (5.10, 2026-11-28), so the first session failed as "not ready" for
+/// a reason of the test bed, not of tailtrap.
+pub fn fake_pwru() -> PathBuf {
+    static WARM: std::sync::Once = std::sync::Once::new();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru");
+    WARM.call_once(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let tmp = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+        // The stand-in's own cache file (see its "Functions selected" block).
+        let list = tmp.join(format!("fake-pwru-skb-functions.{}", release.trim()));
+        if std::fs::metadata(&list).is_ok_and(|m| m.len() > 0) {
+            return;
+        }
+        let part = list.with_extension(format!("warm.{}", std::process::id()));
+        let made = std::fs::File::create(&part).and_then(|out| {
+            std::process::Command::new(dir.join("skb-functions"))
+                .stdout(out)
+                .status()
+        });
+        // Failing here leaves the stand-in to make the list itself, as before.
+        match made {
+            Ok(s) if s.success() => {
+                let _ = std::fs::rename(&part, &list);
+            }
+            _ => {
+                let _ = std::fs::remove_file(&part);
+            }
+        }
+    });
+    dir.join("pwru")
+}

@@ -30,7 +30,7 @@ mod prometheus;
 mod traffic;
 mod veth;
 
-pub use bins::{expected_attach, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
+pub use bins::{expected_attach, fake_pwru, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
 pub use cgroup::Cgroup;
 pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
 pub use error::{Error, Result};

@@ -6,15 +6,15 @@
 // Test code: a failed step should panic with its context.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, require_vm, tailtrap_bin, vm_kernel, Daemon, EchoServer,
-    LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
+    baselines_warm, cli, cli_json, fake_pwru, require_vm, tailtrap_bin, vm_kernel, Daemon,
+    EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// The pwru session's deadline, a bound only: sessions end at their output limit, well
@@ -29,10 +29,6 @@ fn pwru_deadline() -> Duration {
 }
 
 /// The pwru stand-in of the capture crate (honours pwru 1.0.12's CLI, prints real JSON).
-fn fake_pwru() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
-}
-
 fn incidents_of(config: &Path, service: &str) -> Vec<Value> {
     let (v, _) = cli_json(config, &["incidents", "--json", "--service", service]);
     v["incidents"].as_array().cloned().unwrap_or_default()

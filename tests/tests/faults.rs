@@ -23,13 +23,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli_json, Daemon, LoopingClient, Proto, ScratchDir, ServerOpts, TcpServer,
-    SLOW_READER_DETECTOR,
+    baselines_warm, cli_json, fake_pwru, Daemon, LoopingClient, Proto, ScratchDir, ServerOpts,
+    TcpServer, SLOW_READER_DETECTOR,
 };
-
-fn fake_pwru() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
-}
 
 /// One `GET` on a fresh connection: the status code and the body, checked complete against
 /// its Content-Length.

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, require_vm, vm_kernel, Daemon, EchoServer, LoopingClient, Proto,
-    ScratchDir, SLOW_READER_DETECTOR,
+    baselines_warm, cli, cli_json, fake_pwru, require_vm, vm_kernel, Daemon, EchoServer,
+    LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// Under qemu's software emulation pwru takes 20–115 s to attach next to a daemon and
@@ -43,10 +43,6 @@ fn real_pwru() -> Option<PathBuf> {
             None
         }
     }
-}
-
-fn fake_pwru() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../capture/tests/fake-pwru/pwru")
 }
 
 /// How the session of one run is configured.
