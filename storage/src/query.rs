@@ -143,6 +143,10 @@ pub struct SampleCursor {
     pub time_ns: u64,
     /// Its store sequence number.
     pub seq: u64,
+    /// Its latency: set in pages slowest first ([`Store::slowest_samples`]), whose order
+    /// it is part of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ns: Option<u64>,
 }
 
 /// One page of samples, in stored order: samples are kept in chunks of up to 256, each in
@@ -384,9 +388,61 @@ impl Store {
             .map(|(seq, s)| SampleCursor {
                 time_ns: s.time_ns,
                 seq: *seq,
+                latency_ns: None,
             });
         Ok(SamplePage {
             samples: samples.into_iter().map(|(_, s)| s).collect(),
+            next,
+        })
+    }
+
+    /// Samples of an incident matching `filter`, slowest first (equal latencies in stored
+    /// order), one page after `after` (a cursor of this order, with its latency). Reads
+    /// every matching sample and keeps only a page and a half's worth at a time.
+    pub fn slowest_samples(
+        &self,
+        incident: u64,
+        filter: &SampleFilter,
+        after: Option<SampleCursor>,
+        limit: usize,
+    ) -> Result<SamplePage> {
+        if !self.incident_exists(incident)? {
+            return Err(StoreError::NoSuchIncident(incident));
+        }
+        let limit = page_limit(limit);
+        let slowest_first = |a: &(u64, Sample), b: &(u64, Sample)| {
+            b.1.latency_ns.cmp(&a.1.latency_ns).then(a.0.cmp(&b.0))
+        };
+        // One more than asked tells whether another page exists.
+        let keep = limit + 1;
+        let mut best: Vec<(u64, Sample)> = Vec::with_capacity(keep + keep / 2);
+        self.for_each_sample(incident, filter, None, |seq, s| {
+            let past_cursor = after.is_none_or(|c| {
+                let at = c.latency_ns.unwrap_or(u64::MAX);
+                s.latency_ns < at || (s.latency_ns == at && seq > c.seq)
+            });
+            if past_cursor {
+                best.push((seq, s));
+                if best.len() >= keep + keep / 2 {
+                    best.select_nth_unstable_by(keep - 1, slowest_first);
+                    best.truncate(keep);
+                }
+            }
+            true
+        })?;
+        best.sort_unstable_by(slowest_first);
+        let more = best.len() > limit;
+        best.truncate(limit);
+        let next = more
+            .then(|| best.last())
+            .flatten()
+            .map(|(seq, s)| SampleCursor {
+                time_ns: s.time_ns,
+                seq: *seq,
+                latency_ns: Some(s.latency_ns),
+            });
+        Ok(SamplePage {
+            samples: best.into_iter().map(|(_, s)| s).collect(),
             next,
         })
     }

@@ -362,6 +362,69 @@ fn paging_crosses_chunks_and_batches_exactly_once() {
         .all(|w| w[0].time_ns <= w[1].time_ns));
 }
 
+#[test]
+fn slowest_first_pages_every_sample_once_in_latency_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir);
+    let inc = s.open_incident(&new_incident("web", T0)).unwrap();
+    // Two batches interleaved in time, three chunks and more: latencies 1 ms + (i % 100) x
+    // 0.1 ms, ten samples of each, so ties cross chunk and page boundaries.
+    let a: Vec<_> = (0..700u64)
+        .map(|i| sample(inc.id, i, T0 + i * 10))
+        .collect();
+    let b: Vec<_> = (700..1000u64)
+        .map(|i| sample(inc.id, i, T0 + 5 + (i - 700) * 10))
+        .collect();
+    s.put_samples(&a).unwrap();
+    s.put_samples(&b).unwrap();
+    let latency = |i: u64| 1_000_000 + (i % 100) * 100_000;
+
+    let all = SampleFilter::default();
+    let mut first_pages = Vec::new();
+    for limit in [13, 256, 5000] {
+        let mut ids = Vec::new();
+        let mut after = None;
+        loop {
+            let page = s.slowest_samples(inc.id, &all, after, limit).unwrap();
+            assert!(page.samples.len() <= limit);
+            ids.extend(page.samples.iter().map(|x| u64::from(x.tcp_seq.unwrap())));
+            match page.next {
+                Some(c) => {
+                    assert!(c.latency_ns.is_some(), "{c:?}");
+                    after = Some(c);
+                }
+                None => break,
+            }
+        }
+        assert!(
+            ids.windows(2).all(|w| latency(w[0]) >= latency(w[1])),
+            "page size {limit}: not slowest first"
+        );
+        let mut once = ids.clone();
+        once.sort_unstable();
+        once.dedup();
+        assert_eq!(
+            once.len(),
+            1000,
+            "page size {limit}: {} distinct",
+            once.len()
+        );
+        first_pages.push(ids);
+    }
+    // Ties fall in one order whatever the page size.
+    assert!(first_pages.windows(2).all(|w| w[0] == w[1]));
+    assert!(first_pages[0][..10].iter().all(|&i| i % 100 == 99));
+
+    // Filters apply as in time order.
+    let f = SampleFilter {
+        min_latency_ns: Some(latency(98)),
+        ..SampleFilter::default()
+    };
+    let page = s.slowest_samples(inc.id, &f, None, 0).unwrap();
+    assert_eq!(page.samples.len(), 20);
+    assert!(page.next.is_none());
+}
+
 fn pwru_record(incident: u64, seq: u64) -> PwruRecord {
     let raw = format!(
         r#"{{"skb":"0xffff888004b338e8","cpu":1,"process":"~/python3.11:467","func":"tcp_v4_rcv","len":60,"tuple":{{"saddr":"127.0.0.1","daddr":"127.0.0.1","sport":56178,"dport":9000,"proto":6}},"n":{seq}}}"#

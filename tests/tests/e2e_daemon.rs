@@ -287,6 +287,34 @@ cooldown = "1s"
         samples.iter().any(is_armed).then_some(samples)
     });
     assert!(samples.iter().all(|s| s["flow"]["dport"] == slow_port));
+    // The slowest lead; `--by-time` lists the same samples in stored (time) order.
+    let latencies: Vec<u64> = samples
+        .iter()
+        .filter_map(|s| s["latency_ns"].as_u64())
+        .collect();
+    assert!(latencies.windows(2).all(|w| w[0] >= w[1]), "{latencies:?}");
+    let (by_time, _) = cli_json(
+        &config,
+        &[
+            "samples",
+            &id.to_string(),
+            "--json",
+            "--by-time",
+            "--limit",
+            "10000",
+        ],
+    );
+    let key = |s: &Value| (s["time_ns"].as_u64(), s["latency_ns"].as_u64());
+    let mut a: Vec<_> = samples.iter().map(key).collect();
+    let mut b: Vec<_> = by_time["samples"]
+        .as_array()
+        .map(|l| l.iter().map(key).collect())
+        .unwrap_or_default();
+    // Samples may have been stored between the two reads.
+    b.retain(|k| a.contains(k));
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert!(
         samples.iter().any(|s| s["flags"]

@@ -42,10 +42,25 @@ pub struct SamplesParams {
     pub min_latency_ns: Option<u64>,
     /// Paging: the previous page's `next.time_ns` ...
     pub after_time_ns: Option<u64>,
-    /// ... and `next.seq`.
+    /// ... and `next.seq` ...
     pub after_seq: Option<u64>,
+    /// ... and, slowest first, `next.latency_ns`.
+    pub after_latency_ns: Option<u64>,
     /// Page size (0: the maximum).
     pub limit: usize,
+    /// `time` (the default: oldest first) or `slowest` (slowest first).
+    pub order: SampleOrder,
+}
+
+/// The order of a samples page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleOrder {
+    /// Oldest first.
+    #[default]
+    Time,
+    /// Slowest first; equal latencies oldest first.
+    Slowest,
 }
 
 /// Parameters of `GET /v1/incidents/{id}/pwru` (all optional).
@@ -116,12 +131,27 @@ pub fn samples(store: &Store, id: u64, p: &SamplesParams) -> Result<SamplePage, 
             .map_err(|e| QueryError::BadRequest(format!("flow: {e}")))?,
         None => FlowFilter::default(),
     };
-    let after = match (p.after_time_ns, p.after_seq) {
-        (Some(time_ns), Some(seq)) => Some(SampleCursor { time_ns, seq }),
-        (None, None) => None,
-        _ => {
+    let after = match (p.order, p.after_time_ns, p.after_seq, p.after_latency_ns) {
+        (_, None, None, None) => None,
+        (SampleOrder::Time, Some(time_ns), Some(seq), None) => Some(SampleCursor {
+            time_ns,
+            seq,
+            latency_ns: None,
+        }),
+        (SampleOrder::Slowest, time_ns, Some(seq), Some(latency_ns)) => Some(SampleCursor {
+            time_ns: time_ns.unwrap_or(0),
+            seq,
+            latency_ns: Some(latency_ns),
+        }),
+        (SampleOrder::Time, ..) => {
             return Err(QueryError::BadRequest(
-                "after_time_ns and after_seq go together".into(),
+                "in time order, after_time_ns and after_seq go together (no after_latency_ns)"
+                    .into(),
+            ))
+        }
+        (SampleOrder::Slowest, ..) => {
+            return Err(QueryError::BadRequest(
+                "slowest first, after_latency_ns and after_seq go together".into(),
             ))
         }
     };
@@ -132,7 +162,10 @@ pub fn samples(store: &Store, id: u64, p: &SamplesParams) -> Result<SamplePage, 
         since_ns: None,
         until_ns: None,
     };
-    Ok(store.samples(id, &filter, after, p.limit)?)
+    Ok(match p.order {
+        SampleOrder::Time => store.samples(id, &filter, after, p.limit)?,
+        SampleOrder::Slowest => store.slowest_samples(id, &filter, after, p.limit)?,
+    })
 }
 
 /// A page of an incident's pwru lines.

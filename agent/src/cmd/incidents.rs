@@ -108,12 +108,13 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             Some(Show::Show { id }) => {
                 let view = source.incident(id).await?;
                 // The slowest samples' pwru timelines, as `tailtrap samples ID` joins them
-                // (over the first page of samples, the largest the API serves).
+                // (over the slowest page of samples, the largest the API serves).
                 let samples = source
                     .samples(
                         id,
                         &SamplesParams {
                             limit: 0,
+                            order: crate::api::query::SampleOrder::Slowest,
                             ..SamplesParams::default()
                         },
                     )

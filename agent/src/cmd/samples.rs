@@ -1,5 +1,5 @@
 //! `tailtrap samples ID [--probe P] [--flow 'dport=443 saddr=10.0.0.5'] [--min-latency 2ms]
-//! [--limit N]`: an incident's slow-SKB samples.
+//! [--limit N] [--by-time]`: an incident's slow-SKB samples, slowest first.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use capture::pwru::{
 use model::Probe;
 use storage::PwruRecord;
 
-use crate::api::query::{IncidentsParams, PwruParams, SamplesParams};
+use crate::api::query::{IncidentsParams, PwruParams, SampleOrder, SamplesParams};
 use crate::output::{fmt_ns, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
@@ -29,9 +29,12 @@ pub struct Args {
     /// Only samples at least this slow (e.g. `2ms`).
     #[arg(long, value_parser = humantime::parse_duration)]
     min_latency: Option<Duration>,
-    /// At most this many, oldest first.
+    /// At most this many, slowest first (with `--by-time`, oldest first).
     #[arg(long, default_value_t = 100)]
     limit: usize,
+    /// In time order, oldest first, instead of slowest first.
+    #[arg(long)]
+    by_time: bool,
     /// Only samples with a pwru timeline (their packet was traced by the incident's
     /// pwru session).
     #[arg(long)]
@@ -67,6 +70,12 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             after_time_ns: None,
             after_seq: None,
+            after_latency_ns: None,
+            order: if args.by_time {
+                SampleOrder::Time
+            } else {
+                SampleOrder::Slowest
+            },
             // The timeline filter applies after the join: take a whole page first.
             limit: if args.with_timeline { 0 } else { args.limit },
         };
