@@ -429,9 +429,13 @@ fn enospc_child(dir: &Path) {
     // While the disk stays full, writes keep failing with counted errors, no panic.
     assert!(s.put_samples(&[sample(first.id, 1000, T0)]).is_err());
     assert!(s.stats().write_errors > stats.write_errors);
-    // The failed engine still answers reads.
-    s.readable().unwrap();
-    assert_eq!(sample_count(&s, first.id), 100);
+    // The failed engine still answers reads, unless a reopen to free memory met the full
+    // disk and sled's shutdown outlasted its 10 s wait (seen on a busy CI machine): then
+    // queries say so instead of showing an empty database, and recovery below decides.
+    match s.readable() {
+        Ok(()) => assert_eq!(sample_count(&s, first.id), 100),
+        Err(e) => assert!(e.to_string().contains("restart tailtrap"), "{e}"),
+    }
     let grown = Command::new("mount")
         .args(["-o", "remount,size=64m"])
         .arg(dir)
