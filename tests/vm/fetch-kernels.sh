@@ -3,6 +3,8 @@
 #
 # Downloads the stock Debian kernels the VM tests boot and unpacks them into a cache, without
 # installing anything on the host and without touching the host's apt sources or state:
+#   5.10  newest linux-image-5.10.0-*-amd64 of bullseye (Debian 11, incl. -updates/-security):
+#         the oldest LTS kernel tailtrap supports
 #   6.1   newest linux-image-6.1.0-*-amd64 of bookworm (incl. bookworm-updates/-security)
 #   6.12  linux-image-6.12.*+deb12-amd64 of bookworm-backports (what its linux-image-amd64 pulls in)
 #   unstable  the newest kernel of Debian's unstable suite (what sid's linux-image-amd64 pulls
@@ -14,7 +16,7 @@
 # with dpkg-deb -x and gets a modules.dep (depmod -b), so its modules load inside the guest.
 #
 # Layout:  $CACHE/kernels/<release>/{boot/vmlinuz-<release>,lib/modules/<release>}
-#          $CACHE/6.1 and $CACHE/6.12: symlinks to the kernel directory of that series
+#          $CACHE/<series>: symlink to the kernel directory of that series
 # Idempotent: a series already unpacked is reused without network access; --update refreshes
 # the package lists and fetches a newer kernel if Debian has one.
 #
@@ -22,7 +24,8 @@
 #   TAILTRAP_VMTEST_CACHE   cache directory (default /var/cache/tailtrap-vmtest)
 #   TAILTRAP_DEBIAN_MIRROR  Debian mirror (default http://deb.debian.org/debian)
 #   TAILTRAP_DEBIAN_SECURITY_MIRROR  (default http://deb.debian.org/debian-security)
-#   TAILTRAP_KERNEL_PKG_6_1, TAILTRAP_KERNEL_PKG_6_12, TAILTRAP_KERNEL_PKG_UNSTABLE
+#   TAILTRAP_KERNEL_PKG_5_10, TAILTRAP_KERNEL_PKG_6_1, TAILTRAP_KERNEL_PKG_6_12,
+#   TAILTRAP_KERNEL_PKG_UNSTABLE
 #                           pin an exact linux-image package name
 # Prints one line per series: "<series> <release> <kernel dir>".  Exit status != 0 on failure.
 
@@ -41,7 +44,7 @@ CACHE=${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}
 MIRROR=${TAILTRAP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECMIRROR=${TAILTRAP_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-SERIES=(6.1 6.12 unstable)
+SERIES=(5.10 6.1 6.12 unstable)
 UNSTABLE_MAX_AGE_DAYS=7
 
 for t in apt-get apt-cache dpkg-deb depmod; do
@@ -81,6 +84,13 @@ Signed-By: $KEYRING
 
 Types: deb
 URIs: $MIRROR
+Suites: bullseye bullseye-updates
+Components: main
+Architectures: amd64
+Signed-By: $KEYRING
+
+Types: deb
+URIs: $MIRROR
 Suites: sid
 Components: main
 Architectures: amd64
@@ -88,7 +98,7 @@ Signed-By: $KEYRING
 
 Types: deb
 URIs: $SECMIRROR
-Suites: bookworm-security
+Suites: bullseye-security bookworm-security
 Components: main
 Architectures: amd64
 Signed-By: $KEYRING
@@ -106,7 +116,7 @@ SRC
     echo "$PROG: refreshing Debian package lists (private apt state in $A)" >&2
     if ! apt-get -q "${APT[@]}" update >&2; then
         # Only a weekly refresh of the unstable kernel failed: keep the cached kernels.
-        if [ $UPDATE = 0 ] && complete 6.1 && complete 6.12 && complete unstable; then
+        if [ $UPDATE = 0 ] && complete 5.10 && complete 6.1 && complete 6.12 && complete unstable; then
             echo "$PROG: refreshing the package lists failed; keeping the cached kernels" >&2
             need_fetch=0
         else
@@ -126,6 +136,7 @@ if [ $need_fetch = 1 ]; then
             awk -v pat="$pat" '$1 ~ /Depends:$/ && $2 ~ pat {print $2; exit}'
     }
     declare -A PKG
+    PKG[5.10]=${TAILTRAP_KERNEL_PKG_5_10:-$(meta_dep '^linux-image-5\.10\.0-[0-9]+-amd64$' -t bullseye)}
     PKG[6.1]=${TAILTRAP_KERNEL_PKG_6_1:-$(meta_dep '^linux-image-6\.1\.0-[0-9]+-amd64$')}
     PKG[6.12]=${TAILTRAP_KERNEL_PKG_6_12:-$(meta_dep '^linux-image-6\.12\.[0-9]+\+deb12-amd64$' -t bookworm-backports)}
     PKG[unstable]=${TAILTRAP_KERNEL_PKG_UNSTABLE:-$(meta_dep '^linux-image-[0-9][^ ]*-amd64$' -t sid)}

@@ -14,7 +14,7 @@
 # Exit status 0 only if every executable ran and passed on every kernel.
 #
 # Options:
-#   --kernel SERIES   6.1, 6.12 or unstable (repeatable; default all three)
+#   --kernel SERIES   5.10, 6.1, 6.12 or unstable (repeatable; default all four)
 #   --test NAME       only this test executable (file name under tests/tests, no .rs; repeatable)
 #   -- ARGS           passed to every test executable (e.g. a name filter)
 # Environment:
@@ -39,9 +39,9 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument '$1' (see the header of $0)" ;;
     esac
 done
-[ ${#series[@]} -gt 0 ] || series=(6.1 6.12 unstable)
+[ ${#series[@]} -gt 0 ] || series=(5.10 6.1 6.12 unstable)
 for s in "${series[@]}"; do
-    case $s in 6.1|6.12|unstable) ;; *) die "unknown kernel series '$s' (6.1, 6.12 or unstable)" ;; esac
+    case $s in 5.10|6.1|6.12|unstable) ;; *) die "unknown kernel series '$s' (5.10, 6.1, 6.12 or unstable)" ;; esac
 done
 
 # ---- kernels
