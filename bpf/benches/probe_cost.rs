@@ -18,7 +18,9 @@
 //! - `flight, no ip ports`: as `+ flight` with `[probes] ip_start_ports = false` (ip-start
 //!   reads no IP header and counts everything as host);
 //! - `flight, ports only`: as `+ flight` with the port service only: without a cgroup rule
-//!   the socket probes look the port up directly instead of through the socket-storage cache.
+//!   the socket probes look the port up directly instead of through the socket-storage cache;
+//! - `flight, 5.10 stand-ins`: as `+ flight` with `[probes] kernel_features = "baseline"`,
+//!   what a 5.10 kernel runs (docs/probes.md).
 //!
 //! `cargo bench -p bpf --bench probe_cost` as root. `TAILTRAP_BENCH_SECS` sets each phase's
 //! duration (default 3). kernel.bpf_stats_enabled is switched on for the run and restored.
@@ -71,6 +73,10 @@ enum Load {
     NoIpStartPorts,
     /// One service matched by its ports only: no cgroup rule, so no socket-storage cache.
     PortsOnly,
+    /// The two services with the stand-ins of a 5.10 kernel (`kernel_features =
+    /// "baseline"`): the clock from MONOTONIC plus an offset, services by a cgroup-keyed
+    /// map instead of socket storage.
+    Baseline,
 }
 
 /// A phase: a load-time configuration and a capture state.
@@ -80,7 +86,7 @@ struct PhaseSpec {
     capture: Capture,
 }
 
-const PHASES: [PhaseSpec; 6] = [
+const PHASES: [PhaseSpec; 7] = [
     PhaseSpec {
         name: "no services",
         load: Load::Auto,
@@ -109,6 +115,11 @@ const PHASES: [PhaseSpec; 6] = [
     PhaseSpec {
         name: "flight, ports only",
         load: Load::PortsOnly,
+        capture: Capture::Flight,
+    },
+    PhaseSpec {
+        name: "flight, 5.10 stand-ins",
+        load: Load::Baseline,
         capture: Capture::Flight,
     },
 ];
@@ -182,6 +193,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         services: with_services.services[..1].to_vec(),
         ..ProbeConfig::default()
     };
+    let baseline = ProbeConfig {
+        kernel_features: bpf::KernelFeatureMode::Baseline,
+        ..with_services.clone()
+    };
 
     let mut storage = MaybeUninit::uninit();
     let floor = reference::load(
@@ -198,12 +213,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Load::Services,
             Load::NoIpStartPorts,
             Load::PortsOnly,
+            Load::Baseline,
         ] {
             let config = match load {
                 Load::Auto => &without,
                 Load::Services => &with_services,
                 Load::NoIpStartPorts => &no_ip_ports,
                 Load::PortsOnly => &ports_only,
+                Load::Baseline => &baseline,
             };
             let mut floor_links = Vec::new();
             let attach_floor = |links: &mut Vec<libbpf_rs::Link>| -> Result<_, String> {
