@@ -106,6 +106,17 @@ impl KernelFeatures {
     }
 }
 
+impl std::fmt::Display for MissingFeature {
+    /// One line for logs and notes: what is missing, since when, the stand-in, its cost.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "kernel lacks {} (since {}): {}; cost: {}",
+            self.feature, self.since, self.stand_in, self.cost
+        )
+    }
+}
+
 impl MissingFeature {
     /// The kernel has no batched lookup for per-CPU arrays (5.10), or `forced` by
     /// `kernel_features = "baseline"`.

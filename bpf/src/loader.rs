@@ -275,10 +275,7 @@ impl ProbeSet {
         progress("probing kernel features");
         let (features, missing_features) = detect_features(config.kernel_features);
         for m in &missing_features {
-            progress(&format!(
-                "kernel lacks {} (since {}): {}; cost: {}",
-                m.feature, m.since, m.stand_in, m.cost
-            ));
+            progress(&m.to_string());
         }
         progress("probing attach methods (fentry/fexit, then tp_btf)");
         let plans = plan_attach_methods(config, features);
@@ -363,10 +360,7 @@ impl ProbeSet {
                 .map_err(|e| LoadError::Read(Box::new(e)))?
         {
             let m = crate::features::MissingFeature::batched_map_reads(forced);
-            progress(&format!(
-                "kernel lacks {} (since {}): {}; cost: {}",
-                m.feature, m.since, m.stand_in, m.cost
-            ));
+            progress(&m.to_string());
             missing_features.push(m);
         }
         Ok(ProbeSet {

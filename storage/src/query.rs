@@ -160,6 +160,28 @@ pub struct SamplePage {
     pub next: Option<SampleCursor>,
 }
 
+impl SamplePage {
+    /// The page of the first `limit` of `samples` (with their sequence numbers, in page
+    /// order; one more than `limit` when another page exists). The cursor carries the last
+    /// sample's latency when the order is by latency.
+    fn of(mut samples: Vec<(u64, Sample)>, limit: usize, by_latency: bool) -> SamplePage {
+        let more = samples.len() > limit;
+        samples.truncate(limit);
+        let next = more
+            .then(|| samples.last())
+            .flatten()
+            .map(|(seq, s)| SampleCursor {
+                time_ns: s.time_ns,
+                seq: *seq,
+                latency_ns: by_latency.then_some(s.latency_ns),
+            });
+        SamplePage {
+            samples: samples.into_iter().map(|(_, s)| s).collect(),
+            next,
+        }
+    }
+}
+
 /// Exact latency quantiles over a set of samples, ns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencyQuantiles {
@@ -380,24 +402,11 @@ impl Store {
             samples.push((seq, s));
             samples.len() <= limit
         })?;
-        let more = samples.len() > limit;
-        samples.truncate(limit);
-        let next = more
-            .then(|| samples.last())
-            .flatten()
-            .map(|(seq, s)| SampleCursor {
-                time_ns: s.time_ns,
-                seq: *seq,
-                latency_ns: None,
-            });
-        Ok(SamplePage {
-            samples: samples.into_iter().map(|(_, s)| s).collect(),
-            next,
-        })
+        Ok(SamplePage::of(samples, limit, false))
     }
 
-    /// Samples of an incident matching `filter`, slowest first (equal latencies in stored
-    /// order), one page after `after` (a cursor of this order, with its latency). Reads
+    /// Samples of an incident matching `filter`, slowest first (equal latencies by sequence
+    /// number, i.e. in the order they were written), one page after `after` (a cursor of this order, with its latency). Reads
     /// every matching sample and keeps only a page and a half's worth at a time.
     pub fn slowest_samples(
         &self,
@@ -431,20 +440,7 @@ impl Store {
             true
         })?;
         best.sort_unstable_by(slowest_first);
-        let more = best.len() > limit;
-        best.truncate(limit);
-        let next = more
-            .then(|| best.last())
-            .flatten()
-            .map(|(seq, s)| SampleCursor {
-                time_ns: s.time_ns,
-                seq: *seq,
-                latency_ns: Some(s.latency_ns),
-            });
-        Ok(SamplePage {
-            samples: best.into_iter().map(|(_, s)| s).collect(),
-            next,
-        })
+        Ok(SamplePage::of(best, limit, true))
     }
 
     /// Summary of an incident's samples matching `filter`.

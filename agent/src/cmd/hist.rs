@@ -71,10 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Once, on stderr: the stand-ins hold for the whole run, and stdout stays one table (or
     // one JSON object) per interval.
     for m in probes.missing_features() {
-        eprintln!(
-            "note: kernel lacks {} (since {}): {}; cost: {}",
-            m.feature, m.since, m.stand_in, m.cost
-        );
+        eprintln!("note: {m}");
     }
     let mut prev: HashMap<(String, Probe), Histogram> = HashMap::new();
     let mut prev_time = Instant::now();
