@@ -8,8 +8,13 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::error::{Result, StoreError};
 use crate::layout::Record;
 
-/// Version of the envelope and of the record layouts inside it, for every tree but samples.
+/// Version of the envelope and of the record layouts inside it, for every tree but samples
+/// (and history chunks) and every record but incidents.
 pub(crate) const RECORD_VERSION: u8 = 1;
+/// Version of the incidents tree's records: incidents with the daemon's cause verdict
+/// (`IncidentV2`). Version 1 records (`IncidentV1`, [`RECORD_VERSION`]: no cause) are
+/// still read.
+pub(crate) const INCIDENT_RECORD_VERSION: u8 = 2;
 /// Version of the samples tree's records: a chunk of samples per record, each with its skb
 /// address, lz4-compressed. Version 3 chunks (the same, uncompressed), version 2 chunks
 /// (samples without the address) and version 1 records (one such sample each) are still
@@ -45,11 +50,11 @@ fn crc(version: u8, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&[version]), payload)
 }
 
-/// Encode `value` as its frozen layout into a [`RECORD_VERSION`] envelope, refusing
-/// anything over `max` bytes.
+/// Encode `value` as its frozen layout into an envelope of its version ([`Record::VERSION`]:
+/// [`RECORD_VERSION`] but for incidents), refusing anything over `max` bytes.
 pub(crate) fn encode<R: Record>(kind: &'static str, value: &R, max: usize) -> Result<Vec<u8>> {
     // Room for a typical small record, so the buffer is allocated once.
-    encode_as(RECORD_VERSION, kind, &value.freeze(), max, 128)
+    encode_as(R::VERSION, kind, &value.freeze(), max, 128)
 }
 
 /// Encode `value`, a frozen layout (`crate::layout`), into an envelope of `version`,
@@ -97,12 +102,14 @@ pub(crate) fn seal(kind: &'static str, mut out: Vec<u8>, max: usize) -> Result<V
 /// the payload.
 pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     match bytes.first() {
-        // A history chunk's version is the same byte as a version-2 sample chunk's.
+        // A history chunk's version, and an incident record's, is the same byte as a
+        // version-2 sample chunk's.
         Some(&v)
             if v == SAMPLE_CHUNK_VERSION
                 || v == SAMPLE_CHUNK_V3
                 || v == SAMPLE_CHUNK_V2
-                || v == crate::history::HISTORY_CHUNK_VERSION =>
+                || v == crate::history::HISTORY_CHUNK_VERSION
+                || v == INCIDENT_RECORD_VERSION =>
         {
             verify_as(v, bytes)
         }
@@ -128,9 +135,14 @@ pub(crate) fn verify_as(expected: u8, bytes: &[u8]) -> Result<&[u8], DecodeError
     Ok(payload)
 }
 
-/// Decode a [`RECORD_VERSION`] envelope of `R`'s frozen layout into `R`.
+/// Decode an envelope of `R`'s version ([`Record::VERSION`]) holding its frozen layout into
+/// `R`, or one of an older version `R` still reads ([`Record::decode_older`]: incident
+/// records of version 1).
 pub(crate) fn decode<R: Record>(bytes: &[u8]) -> Result<R, DecodeError> {
-    R::thaw(decode_as(RECORD_VERSION, bytes)?).map_err(DecodeError::Payload)
+    match bytes.first() {
+        Some(&v) if v != R::VERSION && bytes.len() >= HEADER => R::decode_older(v, bytes),
+        _ => R::thaw(decode_as(R::VERSION, bytes)?).map_err(DecodeError::Payload),
+    }
 }
 
 /// Decode an envelope that must be of `version` into `T`, a frozen layout.

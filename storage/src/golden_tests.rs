@@ -14,12 +14,13 @@ use std::path::PathBuf;
 
 use model::{Comm, Flow, Histogram, Probe, Sample, SampleFlags, SocketQueue, Transport};
 
-use crate::codec::{self, SAMPLE_CHUNK_V3};
+use crate::codec::{self, INCIDENT_RECORD_VERSION, RECORD_VERSION, SAMPLE_CHUNK_V3};
 use crate::history::{decode_record, Chunk, Stored, HISTORY_CHUNK_VERSION};
+use crate::layout::Record;
 use crate::store::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
 use crate::{
-    chunk, CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, IncidentVerdict,
-    PwruRecord, PwruState, PwruStatus, Verdict,
+    chunk, CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
+    IncidentVerdict, PwruRecord, PwruState, PwruStatus, Verdict,
 };
 
 const T: u64 = 1_790_000_000_123_456_789;
@@ -68,6 +69,20 @@ fn incident() -> Incident {
             intervals: 9,
             store_errors: 10,
         },
+        cause: Some(IncidentCause {
+            kind: "one-cpu".into(),
+            summary: "one CPU: cpu 1 has 94 % of slow packets".into(),
+            figures_json: r#"{"cpu":1,"share":0.94}"#.into(),
+            decided_ns: T + 13,
+        }),
+    }
+}
+
+/// [`incident`] as the layout before causes reads it.
+fn incident_without_cause() -> Incident {
+    Incident {
+        cause: None,
+        ..incident()
     }
 }
 
@@ -240,9 +255,18 @@ fn encode_history_chunk() -> Vec<u8> {
     c.encode().unwrap()
 }
 
-/// Layouts no longer written, made as the builds that wrote them did: a sample without
-/// its address is today's encoding without its last byte (`None`), a version 3 chunk is
+/// Layouts no longer written, made as the builds that wrote them did: an incident without
+/// its cause, or a sample without its address, is today's encoding without its last byte
+/// (`None`), a version 3 chunk is
 /// today's samples uncompressed, a version 1 history record one histogram.
+/// An incident before causes: today's encoding of it without a cause, less its last byte
+/// (`None`), in a version 1 envelope.
+fn encode_incident_v1() -> Vec<u8> {
+    let mut payload = postcard::to_allocvec(&incident_without_cause().freeze()).unwrap();
+    assert_eq!(payload.pop(), Some(0));
+    envelope(RECORD_VERSION, &payload)
+}
+
 fn encode_sample_v1() -> Vec<u8> {
     let mut payload = postcard::to_allocvec(&samples_without_skb()[0]).unwrap();
     assert_eq!(payload.pop(), Some(0));
@@ -285,7 +309,8 @@ type Make = fn() -> Vec<u8>;
 /// Every golden file and how it is made.
 fn files() -> Vec<(&'static str, Make)> {
     vec![
-        ("incident-v1.bin", encode_incident),
+        ("incident-v1.bin", encode_incident_v1),
+        ("incident-v2.bin", encode_incident),
         ("pwru-v1.bin", encode_pwru),
         ("verdict-v1.bin", encode_verdict),
         ("baseline-v1.bin", encode_baseline),
@@ -321,10 +346,18 @@ fn write_golden_records() {
 
 #[test]
 fn golden_records_decode_to_their_values() {
-    assert_eq!(
-        codec::decode::<Incident>(&golden("incident-v1.bin")),
-        Ok(incident())
-    );
+    let v1 = golden("incident-v1.bin");
+    assert_eq!(v1[0], RECORD_VERSION);
+    assert_eq!(codec::decode::<Incident>(&v1), Ok(incident_without_cause()));
+    let v2 = golden("incident-v2.bin");
+    assert_eq!(v2[0], INCIDENT_RECORD_VERSION);
+    let got = codec::decode::<Incident>(&v2).unwrap();
+    assert_eq!(got, incident());
+    let cause = got.cause.unwrap();
+    assert_eq!(cause.kind, "one-cpu");
+    assert_eq!(cause.summary, "one CPU: cpu 1 has 94 % of slow packets");
+    assert_eq!(cause.figures_json, r#"{"cpu":1,"share":0.94}"#);
+    assert_eq!(cause.decided_ns, T + 13);
     assert_eq!(
         codec::decode::<PwruRecord>(&golden("pwru-v1.bin")),
         Ok(pwru())
@@ -398,5 +431,45 @@ fn todays_encoding_of_the_fixed_values_is_the_golden_bytes() {
                 "{name}: today's encoding differs from the golden file"
             );
         }
+    }
+}
+
+// ---- envelope versions --------------------------------------------------------------------
+
+#[test]
+fn incidents_are_written_as_version_2_and_read_as_1_or_2_everything_else_stays_1() {
+    let v1 = encode_incident_v1();
+    let v2 = encode_incident();
+    assert_eq!(v2[0], INCIDENT_RECORD_VERSION);
+    for other in [
+        encode_pwru(),
+        encode_verdict(),
+        encode_baseline(),
+        encode_moved_aside(),
+        encode_counter(),
+        encode_schema(),
+    ] {
+        assert_eq!(other[0], RECORD_VERSION);
+    }
+    // What `db check` and rotation accept of every tree.
+    assert!(codec::verify(&v1).is_ok());
+    assert!(codec::verify(&v2).is_ok());
+    // Another version of an incident record is refused by its version, not misread.
+    assert_eq!(
+        codec::decode::<Incident>(&envelope(3, &v2[codec::HEADER..])),
+        Err(codec::DecodeError::Version(3))
+    );
+    assert_eq!(
+        codec::decode::<PwruRecord>(&v2),
+        Err(codec::DecodeError::Version(INCIDENT_RECORD_VERSION))
+    );
+    // A damaged record of either version is caught by its checksum.
+    for good in [v1, v2] {
+        let mut bad = good.clone();
+        bad[codec::HEADER + 2] ^= 0x10;
+        assert_eq!(
+            codec::decode::<Incident>(&bad),
+            Err(codec::DecodeError::Checksum)
+        );
     }
 }

@@ -34,8 +34,8 @@ mod verdict;
 mod windows;
 
 pub use crate::model::{
-    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, NewIncident,
-    PwruRecord, PwruState, PwruStatus,
+    CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
+    NewIncident, PwruRecord, PwruState, PwruStatus,
 };
 pub use check::{CheckReport, TreeCheck};
 pub use config::{HistoryLevel, StoreConfig, DEFAULTS_TOML, MAX_HISTORY_LEVELS};

@@ -163,6 +163,22 @@ pub struct Incident {
     pub pwru: PwruStatus,
     /// Other counters.
     pub counters: IncidentCounters,
+    /// Why the packets waited (None: not decided yet, or written by a build before causes).
+    pub cause: Option<IncidentCause>,
+}
+
+/// Why the packets waited, as far as the daemon could tell (issue: cause verdicts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentCause {
+    /// Machine name of the verdict, kebab-case: "cpu-wait", "throttled", "reader-off-cpu",
+    /// "reader-busy", "softirq", "one-cpu", "no-clear-cause" (free text to storage: the agent owns the list).
+    pub kind: String,
+    /// The operator's sentence with its figures, e.g. "one CPU: cpu 1 has 94 % of slow packets ...".
+    pub summary: String,
+    /// The figures the verdict was drawn from, as JSON (stored opaquely, like evidence_json).
+    pub figures_json: String,
+    /// When it was last decided, ns since the epoch.
+    pub decided_ns: u64,
 }
 
 /// What the caller supplies to open an incident; the store allocates the id.

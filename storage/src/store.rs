@@ -30,7 +30,9 @@ use crate::windows;
 /// 4: history is stored in chunks of points (version-2 history records); one-point
 /// records of earlier schemas stay readable beside them.
 /// 5: sample chunks are lz4-compressed (chunk version 4); uncompressed ones stay readable.
-pub const SCHEMA_VERSION: u32 = 5;
+/// 6: incidents carry the daemon's cause verdict (incident record version 2); version-1
+/// incident records stay readable (no cause) until the incident is next written.
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
@@ -572,6 +574,7 @@ impl Store {
             capture: Default::default(),
             pwru: Default::default(),
             counters: Default::default(),
+            cause: None,
         })
     }
 
@@ -1220,8 +1223,8 @@ impl Store {
                     from = v,
                     to = SCHEMA_VERSION,
                     "database schema upgraded: new samples are stored in compressed chunks \
-                     with their skb address, history in chunks; older records stay as they \
-                     are and readable"
+                     with their skb address, history in chunks, incidents with their cause; \
+                     older records stay as they are and readable"
                 );
                 self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
             }

@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use common::{SEC, T0};
 use model::{Comm, Flow, Histogram, Probe, Sample, SampleFlags, SocketQueue, Transport};
 use storage::{
-    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentQuery, IncidentState,
-    IncidentVerdict, NewIncident, PwruRecord, PwruState, PwruStatus, SampleFilter, Store,
-    StoreConfig, Verdict,
+    CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentQuery,
+    IncidentState, IncidentVerdict, NewIncident, PwruRecord, PwruState, PwruStatus, SampleFilter,
+    Store, StoreConfig, Verdict,
 };
 
 const GOLDEN_DB: &str = "tests/golden/db-schema5";
@@ -140,6 +140,7 @@ fn expected_incidents() -> Vec<Incident> {
         capture: CaptureStatus::default(),
         pwru: PwruStatus::default(),
         counters: IncidentCounters::default(),
+        cause: None,
     };
     let mut web = base(
         1,
@@ -661,4 +662,89 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line]);
     assert_eq!(s.verdict(4).unwrap(), Some(verdict));
     assert_clean(&s, total);
+}
+
+/// The envelope version of each incident record on disk, by id (the store closed).
+fn incident_record_versions(dir: &Path) -> Vec<(u64, u8)> {
+    let db = open_raw(dir);
+    let tree = db.open_tree("incidents").unwrap();
+    tree.iter()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (u64::from_be_bytes(k[..8].try_into().unwrap()), v[0])
+        })
+        .collect()
+}
+
+/// An incident the earlier build wrote (a version 1 record, before causes) rewritten by
+/// today's daemon with its cause, the whole record as the daemon stores it
+/// ([`Store::update_incident`]), reads back with that cause beside the untouched ones
+/// (`cause: None`), through a rotation and a restart, and `db check` stays clean.
+#[test]
+fn an_incident_of_the_earlier_build_rewritten_with_a_cause_reads_back_and_checks_clean() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("db");
+    copy_dir(&golden_dir(), &dir);
+    // What the earlier build wrote: schema 5, every incident a version 1 record.
+    assert_eq!(incident_record_versions(&dir), vec![(1, 1), (2, 1), (3, 1)]);
+    let samples = (web_samples().len() + cache_samples().concat().len()) as u64;
+
+    let s = Store::open(&dir, StoreConfig::default()).unwrap();
+    assert_eq!(s.open_report().interrupted, vec![2]);
+    assert_eq!(s.schema_version().unwrap(), storage::SCHEMA_VERSION);
+    let mut web = s.incident(1).unwrap().unwrap();
+    assert_eq!(web.cause, None);
+    let cause = IncidentCause {
+        kind: "one-cpu".into(),
+        summary: "one CPU: cpu 1 has 94 % of slow packets".into(),
+        figures_json: r#"{"cpu":1,"share":0.94}"#.into(),
+        decided_ns: T0 + 95 * SEC,
+    };
+    web.cause = Some(cause.clone());
+    s.update_incident(&web).unwrap();
+    s.flush().unwrap();
+
+    let mut want = expected_incidents();
+    want[0].cause = Some(cause.clone());
+    let read_back = |s: &Store| {
+        for inc in &want {
+            assert_eq!(s.incident(inc.id).unwrap().as_ref(), Some(inc));
+        }
+        let mut got = s.incidents(&IncidentQuery::default()).unwrap().incidents;
+        got.sort_by_key(|i| i.id);
+        assert_eq!(got, want);
+        assert_clean(s, samples);
+    };
+    read_back(&s);
+    // What the API and the CLI print of it.
+    let json = serde_json::to_value(s.incident(1).unwrap().unwrap()).unwrap();
+    assert_eq!(json["cause"]["kind"], "one-cpu");
+    assert_eq!(json["cause"]["decided_ns"], T0 + 95 * SEC);
+    let json = serde_json::to_value(s.incident(3).unwrap().unwrap()).unwrap();
+    assert!(json["cause"].is_null(), "{json}");
+
+    // Every record copied into a fresh database (a version 1 incident record included).
+    s.rotate().unwrap();
+    read_back(&s);
+    drop(s);
+    // Incident 1 rewritten with its cause and 2 marked interrupted: version 2 records;
+    // 3, never written again, stays as the earlier build wrote it.
+    assert_eq!(incident_record_versions(&dir), vec![(1, 2), (2, 2), (3, 1)]);
+
+    let s = Store::open(&dir, StoreConfig::default()).unwrap();
+    assert_eq!(s.open_report().interrupted, Vec::<u64>::new());
+    read_back(&s);
+    check_everything_but_incidents(&s);
+}
+
+/// [`check_everything`] with incident 1's cause set: its other records as they were.
+fn check_everything_but_incidents(s: &Store) {
+    let mut want = web_samples();
+    want.sort_by_key(|s| s.time_ns);
+    assert_eq!(all_samples(s, 1), want);
+    assert_eq!(s.pwru_records(1, None, 100).unwrap(), pwru_records());
+    for (id, v) in verdicts() {
+        assert_eq!(s.verdict(id).unwrap(), Some(v));
+    }
+    assert_eq!(s.baselines().unwrap(), baselines());
 }

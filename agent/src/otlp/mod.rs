@@ -367,6 +367,7 @@ mod tests {
             capture: storage::CaptureStatus::default(),
             pwru: storage::PwruStatus::default(),
             counters: storage::IncidentCounters::default(),
+            cause: None,
         };
         let now = SystemTime::now();
         let opened = Event::new(EventKind::Opened, &record, None, "m", now);

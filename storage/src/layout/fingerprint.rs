@@ -9,8 +9,8 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use super::common::{FlowV1, HistogramV1, ProbeV1, SocketQueueV1, TransportV1};
 use super::incident::{
-    CaptureStateV1, CaptureStatusV1, IncidentCountersV1, IncidentStateV1, IncidentV1,
-    IncidentVerdictV1, PwruRecordV1, PwruStateV1, PwruStatusV1, VerdictV1,
+    CaptureStateV1, CaptureStatusV1, IncidentCauseV1, IncidentCountersV1, IncidentStateV1,
+    IncidentV2, IncidentVerdictV1, PwruRecordV1, PwruStateV1, PwruStatusV1, VerdictV1,
 };
 use super::sample::SampleV3;
 
@@ -90,7 +90,8 @@ fn live_stored_types_have_the_fields_of_their_frozen_layouts() {
         pair!(SocketQueue, SocketQueueV1),
         pair!(Probe, ProbeV1),
         pair!(Histogram, HistogramV1),
-        pair!(Incident, IncidentV1),
+        pair!(Incident, IncidentV2),
+        pair!(IncidentCause, IncidentCauseV1),
         pair!(IncidentState, IncidentStateV1),
         pair!(CaptureStatus, CaptureStatusV1),
         pair!(CaptureState, CaptureStateV1),

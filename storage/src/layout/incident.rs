@@ -1,13 +1,15 @@
-//! Frozen layouts of the incidents tree, the pwru tree and the verdicts in the meta tree
-//! (envelope version 1). Never edited: a change is a new type and envelope version.
+//! Frozen layouts of the incidents tree (envelope version 2, [`IncidentV2`]; version 1,
+//! [`IncidentV1`], still read), the pwru tree and the verdicts in the meta tree (envelope
+//! version 1). Never edited: a change is a new type and envelope version.
 
 use serde::{Deserialize, Serialize};
 
 use super::common::{FlowV1, ProbeV1};
 use super::Record;
+use crate::codec::{self, DecodeError, INCIDENT_RECORD_VERSION, RECORD_VERSION};
 use crate::model::{
-    CaptureState, CaptureStatus, Incident, IncidentCounters, IncidentState, PwruRecord, PwruState,
-    PwruStatus,
+    CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
+    PwruRecord, PwruState, PwruStatus,
 };
 use crate::verdict::{IncidentVerdict, Verdict};
 
@@ -85,10 +87,38 @@ pub(crate) struct IncidentV1 {
     counters: IncidentCountersV1,
 }
 
-impl Record for Incident {
-    type Frozen = IncidentV1;
+/// [`IncidentCause`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IncidentCauseV1 {
+    kind: String,
+    summary: String,
+    figures_json: String,
+    decided_ns: u64,
+}
 
-    fn freeze(&self) -> IncidentV1 {
+/// [`Incident`]: the incidents tree's records since incidents carry the daemon's cause
+/// verdict (envelope version 2): [`IncidentV1`]'s fields, then the cause.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IncidentV2 {
+    id: u64,
+    service: String,
+    probes: Vec<ProbeV1>,
+    opened_ns: u64,
+    closed_ns: Option<u64>,
+    state: IncidentStateV1,
+    evidence_json: String,
+    stages_json: String,
+    capture: CaptureStatusV1,
+    pwru: PwruStatusV1,
+    counters: IncidentCountersV1,
+    cause: Option<IncidentCauseV1>,
+}
+
+impl Record for Incident {
+    type Frozen = IncidentV2;
+    const VERSION: u8 = INCIDENT_RECORD_VERSION;
+
+    fn freeze(&self) -> IncidentV2 {
         // Destructured, here and below: a field added to a live type is a compile error
         // until it has a place in a (new) frozen layout.
         let Incident {
@@ -103,128 +133,241 @@ impl Record for Incident {
             capture,
             pwru,
             counters,
+            cause,
         } = self;
-        let CaptureStatus {
-            state: capture_state,
-            emitted,
-            dropped,
-            rate_limited,
-            stored,
-            pre_trigger,
-            message: capture_message,
-        } = capture;
-        let PwruStatus {
-            state: pwru_state,
-            exit_status,
-            signal,
-            stderr_tail,
-            started_ns,
-            ended_ns,
-            lines_stored,
-            message: pwru_message,
-        } = pwru;
-        let IncidentCounters {
-            intervals,
-            store_errors,
-        } = counters;
-        IncidentV1 {
+        IncidentV2 {
             id: *id,
             service: service.clone(),
             probes: probes.iter().map(|&p| p.into()).collect(),
             opened_ns: *opened_ns,
             closed_ns: *closed_ns,
-            state: match state {
-                IncidentState::Open => IncidentStateV1::Open,
-                IncidentState::Closed => IncidentStateV1::Closed,
-                IncidentState::Interrupted => IncidentStateV1::Interrupted,
-            },
+            state: freeze_state(*state),
             evidence_json: evidence_json.clone(),
             stages_json: stages_json.clone(),
-            capture: CaptureStatusV1 {
-                state: match capture_state {
-                    CaptureState::NotArmed => CaptureStateV1::NotArmed,
-                    CaptureState::Armed => CaptureStateV1::Armed,
-                    CaptureState::Disarmed => CaptureStateV1::Disarmed,
-                    CaptureState::Failed => CaptureStateV1::Failed,
-                },
-                emitted: *emitted,
-                dropped: *dropped,
-                rate_limited: *rate_limited,
-                stored: *stored,
-                pre_trigger: *pre_trigger,
-                message: capture_message.clone(),
-            },
-            pwru: PwruStatusV1 {
-                state: match pwru_state {
-                    PwruState::NotRun => PwruStateV1::NotRun,
-                    PwruState::Running => PwruStateV1::Running,
-                    PwruState::Done => PwruStateV1::Done,
-                    PwruState::Failed => PwruStateV1::Failed,
-                },
-                exit_status: *exit_status,
-                signal: *signal,
-                stderr_tail: stderr_tail.clone(),
-                started_ns: *started_ns,
-                ended_ns: *ended_ns,
-                lines_stored: *lines_stored,
-                message: pwru_message.clone(),
-            },
-            counters: IncidentCountersV1 {
-                intervals: *intervals,
-                store_errors: *store_errors,
-            },
+            capture: freeze_capture(capture),
+            pwru: freeze_pwru(pwru),
+            counters: freeze_counters(counters),
+            cause: cause.as_ref().map(freeze_cause),
         }
     }
 
-    fn thaw(f: IncidentV1) -> Result<Incident, String> {
-        let (c, p) = (f.capture, f.pwru);
+    fn thaw(f: IncidentV2) -> Result<Incident, String> {
+        let IncidentV2 {
+            id,
+            service,
+            probes,
+            opened_ns,
+            closed_ns,
+            state,
+            evidence_json,
+            stages_json,
+            capture,
+            pwru,
+            counters,
+            cause,
+        } = f;
         Ok(Incident {
-            id: f.id,
-            service: f.service,
-            probes: f.probes.into_iter().map(Into::into).collect(),
-            opened_ns: f.opened_ns,
-            closed_ns: f.closed_ns,
-            state: match f.state {
-                IncidentStateV1::Open => IncidentState::Open,
-                IncidentStateV1::Closed => IncidentState::Closed,
-                IncidentStateV1::Interrupted => IncidentState::Interrupted,
-            },
-            evidence_json: f.evidence_json,
-            stages_json: f.stages_json,
-            capture: CaptureStatus {
-                state: match c.state {
-                    CaptureStateV1::NotArmed => CaptureState::NotArmed,
-                    CaptureStateV1::Armed => CaptureState::Armed,
-                    CaptureStateV1::Disarmed => CaptureState::Disarmed,
-                    CaptureStateV1::Failed => CaptureState::Failed,
-                },
-                emitted: c.emitted,
-                dropped: c.dropped,
-                rate_limited: c.rate_limited,
-                stored: c.stored,
-                pre_trigger: c.pre_trigger,
-                message: c.message,
-            },
-            pwru: PwruStatus {
-                state: match p.state {
-                    PwruStateV1::NotRun => PwruState::NotRun,
-                    PwruStateV1::Running => PwruState::Running,
-                    PwruStateV1::Done => PwruState::Done,
-                    PwruStateV1::Failed => PwruState::Failed,
-                },
-                exit_status: p.exit_status,
-                signal: p.signal,
-                stderr_tail: p.stderr_tail,
-                started_ns: p.started_ns,
-                ended_ns: p.ended_ns,
-                lines_stored: p.lines_stored,
-                message: p.message,
-            },
-            counters: IncidentCounters {
-                intervals: f.counters.intervals,
-                store_errors: f.counters.store_errors,
-            },
+            id,
+            service,
+            probes: probes.into_iter().map(Into::into).collect(),
+            opened_ns,
+            closed_ns,
+            state: thaw_state(state),
+            evidence_json,
+            stages_json,
+            capture: thaw_capture(capture),
+            pwru: thaw_pwru(pwru),
+            counters: thaw_counters(counters),
+            cause: cause.map(thaw_cause),
         })
+    }
+
+    /// Version 1 records: [`IncidentV1`], written before causes (`cause: None`).
+    fn decode_older(version: u8, bytes: &[u8]) -> Result<Incident, DecodeError> {
+        match version {
+            RECORD_VERSION => Ok(codec::decode_as::<IncidentV1>(RECORD_VERSION, bytes)?.into()),
+            v => Err(DecodeError::Version(v)),
+        }
+    }
+}
+
+/// A record of the layout before causes: not decided (`None`).
+impl From<IncidentV1> for Incident {
+    fn from(f: IncidentV1) -> Incident {
+        let IncidentV1 {
+            id,
+            service,
+            probes,
+            opened_ns,
+            closed_ns,
+            state,
+            evidence_json,
+            stages_json,
+            capture,
+            pwru,
+            counters,
+        } = f;
+        Incident {
+            id,
+            service,
+            probes: probes.into_iter().map(Into::into).collect(),
+            opened_ns,
+            closed_ns,
+            state: thaw_state(state),
+            evidence_json,
+            stages_json,
+            capture: thaw_capture(capture),
+            pwru: thaw_pwru(pwru),
+            counters: thaw_counters(counters),
+            cause: None,
+        }
+    }
+}
+
+fn freeze_state(state: IncidentState) -> IncidentStateV1 {
+    match state {
+        IncidentState::Open => IncidentStateV1::Open,
+        IncidentState::Closed => IncidentStateV1::Closed,
+        IncidentState::Interrupted => IncidentStateV1::Interrupted,
+    }
+}
+
+fn thaw_state(state: IncidentStateV1) -> IncidentState {
+    match state {
+        IncidentStateV1::Open => IncidentState::Open,
+        IncidentStateV1::Closed => IncidentState::Closed,
+        IncidentStateV1::Interrupted => IncidentState::Interrupted,
+    }
+}
+
+fn freeze_capture(capture: &CaptureStatus) -> CaptureStatusV1 {
+    let CaptureStatus {
+        state,
+        emitted,
+        dropped,
+        rate_limited,
+        stored,
+        pre_trigger,
+        message,
+    } = capture;
+    CaptureStatusV1 {
+        state: match state {
+            CaptureState::NotArmed => CaptureStateV1::NotArmed,
+            CaptureState::Armed => CaptureStateV1::Armed,
+            CaptureState::Disarmed => CaptureStateV1::Disarmed,
+            CaptureState::Failed => CaptureStateV1::Failed,
+        },
+        emitted: *emitted,
+        dropped: *dropped,
+        rate_limited: *rate_limited,
+        stored: *stored,
+        pre_trigger: *pre_trigger,
+        message: message.clone(),
+    }
+}
+
+fn thaw_capture(c: CaptureStatusV1) -> CaptureStatus {
+    CaptureStatus {
+        state: match c.state {
+            CaptureStateV1::NotArmed => CaptureState::NotArmed,
+            CaptureStateV1::Armed => CaptureState::Armed,
+            CaptureStateV1::Disarmed => CaptureState::Disarmed,
+            CaptureStateV1::Failed => CaptureState::Failed,
+        },
+        emitted: c.emitted,
+        dropped: c.dropped,
+        rate_limited: c.rate_limited,
+        stored: c.stored,
+        pre_trigger: c.pre_trigger,
+        message: c.message,
+    }
+}
+
+fn freeze_pwru(pwru: &PwruStatus) -> PwruStatusV1 {
+    let PwruStatus {
+        state,
+        exit_status,
+        signal,
+        stderr_tail,
+        started_ns,
+        ended_ns,
+        lines_stored,
+        message,
+    } = pwru;
+    PwruStatusV1 {
+        state: match state {
+            PwruState::NotRun => PwruStateV1::NotRun,
+            PwruState::Running => PwruStateV1::Running,
+            PwruState::Done => PwruStateV1::Done,
+            PwruState::Failed => PwruStateV1::Failed,
+        },
+        exit_status: *exit_status,
+        signal: *signal,
+        stderr_tail: stderr_tail.clone(),
+        started_ns: *started_ns,
+        ended_ns: *ended_ns,
+        lines_stored: *lines_stored,
+        message: message.clone(),
+    }
+}
+
+fn thaw_pwru(p: PwruStatusV1) -> PwruStatus {
+    PwruStatus {
+        state: match p.state {
+            PwruStateV1::NotRun => PwruState::NotRun,
+            PwruStateV1::Running => PwruState::Running,
+            PwruStateV1::Done => PwruState::Done,
+            PwruStateV1::Failed => PwruState::Failed,
+        },
+        exit_status: p.exit_status,
+        signal: p.signal,
+        stderr_tail: p.stderr_tail,
+        started_ns: p.started_ns,
+        ended_ns: p.ended_ns,
+        lines_stored: p.lines_stored,
+        message: p.message,
+    }
+}
+
+fn freeze_counters(counters: &IncidentCounters) -> IncidentCountersV1 {
+    let IncidentCounters {
+        intervals,
+        store_errors,
+    } = counters;
+    IncidentCountersV1 {
+        intervals: *intervals,
+        store_errors: *store_errors,
+    }
+}
+
+fn thaw_counters(c: IncidentCountersV1) -> IncidentCounters {
+    IncidentCounters {
+        intervals: c.intervals,
+        store_errors: c.store_errors,
+    }
+}
+
+fn freeze_cause(cause: &IncidentCause) -> IncidentCauseV1 {
+    let IncidentCause {
+        kind,
+        summary,
+        figures_json,
+        decided_ns,
+    } = cause;
+    IncidentCauseV1 {
+        kind: kind.clone(),
+        summary: summary.clone(),
+        figures_json: figures_json.clone(),
+        decided_ns: *decided_ns,
+    }
+}
+
+fn thaw_cause(c: IncidentCauseV1) -> IncidentCause {
+    IncidentCause {
+        kind: c.kind,
+        summary: c.summary,
+        figures_json: c.figures_json,
+        decided_ns: c.decided_ns,
     }
 }
 
