@@ -15,21 +15,7 @@ where
     t
 }
 
-/// Format nanoseconds for humans: `850ns`, `12.3µs`, `4.56ms`, `1.20s`.
-pub fn fmt_ns(ns: f64) -> String {
-    if !ns.is_finite() {
-        return "-".into();
-    }
-    if ns < 1e3 {
-        format!("{ns:.0}ns")
-    } else if ns < 1e6 {
-        format!("{:.1}µs", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2}ms", ns / 1e6)
-    } else {
-        format!("{:.2}s", ns / 1e9)
-    }
-}
+pub use model::fmt_ns;
 
 /// An incident's strongest shift: `tcp-socket-read p99 120µs -> 21.0ms (175x)`.
 pub fn headline(inc: &detector::Incident) -> String {

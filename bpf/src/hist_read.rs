@@ -136,6 +136,26 @@ impl HistReader {
         Ok(())
     }
 
+    /// Entry `key`'s value on each CPU, indexed by CPU: one plain lookup of one entry, for
+    /// naming the CPU a slow service's packets concentrate on (done per open incident, not
+    /// per interval for every entry, so it costs the loop nothing otherwise).
+    pub(crate) fn read_per_cpu(
+        &self,
+        map: &libbpf_rs::MapMut<'_>,
+        key: u32,
+    ) -> Result<Vec<Sums>, ReadError> {
+        let mut words = vec![0u64; self.cpus * WORDS];
+        lookup_one(map, key, &mut words)?;
+        Ok(words
+            .chunks_exact(WORDS)
+            .map(|cpu| {
+                let mut sums = [0u64; WORDS];
+                sums.copy_from_slice(cpu);
+                sums
+            })
+            .collect())
+    }
+
     /// Forget what was read: the next read finds every entry with data changed.
     pub(crate) fn forget(&mut self) {
         self.last.clear();

@@ -416,6 +416,39 @@ impl ProbeSet {
             .find(|&slot| slot_name(&mut self.slot_names, slot, &auto_slots) == service))
     }
 
+    /// A service's cumulative histogram at `probe` on each CPU since load, indexed by CPU
+    /// (`host` and `other` included); `None` when the service has no slot. Callers take the
+    /// difference of two reads for a window.
+    pub fn per_cpu_hist(
+        &mut self,
+        service: &str,
+        probe: Probe,
+    ) -> Result<Option<Vec<Histogram>>, ReadError> {
+        let slot = match service {
+            "host" => Some(types::tt_service_slot::TT_SERVICE_HOST.0),
+            "other" => Some(types::tt_service_slot::TT_SERVICE_OTHER.0),
+            _ => self.service_slot(service)?,
+        };
+        let Some(slot) = slot else {
+            return Ok(None);
+        };
+        let index = slot
+            .saturating_mul(types::tt_probe::TT_NUM_PROBES.0)
+            .saturating_add(probe.id());
+        if index >= self.skel.maps.hists.max_entries() {
+            return Ok(None);
+        }
+        let n = model::hist::NUM_BUCKETS;
+        let per_cpu = self
+            .hist_reader
+            .read_per_cpu(&self.skel.maps.hists, index)?;
+        let mut hists = Vec::with_capacity(per_cpu.len());
+        for sums in per_cpu {
+            hists.push(Histogram::from_dense(&sums[..n], sums[n])?);
+        }
+        Ok(Some(hists))
+    }
+
     /// Re-read CLOCK_TAI - CLOCK_REALTIME (it changes on leap seconds and when NTP/PTP set
     /// it) and CLOCK_TAI - CLOCK_MONOTONIC (the TAI clock's stand-in before 6.1; it changes
     /// when the clock is stepped) and hand them to the BPF programs. Call it every interval.

@@ -11,6 +11,7 @@
 
 mod baseline;
 pub mod config;
+pub mod diagnosis;
 mod engine;
 pub mod event;
 pub mod replay;

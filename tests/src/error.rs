@@ -31,6 +31,9 @@ pub enum Error {
     /// The running kernel lacks a feature the fixture needs (e.g. the netem qdisc).
     #[error("the running kernel does not support {0}")]
     Unsupported(&'static str),
+    /// A CPU fixture (pinning, quota cgroup) could not be set up.
+    #[error("{0}")]
+    Setup(String),
     /// Every veth subnet of 10.200.0.0/16 is taken.
     #[error("no free veth pair slot: all 16384 /30 subnets of 10.200.0.0/16 are in use")]
     NoFreeSlot,

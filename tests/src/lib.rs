@@ -21,6 +21,7 @@
 mod bins;
 mod cgroup;
 mod cmd;
+mod cpu;
 mod daemon;
 mod error;
 mod k8s;
@@ -32,6 +33,7 @@ mod veth;
 
 pub use bins::{expected_attach, fake_pwru, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
 pub use cgroup::Cgroup;
+pub use cpu::{pin, CpuQuota, Hog};
 pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
 pub use error::{Error, Result};
 pub use k8s::{

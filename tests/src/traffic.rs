@@ -135,6 +135,13 @@ impl EchoServer {
             EchoServer::Udp(s) => s.addr(),
         }
     }
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        match self {
+            EchoServer::Tcp(s) => s.pid(),
+            EchoServer::Udp(s) => s.pid(),
+        }
+    }
     /// Changes the sleep before each read; takes effect from the next read on.
     pub fn set_read_delay(&self, delay: Duration) -> Result<()> {
         match self {

@@ -50,6 +50,9 @@ pub struct StatusReport {
     /// Incidents opened since start, per (service, stage).
     #[serde(default)]
     pub incidents_opened: Vec<OpenedCount>,
+    /// Incidents closed since start with a cause verdict, per (service, cause).
+    #[serde(default)]
+    pub incident_causes: Vec<CauseCount>,
     /// Incidents exported over OTLP (`None`: `[otlp]` is off).
     #[serde(default)]
     pub otlp: Option<crate::otlp::OtlpReport>,
@@ -62,6 +65,17 @@ pub struct OpenedCount {
     pub service: String,
     /// Stage verdict when the incident opened (`unknown` without one).
     pub stage: String,
+    /// Incidents.
+    pub count: u64,
+}
+
+/// How many incidents of a service closed with a cause verdict since the daemon started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CauseCount {
+    /// Service.
+    pub service: String,
+    /// Cause verdict (`cpu-wait`, `throttled`, ..., `no-clear-cause`; docs/detector.md).
+    pub cause: String,
     /// Incidents.
     pub count: u64,
 }
@@ -201,6 +215,12 @@ pub struct OpenIncident {
     pub headline: String,
     /// Stage verdict, e.g. `application read delay`.
     pub stage: Option<String>,
+    /// Cause verdict so far, e.g. `cpu-wait` (`None`: not decided yet).
+    #[serde(default)]
+    pub cause: Option<String>,
+    /// Its sentence with figures.
+    #[serde(default)]
+    pub cause_summary: Option<String>,
 }
 
 /// In-kernel capture state.

@@ -206,7 +206,8 @@ fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>)
         return;
     }
     let mut t = table([
-        "id", "service", "state", "opened", "lasted", "headline", "stage", "pwru", "verdict",
+        "id", "service", "state", "opened", "lasted", "headline", "stage", "cause", "pwru",
+        "verdict",
     ]);
     for i in incidents {
         let d = detail(i);
@@ -219,6 +220,9 @@ fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>)
             d.as_ref().map_or_else(|| probe_names(i), headline),
             d.and_then(|d| d.stage)
                 .map_or_else(|| "-".into(), |s| s.verdict),
+            i.cause
+                .as_ref()
+                .map_or_else(|| "-".into(), |c| c.kind.clone()),
             pwru_state(&i.pwru).to_owned(),
             verdicts
                 .get(&i.id)
@@ -287,6 +291,20 @@ fn print_show(view: &IncidentView) {
             ]);
         }
     }
+    // The cause verdict: a sentence with its figures, or why there is none yet.
+    t.add_row([
+        "cause".to_owned(),
+        match &i.cause {
+            Some(c) => format!(
+                "{}: {} (decided {})",
+                c.kind,
+                c.summary,
+                fmt_time(c.decided_ns)
+            ),
+            None if i.state == storage::IncidentState::Open => "not decided yet".into(),
+            None => "-".into(),
+        },
+    ]);
     println!("{t}");
 
     if let Some(d) = &d {

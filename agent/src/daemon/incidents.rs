@@ -199,6 +199,19 @@ impl Incidents {
         self.write(record, false);
     }
 
+    /// Incident `id`'s cause verdict, decided now.
+    pub(super) fn set_cause(&mut self, id: u64, cause: storage::IncidentCause) {
+        self.update(id, |r| r.cause = Some(cause));
+    }
+
+    /// The service of open incident `id`.
+    pub(super) fn service_of(&self, id: u64) -> Option<String> {
+        self.open
+            .values()
+            .find(|o| o.record.id == id)
+            .map(|o| o.record.service.clone())
+    }
+
     /// Let go of the closed records nothing changes any more.
     fn forget_settled(&mut self) {
         let now_ns = unix_ns(SystemTime::now());
@@ -283,6 +296,8 @@ impl Incidents {
                 opened_ns: o.record.opened_ns,
                 headline: headline(&o.detail),
                 stage: o.detail.stage.as_ref().map(|s| s.verdict.clone()),
+                cause: o.record.cause.as_ref().map(|c| c.kind.clone()),
+                cause_summary: o.record.cause.as_ref().map(|c| c.summary.clone()),
             })
             .collect();
         v.sort_by_key(|o| o.id);
@@ -338,6 +353,7 @@ mod tests {
             capture: storage::CaptureStatus::default(),
             pwru: storage::PwruStatus::default(),
             counters: storage::IncidentCounters::default(),
+            cause: None,
         }
     }
 

@@ -12,6 +12,7 @@ use model::{Histogram, Probe};
 use storage::{CaptureState, CaptureStatus, PwruState, PwruStatus, Store};
 
 use super::capture::CaptureController;
+use super::cause::Causes;
 use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
@@ -118,6 +119,8 @@ pub(super) struct DaemonCore<K, P> {
     /// Requests in flight and incidents waiting for the one session slot.
     pwru_queue: SessionQueue,
     deltas: Deltas,
+    /// The open incidents' cause verdicts.
+    causes: Causes,
     status: Arc<Mutex<LoopStatus>>,
     /// History, baselines, retention and rotation, off the loop.
     writer: Writer,
@@ -161,6 +164,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             pwru,
             pwru_queue: SessionQueue::default(),
             deltas: Deltas::default(),
+            causes: Causes::default(),
             status: Arc::new(Mutex::new(LoopStatus::default())),
             intervals: 0,
             last_baseline_save: now,
@@ -256,6 +260,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 Event::Updated(inc) => self.incidents.updated(inc),
                 Event::Closed(inc) => {
                     if let Some(id) = self.incidents.id_of(&inc.key()) {
+                        let cause =
+                            self.causes
+                                .closed(id, &mut self.kernel, &self.deltas.prev, now.mono);
+                        if let Some(cause) = cause {
+                            self.set_cause(id, &inc.service, cause, now.wall, true);
+                        }
                         self.finish_capture(id, "the incident closed");
                         self.stop_waiting(id, "the incident closed before that session ended");
                     }
@@ -263,7 +273,15 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 }
             }
         }
-        phases.mark("incident writes");
+        self.causes.samples(&drained.samples);
+        for (id, cause) in self
+            .causes
+            .interval(&mut self.kernel, &self.deltas.prev, now.mono)
+        {
+            let service = self.incidents.service_of(id).unwrap_or_default();
+            self.set_cause(id, &service, cause, now.wall, false);
+        }
+        phases.mark("incident writes and causes");
         self.store_samples(drained.samples, false);
         for (incident, why) in drained.over {
             self.finish_capture(incident, &why);
@@ -384,9 +402,36 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
         };
         self.incidents.update(id, |r| r.capture = status);
+        self.causes
+            .opened(id, &inc, &mut self.kernel, &self.deltas.prev, now.mono);
+        self.causes.samples(&pre);
         let flows: Vec<model::Flow> = pre.iter().map(|s| s.flow).collect();
         self.store_samples(pre, true);
         self.request_pwru(id, &inc, &flows, now.wall);
+    }
+
+    /// Store incident `id`'s cause verdict; the last one (at closing) is also counted for
+    /// `/metrics`.
+    fn set_cause(
+        &mut self,
+        id: u64,
+        service: &str,
+        cause: detector::diagnosis::Cause,
+        now: SystemTime,
+        last: bool,
+    ) {
+        tracing::info!(incident = id, service = %service, cause = %cause.kind, summary = %cause.summary, "cause verdict");
+        if last {
+            lock(&self.status).count_cause(service, cause.kind.name());
+        }
+        let figures_json = serde_json::to_string(&cause.figures).unwrap_or_default();
+        let stored = storage::IncidentCause {
+            kind: cause.kind.name().to_owned(),
+            summary: cause.summary,
+            figures_json,
+            decided_ns: unix_ns(now),
+        };
+        self.incidents.set_cause(id, stored);
     }
 
     /// Ask for the incident's pwru session, or record why there is none.

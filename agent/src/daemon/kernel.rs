@@ -5,7 +5,7 @@ use bpf::{
     CaptureControl, CaptureCounters, CaptureError, CaptureLimits, CaptureReader, CaptureRecord,
     ProbeSet, ProgStats, ReadError, Snapshot,
 };
-use model::Probe;
+use model::{Histogram, Probe};
 
 /// The probes and their capture, as the interval loop uses them.
 pub(super) trait Kernel {
@@ -15,6 +15,12 @@ pub(super) trait Kernel {
     fn snapshot(&mut self) -> Result<Snapshot, ReadError>;
     /// The slot of a service in the probes' maps (None: the probes do not know it).
     fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError>;
+    /// A service's cumulative histogram at `probe` on each CPU, by CPU (None: no slot).
+    fn per_cpu_hist(
+        &mut self,
+        service: &str,
+        probe: Probe,
+    ) -> Result<Option<Vec<Histogram>>, ReadError>;
     /// Run-time statistics of the BPF programs.
     fn prog_stats(&self) -> Vec<ProgStats>;
     /// Take over capture: apply `limits`, clear every threshold, start reading records.
@@ -63,6 +69,14 @@ impl Kernel for BpfKernel {
 
     fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
         self.probes.service_slot(service)
+    }
+
+    fn per_cpu_hist(
+        &mut self,
+        service: &str,
+        probe: Probe,
+    ) -> Result<Option<Vec<Histogram>>, ReadError> {
+        self.probes.per_cpu_hist(service, probe)
     }
 
     fn prog_stats(&self) -> Vec<ProgStats> {

@@ -12,9 +12,9 @@ use storage::{Store, StoreStats};
 use super::lock;
 
 use crate::api::{
-    CaptureReport, DaemonInfo, KernelCounters, LatencyRow, MissingFeatureRow, OpenIncident,
-    OpenedCount, ProbeRow, ProcessStats, ProgCost, PwruReport, ReloadOutcome, StatusReport,
-    StoreReport,
+    CaptureReport, CauseCount, DaemonInfo, KernelCounters, LatencyRow, MissingFeatureRow,
+    OpenIncident, OpenedCount, ProbeRow, ProcessStats, ProgCost, PwruReport, ReloadOutcome,
+    StatusReport, StoreReport,
 };
 use crate::config::Config;
 
@@ -58,6 +58,8 @@ pub(super) struct LoopStatus {
     pub(super) worst_wakeup_ns: u64,
     /// Incidents opened since start by (service, stage verdict at opening).
     opened: BTreeMap<(String, String), u64>,
+    /// Incidents closed since start by (service, cause verdict).
+    causes: BTreeMap<(String, String), u64>,
     /// pwru sessions ended since start by final state.
     pwru_sessions: BTreeMap<String, u64>,
     /// Intervals of history the storage writer dropped while behind.
@@ -86,6 +88,7 @@ impl Default for LoopStatus {
             worst_interval_ns: 0,
             worst_wakeup_ns: 0,
             opened: BTreeMap::new(),
+            causes: BTreeMap::new(),
             pwru_sessions: BTreeMap::new(),
             dropped_history_intervals: 0,
             dropped_samples: 0,
@@ -98,6 +101,14 @@ impl LoopStatus {
     pub(super) fn count_opened(&mut self, service: &str, stage: Option<String>) {
         let stage = stage.unwrap_or_else(|| "unknown".into());
         *self.opened.entry((service.to_owned(), stage)).or_default() += 1;
+    }
+
+    /// An incident of `service` closed with this cause verdict.
+    pub(super) fn count_cause(&mut self, service: &str, cause: &str) {
+        *self
+            .causes
+            .entry((service.to_owned(), cause.to_owned()))
+            .or_default() += 1;
     }
 
     /// A pwru session ended in `state`.
@@ -242,6 +253,15 @@ impl Live {
                 .map(|((service, stage), &count)| OpenedCount {
                     service: service.clone(),
                     stage: stage.clone(),
+                    count,
+                })
+                .collect(),
+            incident_causes: status
+                .causes
+                .iter()
+                .map(|((service, cause), &count)| CauseCount {
+                    service: service.clone(),
+                    cause: cause.clone(),
                     count,
                 })
                 .collect(),

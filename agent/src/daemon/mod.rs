@@ -8,6 +8,8 @@
 //! [`capture`], incident records in [`incidents`] and pwru sessions in [`pwru`].
 
 mod capture;
+mod cause;
+mod host_figures;
 mod incidents;
 mod interval;
 mod kernel;

@@ -50,6 +50,8 @@ struct KernelState {
     counters: CaptureCounters,
     /// The service the traffic counts toward (`SERVICE` when `None`).
     traffic_service: Option<&'static str>,
+    /// Per-CPU histograms, for those the test spreads over CPUs ([`FakeKernel::traffic_on_cpu`]).
+    per_cpu: BTreeMap<(String, Probe), Vec<Histogram>>,
 }
 
 #[derive(Clone, Default)]
@@ -69,6 +71,18 @@ impl FakeKernel {
             .entry((service.to_owned(), probe))
             .or_default();
         h.record_n(ns, n);
+    }
+
+    /// `n` packets of `ns` at `probe` of the service on `cpu` (of `cpus`), this interval.
+    fn traffic_on_cpu(&self, probe: Probe, cpu: usize, cpus: usize, ns: u64, n: u64) {
+        self.traffic(probe, ns, n);
+        let mut st = self.state();
+        let service = st.traffic_service.unwrap_or(SERVICE);
+        let per_cpu = st
+            .per_cpu
+            .entry((service.to_owned(), probe))
+            .or_insert_with(|| vec![Histogram::new(); cpus]);
+        per_cpu[cpu].record_n(ns, n);
     }
 
     /// A capture record read from the ring (armed capture counts as emitted).
@@ -111,6 +125,18 @@ impl Kernel for FakeKernel {
 
     fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
         Ok((service == SERVICE).then_some(SLOT))
+    }
+
+    fn per_cpu_hist(
+        &mut self,
+        service: &str,
+        probe: Probe,
+    ) -> Result<Option<Vec<Histogram>>, ReadError> {
+        Ok(self
+            .state()
+            .per_cpu
+            .get(&(service.to_owned(), probe))
+            .cloned())
     }
 
     fn prog_stats(&self) -> Vec<ProgStats> {
@@ -899,4 +925,82 @@ fn stopping_ends_the_wait_for_a_session() {
     );
     h.core.pwru_news(other_session_ended(SessionState::Ok));
     assert_eq!(lock(&h.pwru.0).len(), 1);
+}
+
+/// Issue 32, item 3, on the scripted kernel: one CPU of four carries a quarter of the
+/// service's packets and every slow one; the incident's cause names it, with figures.
+/// Spread over every CPU instead, the same shift names no CPU.
+#[test]
+fn a_slow_cpu_is_named_in_the_cause_and_an_even_spread_is_not() {
+    const CPUS: usize = 4;
+    fn interval(h: &mut Harness, kernel: &FakeKernel, slow_on: &[usize]) {
+        kernel.traffic(Probe::TcpStart, 10_000, PER_INTERVAL);
+        for cpu in 0..CPUS {
+            let ns = if slow_on.contains(&cpu) {
+                SLOW_NS
+            } else {
+                QUIET_NS
+            };
+            kernel.traffic_on_cpu(HOT, cpu, CPUS, ns, PER_INTERVAL / CPUS as u64);
+        }
+        h.run_interval();
+        h.core.sync_storage();
+    }
+    fn incident_with_cause(slow_on: &[usize]) -> storage::Incident {
+        let kernel = FakeKernel::default();
+        let mut h = Harness::new(kernel.clone());
+        for _ in 0..8 {
+            interval(&mut h, &kernel, &[]);
+        }
+        assert!(h.open_ids().is_empty());
+        let mut id = None;
+        for _ in 0..5 {
+            interval(&mut h, &kernel, slow_on);
+            if let [open] = h.open_ids()[..] {
+                id = Some(open);
+                break;
+            }
+        }
+        let id = id.expect("no incident opened");
+        // Open, undecided until the window has a few intervals.
+        assert_eq!(h.incident(id).cause, None);
+        let status = h.core.status();
+        assert_eq!(lock(&status).open_incidents[0].cause, None);
+        for _ in 0..3 {
+            interval(&mut h, &kernel, slow_on);
+        }
+        let status = h.core.status();
+        let rec = h.incident(id);
+        let cause = rec.cause.expect("a cause after three intervals");
+        assert_eq!(
+            lock(&status).open_incidents[0].cause.as_deref(),
+            Some(cause.kind.as_str())
+        );
+        let figures: serde_json::Value = serde_json::from_str(&cause.figures_json).unwrap();
+        assert!(
+            figures["window_ns"].as_u64().unwrap() >= 3_000_000_000,
+            "{figures}"
+        );
+        h.incident(id)
+    }
+
+    let one = incident_with_cause(&[2]);
+    let cause = one.cause.unwrap();
+    assert_eq!(cause.kind, "one-cpu", "{}", cause.summary);
+    assert!(
+        cause
+            .summary
+            .starts_with("one CPU: cpu 2: 100 % of slow packets, 25 % of all packets; p99 "),
+        "{}",
+        cause.summary
+    );
+    assert!(
+        cause.summary.ends_with(" on the other 3"),
+        "{}",
+        cause.summary
+    );
+
+    let even = incident_with_cause(&[0, 1, 2, 3]);
+    let cause = even.cause.unwrap();
+    assert_eq!(cause.kind, "no-clear-cause", "{}", cause.summary);
 }

@@ -302,13 +302,14 @@ impl Collector for View {
         info(
             &mut enc,
             "tailtrap_incident_open",
-            "An open incident: its id, service, hot probes, stage verdict and headline",
+            "An open incident: its id, service, hot probes, stage verdict, cause verdict so far and headline",
             r.open_incidents.iter().enumerate().map(|(i, o)| {
                 vec![
                     ("id", ids[i].as_str()),
                     ("service", o.service.as_str()),
                     ("probes", probes[i].as_str()),
                     ("stage", o.stage.as_deref().unwrap_or("unknown")),
+                    ("cause", o.cause.as_deref().unwrap_or("undecided")),
                     ("headline", o.headline.as_str()),
                 ]
             }),
@@ -323,6 +324,21 @@ impl Collector for View {
             r.incidents_opened.iter().map(|c| {
                 (
                     vec![("service", c.service.as_str()), ("stage", c.stage.as_str())],
+                    c.count as f64,
+                )
+            }),
+        )?;
+
+        values(
+            &mut enc,
+            family(
+                "tailtrap_incident_causes",
+                "Incidents closed since the daemon started, per service and cause verdict",
+                Counter,
+            ),
+            r.incident_causes.iter().map(|c| {
+                (
+                    vec![("service", c.service.as_str()), ("cause", c.cause.as_str())],
                     c.count as f64,
                 )
             }),

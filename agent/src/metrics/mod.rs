@@ -153,8 +153,8 @@ impl Shared {
 mod tests {
     use super::*;
     use crate::api::{
-        CaptureReport, DaemonInfo, KernelCounters, LatencyRow, OpenIncident, OpenedCount, ProbeRow,
-        ProcessStats, PwruReport, StoreReport,
+        CaptureReport, CauseCount, DaemonInfo, KernelCounters, LatencyRow, OpenIncident,
+        OpenedCount, ProbeRow, ProcessStats, PwruReport, StoreReport,
     };
     use crate::config;
 
@@ -241,6 +241,10 @@ mod tests {
                 opened_ns: 1,
                 headline: "tcp-socket-read p99 1µs -> 20ms (\"20000x\")".into(),
                 stage: Some("application read delay".into()),
+                cause: Some("cpu-wait".into()),
+                cause_summary: Some(
+                    "reader runnable but waiting for a CPU 81 % of the delay".into(),
+                ),
             }],
             capture: CaptureReport {
                 available: true,
@@ -275,6 +279,11 @@ mod tests {
                 service: "web".into(),
                 stage: "application read delay".into(),
                 count: 3,
+            }],
+            incident_causes: vec![CauseCount {
+                service: "web".into(),
+                cause: "one-cpu".into(),
+                count: 2,
             }],
             otlp: Some(crate::otlp::OtlpReport {
                 queued: 2,
@@ -317,9 +326,11 @@ mod tests {
             "tailtrap_interval_latency_samples{service=\"web\",probe=\"tcp-socket-read\"} 10",
             "tailtrap_incidents_open{service=\"idle\"} 0",
             "tailtrap_incidents_open{service=\"web\"} 1",
-            "tailtrap_incident_open_info{id=\"7\",service=\"web\",probes=\"tcp-socket-read\",stage=\"application read delay\",headline=\"tcp-socket-read p99 1µs -> 20ms (\\\"20000x\\\")\"} 1",
+            "tailtrap_incident_open_info{id=\"7\",service=\"web\",probes=\"tcp-socket-read\",stage=\"application read delay\",cause=\"cpu-wait\",headline=\"tcp-socket-read p99 1µs -> 20ms (\\\"20000x\\\")\"} 1",
             "# TYPE tailtrap_incidents_opened_total counter",
             "tailtrap_incidents_opened_total{service=\"web\",stage=\"application read delay\"} 3",
+            "# TYPE tailtrap_incident_causes_total counter",
+            "tailtrap_incident_causes_total{service=\"web\",cause=\"one-cpu\"} 2",
             "tailtrap_probe_info{probe=\"tcp-socket-read\",method=\"tp_btf\",detail=\"skb_copy_datagram_iovec\"} 1",
             "tailtrap_kernel_hol_excluded_total 5",
             "tailtrap_capture_armed{service=\"web\"} 1",

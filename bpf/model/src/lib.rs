@@ -36,3 +36,19 @@ pub fn unix_ns(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
+
+/// Format nanoseconds for humans: `850ns`, `12.3µs`, `4.56ms`, `1.20s`.
+pub fn fmt_ns(ns: f64) -> String {
+    if !ns.is_finite() {
+        return "-".into();
+    }
+    if ns < 1e3 {
+        format!("{ns:.0}ns")
+    } else if ns < 1e6 {
+        format!("{:.1}µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}

@@ -1,0 +1,653 @@
+//! Why the packets waited: a cause verdict for an incident, decided from figures the daemon
+//! gathers over the incident's window (per-CPU histograms from the probes' maps, the
+//! readers' scheduler statistics, the cgroup's CPU throttling, the softnet counters).
+//! Pure: the daemon reads the kernel and /proc, this only decides.
+//!
+//! A wrong verdict is worse than none, so each verdict needs its evidence to be clear and
+//! dominant (the thresholds below); otherwise the verdict is [`CauseKind::NoClearCause`]
+//! with the figures, so an operator can still read them. docs/detector.md, "Cause
+//! verdicts", says what each verdict means and what evidence it needs.
+
+use model::{fmt_ns, Histogram};
+use serde::{Deserialize, Serialize};
+
+/// Fewest slow packets over the window before the per-CPU spread says anything.
+const MIN_SLOW_PACKETS: u64 = 20;
+/// The CPUs named hold at least this share of the slow packets...
+const CONCENTRATED_SLOW_SHARE: f64 = 0.8;
+/// ... at most this share of all the service's packets at that probe ...
+const CONCENTRATED_ALL_SHARE: f64 = 0.6;
+/// ... and their tail is at least this many times the other CPUs'.
+const CONCENTRATED_TAIL_RATIO: f64 = 4.0;
+/// The quantile the per-CPU tails are compared at.
+const CPU_TAIL_QUANTILE: f64 = 0.99;
+/// A cgroup throttled in at least this share of its CPU periods (and at least
+/// [`MIN_THROTTLED_PERIODS`] of them) is named.
+const THROTTLED_SHARE: f64 = 0.2;
+const MIN_THROTTLED_PERIODS: u64 = 3;
+/// Share of the read delay the readers spent runnable but not running, for "waiting for a CPU".
+const CPU_WAIT_SHARE: f64 = 0.5;
+/// Share of the read delay the readers spent on CPU, for "busy elsewhere".
+const BUSY_SHARE: f64 = 0.6;
+/// The readers were on CPU or runnable for at most this share of the read delay: "off CPU".
+const OFF_CPU_MAX_ACTIVE_SHARE: f64 = 0.2;
+/// Softirq pressure on the CPUs that handled the packets: time squeezes per second, share of
+/// the window the CPU spent in softirq, share of it ksoftirqd ran.
+const SQUEEZE_PER_SEC: f64 = 10.0;
+const SOFTIRQ_SHARE: f64 = 0.3;
+const KSOFTIRQD_SHARE: f64 = 0.2;
+
+/// What a verdict says, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CauseKind {
+    /// The reading threads' cgroup ran out of CPU quota (cpu.max / cfs_quota_us).
+    Throttled,
+    /// The readers were runnable but waited for a CPU (contention, a noisy neighbour).
+    CpuWait,
+    /// The readers were on CPU doing something else while the data waited.
+    ReaderBusy,
+    /// The readers were off CPU (sleeping or blocked) while the data waited.
+    ReaderOffCpu,
+    /// The receive softirq ran late: deferred to ksoftirqd, out of budget, or dropping.
+    Softirq,
+    /// The slow packets concentrate on few CPUs while the others are fine.
+    OneCpu,
+    /// The figures are mixed or missing: no verdict.
+    NoClearCause,
+}
+
+impl CauseKind {
+    /// The name used in stored records, the API and the `cause` metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            CauseKind::Throttled => "throttled",
+            CauseKind::CpuWait => "cpu-wait",
+            CauseKind::ReaderBusy => "reader-busy",
+            CauseKind::ReaderOffCpu => "reader-off-cpu",
+            CauseKind::Softirq => "softirq",
+            CauseKind::OneCpu => "one-cpu",
+            CauseKind::NoClearCause => "no-clear-cause",
+        }
+    }
+}
+
+impl std::fmt::Display for CauseKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything the verdict is drawn from, over one window of an incident.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CauseInput {
+    /// Length of the window, ns.
+    pub window_ns: u64,
+    /// Whether the stage that grew is the application's read (socket queue to read).
+    pub read_stage: bool,
+    /// The service's histogram at the stage's probe on each CPU over the window, by CPU.
+    pub per_cpu: Vec<Histogram>,
+    /// Packets at or above this latency are the slow ones (the baseline's tail), ns.
+    pub slow_ns: u64,
+    /// Total time the service's packets waited between socket queue and read, ns.
+    pub read_delay_ns: Option<u64>,
+    /// The reading processes' scheduler figures (from their threads' schedstat).
+    pub readers: Option<ReaderTimes>,
+    /// The service cgroup's CPU throttling over the window.
+    pub throttle: Option<Throttle>,
+    /// Softirq figures of the CPUs that handled the service's packets.
+    pub softirq: Vec<CpuSoftirq>,
+}
+
+/// The readers' time over the window, summed over their threads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReaderTimes {
+    /// The reading processes (tgids seen in the slow read samples).
+    pub pids: Vec<u32>,
+    /// Their command name (of the first).
+    pub comm: String,
+    /// Time on CPU, ns.
+    pub on_cpu_ns: u64,
+    /// Time runnable but waiting for a CPU, ns.
+    pub run_wait_ns: u64,
+    /// CPUs the slow reads ran on.
+    pub cpus: Vec<u32>,
+    /// Who else ran on those CPUs over the window, most CPU first.
+    pub holders: Vec<Holder>,
+}
+
+/// A process that held one of the readers' CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Its pid (tgid).
+    pub pid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// CPU time it used over the window, ns.
+    pub on_cpu_ns: u64,
+    /// This is tailtrap itself.
+    pub tailtrap: bool,
+}
+
+/// A cgroup's CPU quota and throttling over the window (cpu.stat, v1 or v2).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throttle {
+    /// The cgroup's path.
+    pub cgroup: String,
+    /// Its quota as configured, e.g. `10000 100000` (cpu.max) or `max`.
+    pub quota: String,
+    /// CPU periods elapsed.
+    pub periods: u64,
+    /// Periods in which it was throttled.
+    pub throttled_periods: u64,
+    /// Time throttled, ns.
+    pub throttled_ns: u64,
+}
+
+/// One CPU's receive softirq figures over the window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuSoftirq {
+    /// The CPU.
+    pub cpu: u32,
+    /// The service's packets it handled at the stage's probe.
+    pub packets: u64,
+    /// NET_RX rounds that ran out of budget or time (softnet_stat's time_squeeze).
+    pub squeezed: u64,
+    /// Packets dropped for a full backlog (softnet_stat's dropped).
+    pub dropped: u64,
+    /// Time the CPU spent in softirq, ns (/proc/stat).
+    pub softirq_ns: u64,
+    /// Time its ksoftirqd thread ran, ns.
+    pub ksoftirqd_ns: Option<u64>,
+}
+
+/// Slow packets concentrated on few CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuSpread {
+    /// The CPUs named, most slow packets first.
+    pub cpus: Vec<u32>,
+    /// Their share of the slow packets.
+    pub slow_share: f64,
+    /// Their share of all the service's packets at the probe.
+    pub all_share: f64,
+    /// Slow packets over all CPUs.
+    pub slow_packets: u64,
+    /// Tail (p99) on the CPUs named, ns.
+    pub tail_named_ns: f64,
+    /// Tail (p99) on the other CPUs with packets, ns.
+    pub tail_others_ns: f64,
+    /// How many other CPUs had packets.
+    pub others: usize,
+}
+
+/// A verdict with its sentence and figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cause {
+    /// The verdict.
+    pub kind: CauseKind,
+    /// The operator's sentence, with figures.
+    pub summary: String,
+    /// What it was drawn from.
+    pub figures: CauseFigures,
+}
+
+/// The figures behind a verdict (stored with the incident as JSON).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CauseFigures {
+    /// Window length, ns.
+    pub window_ns: u64,
+    /// Per-CPU spread of the slow packets, when it was concentrated.
+    pub cpu_spread: Option<CpuSpread>,
+    /// Share of the read delay the readers waited for a CPU.
+    pub run_wait_share: Option<f64>,
+    /// Share of the read delay the readers were on CPU.
+    pub on_cpu_share: Option<f64>,
+    /// Total read delay, ns.
+    pub read_delay_ns: Option<u64>,
+    /// The readers.
+    pub readers: Option<ReaderTimes>,
+    /// The cgroup's throttling.
+    pub throttle: Option<Throttle>,
+    /// Softirq figures per CPU that handled the packets.
+    pub softirq: Vec<CpuSoftirq>,
+}
+
+/// Decide the verdict for `input`. Order: the reader's own figures first for a read stage
+/// (throttling, then waiting for a CPU, busy, off CPU), then a concentration on few CPUs, then
+/// softirq pressure for the earlier stages; otherwise no clear cause.
+pub fn decide(input: &CauseInput) -> Cause {
+    let spread = cpu_spread(&input.per_cpu, input.slow_ns);
+    let (wait_share, on_share) = match (&input.readers, input.read_delay_ns) {
+        (Some(r), Some(d)) if d > 0 => (
+            Some((r.run_wait_ns as f64 / d as f64).min(1.0)),
+            Some((r.on_cpu_ns as f64 / d as f64).min(1.0)),
+        ),
+        _ => (None, None),
+    };
+    let figures = CauseFigures {
+        window_ns: input.window_ns,
+        cpu_spread: spread.clone(),
+        run_wait_share: wait_share,
+        on_cpu_share: on_share,
+        read_delay_ns: input.read_delay_ns,
+        readers: input.readers.clone(),
+        throttle: input.throttle.clone(),
+        softirq: input.softirq.clone(),
+    };
+    let verdict = |kind, summary| Cause {
+        kind,
+        summary,
+        figures: figures.clone(),
+    };
+    if input.read_stage {
+        if let Some(t) = &input.throttle {
+            if t.periods >= MIN_THROTTLED_PERIODS
+                && t.throttled_periods as f64 >= THROTTLED_SHARE * t.periods as f64
+            {
+                return verdict(
+                    CauseKind::Throttled,
+                    format!(
+                        "reader throttled by its cgroup's CPU quota (cpu.max {}; throttled in {} of {} periods, {} in all)",
+                        t.quota,
+                        t.throttled_periods,
+                        t.periods,
+                        fmt_ns(t.throttled_ns as f64)
+                    ),
+                );
+            }
+        }
+        if let (Some(r), Some(wait), Some(on)) = (&input.readers, wait_share, on_share) {
+            if wait >= CPU_WAIT_SHARE {
+                return verdict(
+                    CauseKind::CpuWait,
+                    format!(
+                        "reader runnable but waiting for a CPU {:.0} % of the delay{}",
+                        wait * 100.0,
+                        shared_with(r)
+                    ),
+                );
+            }
+            if on >= BUSY_SHARE {
+                return verdict(
+                    CauseKind::ReaderBusy,
+                    format!(
+                        "reader busy: on CPU {:.0} % of the delay, not reading ({})",
+                        on * 100.0,
+                        readers_text(r)
+                    ),
+                );
+            }
+            if wait + on <= OFF_CPU_MAX_ACTIVE_SHARE {
+                return verdict(
+                    CauseKind::ReaderOffCpu,
+                    format!(
+                        "reader not reading: {:.0} % of the delay off CPU, sleeping or blocked ({})",
+                        (1.0 - wait - on) * 100.0,
+                        readers_text(r)
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(s) = &spread {
+        return verdict(CauseKind::OneCpu, spread_text(s));
+    }
+    if !input.read_stage {
+        if let Some(text) = softirq_text(&input.softirq, input.window_ns) {
+            return verdict(CauseKind::Softirq, text);
+        }
+    }
+    verdict(CauseKind::NoClearCause, mixed_text(&figures))
+}
+
+/// The CPUs holding most slow packets, when few hold most of them and their tail stands out.
+pub fn cpu_spread(per_cpu: &[Histogram], slow_ns: u64) -> Option<CpuSpread> {
+    let slow: Vec<(u32, u64, u64)> = per_cpu
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.count() > 0)
+        .map(|(cpu, h)| {
+            (
+                u32::try_from(cpu).unwrap_or(u32::MAX),
+                h.exceedances(slow_ns),
+                h.count(),
+            )
+        })
+        .collect();
+    let slow_total: u64 = slow.iter().map(|c| c.1).sum();
+    let all_total: u64 = slow.iter().map(|c| c.2).sum();
+    if slow_total < MIN_SLOW_PACKETS || slow.len() < 2 {
+        return None;
+    }
+    let mut ranked = slow.clone();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    // At most a quarter of the CPUs with packets (at least one) may be named.
+    let most = (slow.len() / 4).max(1);
+    let mut named = Vec::new();
+    let (mut named_slow, mut named_all) = (0u64, 0u64);
+    for &(cpu, s, a) in ranked.iter().take(most) {
+        named.push(cpu);
+        named_slow += s;
+        named_all += a;
+        if named_slow as f64 >= CONCENTRATED_SLOW_SHARE * slow_total as f64 {
+            break;
+        }
+    }
+    let slow_share = named_slow as f64 / slow_total as f64;
+    let all_share = named_all as f64 / all_total as f64;
+    if slow_share < CONCENTRATED_SLOW_SHARE || all_share > CONCENTRATED_ALL_SHARE {
+        return None;
+    }
+    let mut in_named = Histogram::new();
+    let mut in_others = Histogram::new();
+    for (cpu, h) in per_cpu.iter().enumerate() {
+        if named.iter().any(|&c| c as usize == cpu) {
+            in_named.merge(h);
+        } else {
+            in_others.merge(h);
+        }
+    }
+    let tail_named = in_named.quantile(CPU_TAIL_QUANTILE)?.value_ns;
+    let tail_others = in_others.quantile(CPU_TAIL_QUANTILE)?.value_ns;
+    if tail_named < CONCENTRATED_TAIL_RATIO * tail_others {
+        return None;
+    }
+    Some(CpuSpread {
+        cpus: named.clone(),
+        slow_share,
+        all_share,
+        slow_packets: slow_total,
+        tail_named_ns: tail_named,
+        tail_others_ns: tail_others,
+        others: slow.len() - named.len(),
+    })
+}
+
+fn cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn spread_text(s: &CpuSpread) -> String {
+    let (what, list) = if s.cpus.len() == 1 {
+        ("one CPU: cpu", cpu_list(&s.cpus))
+    } else {
+        ("few CPUs: cpus", cpu_list(&s.cpus))
+    };
+    format!(
+        "{what} {list}: {:.0} % of slow packets, {:.0} % of all packets; p99 {} vs {} on the other {}",
+        s.slow_share * 100.0,
+        s.all_share * 100.0,
+        fmt_ns(s.tail_named_ns),
+        fmt_ns(s.tail_others_ns),
+        s.others
+    )
+}
+
+fn readers_text(r: &ReaderTimes) -> String {
+    let pids = r
+        .pids
+        .iter()
+        .take(3)
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = if r.pids.len() > 3 { ", …" } else { "" };
+    format!("pid {pids}{more} {}", r.comm)
+}
+
+/// ` (cpu 1 shared with pid 4242 stress-ng)`, or nothing when no other process is known.
+fn shared_with(r: &ReaderTimes) -> String {
+    let Some(top) = r.holders.first() else {
+        return String::new();
+    };
+    let who = if top.tailtrap {
+        format!("pid {} {} (tailtrap itself)", top.pid, top.comm)
+    } else {
+        format!("pid {} {}", top.pid, top.comm)
+    };
+    let cpus = if r.cpus.len() == 1 { "cpu" } else { "cpus" };
+    format!(" ({cpus} {} shared with {who})", cpu_list(&r.cpus))
+}
+
+fn softirq_text(cpus: &[CpuSoftirq], window_ns: u64) -> Option<String> {
+    if window_ns == 0 {
+        return None;
+    }
+    let secs = window_ns as f64 / 1e9;
+    let w = window_ns as f64;
+    // The CPU with the most packets among those under pressure.
+    let pressed = cpus
+        .iter()
+        .filter(|c| c.packets > 0)
+        .filter(|c| {
+            c.squeezed as f64 / secs >= SQUEEZE_PER_SEC
+                || c.dropped > 0
+                || c.softirq_ns as f64 >= SOFTIRQ_SHARE * w
+                || c.ksoftirqd_ns
+                    .is_some_and(|k| k as f64 >= KSOFTIRQD_SHARE * w)
+        })
+        .max_by_key(|c| c.packets)?;
+    let mut parts = Vec::new();
+    if let Some(k) = pressed.ksoftirqd_ns {
+        parts.push(format!(
+            "ksoftirqd ran {:.0} % of the time",
+            k as f64 / w * 100.0
+        ));
+    }
+    parts.push(format!(
+        "time squeeze {:.0}/s",
+        pressed.squeezed as f64 / secs
+    ));
+    if pressed.dropped > 0 {
+        parts.push(format!("backlog drops {}", pressed.dropped));
+    }
+    parts.push(format!(
+        "softirq {:.0} % of the CPU",
+        pressed.softirq_ns as f64 / w * 100.0
+    ));
+    let deferred = pressed
+        .ksoftirqd_ns
+        .is_some_and(|k| k as f64 >= KSOFTIRQD_SHARE * w);
+    let what = if deferred {
+        "softirq deferred to ksoftirqd"
+    } else {
+        "softirq under pressure"
+    };
+    Some(format!(
+        "{what} on cpu {} ({})",
+        pressed.cpu,
+        parts.join("; ")
+    ))
+}
+
+fn mixed_text(f: &CauseFigures) -> String {
+    let mut parts = Vec::new();
+    if let (Some(w), Some(o)) = (f.run_wait_share, f.on_cpu_share) {
+        parts.push(format!(
+            "reader waiting for a CPU {:.0} %, on CPU {:.0} %, off CPU {:.0} % of the delay",
+            w * 100.0,
+            o * 100.0,
+            ((1.0 - w - o).max(0.0)) * 100.0
+        ));
+    }
+    if let Some(t) = &f.throttle {
+        parts.push(format!(
+            "cgroup throttled in {} of {} periods",
+            t.throttled_periods, t.periods
+        ));
+    }
+    if parts.is_empty() {
+        "no clear cause".into()
+    } else {
+        format!("no clear cause ({})", parts.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: u64 = 1_000;
+    const MS: u64 = 1_000_000;
+
+    fn hist(values: &[(u64, u64)]) -> Histogram {
+        let mut h = Histogram::new();
+        for &(v, n) in values {
+            h.record_n(v, n);
+        }
+        h
+    }
+
+    #[test]
+    fn one_cpu_is_named_when_its_slow_packets_stand_out() {
+        // cpu 3 carries 6 % of the packets but nearly all of the slow ones.
+        let mut per_cpu = vec![hist(&[(100 * US, 1000)]); 16];
+        per_cpu[3] = hist(&[(100 * US, 20), (40 * MS, 60)]);
+        let c = decide(&CauseInput {
+            window_ns: 5_000 * MS,
+            per_cpu,
+            slow_ns: MS,
+            ..Default::default()
+        });
+        assert_eq!(c.kind, CauseKind::OneCpu, "{}", c.summary);
+        assert!(
+            c.summary
+                .starts_with("one CPU: cpu 3: 100 % of slow packets"),
+            "{}",
+            c.summary
+        );
+        assert!(c.summary.contains("on the other 15"), "{}", c.summary);
+    }
+
+    #[test]
+    fn slow_packets_spread_over_every_cpu_name_none() {
+        let per_cpu = vec![hist(&[(100 * US, 1000), (40 * MS, 30)]); 4];
+        assert_eq!(cpu_spread(&per_cpu, MS), None);
+        // Slow packets on one CPU that also carries nearly all the traffic: not a bad CPU.
+        let per_cpu = vec![
+            hist(&[(40 * MS, 500), (100 * US, 5000)]),
+            hist(&[(100 * US, 10)]),
+        ];
+        assert_eq!(cpu_spread(&per_cpu, MS), None);
+        // Too few slow packets to say.
+        let per_cpu = vec![
+            hist(&[(40 * MS, 5), (100 * US, 100)]),
+            hist(&[(100 * US, 100)]),
+        ];
+        assert_eq!(cpu_spread(&per_cpu, MS), None);
+    }
+
+    fn readers(on: u64, wait: u64) -> ReaderTimes {
+        ReaderTimes {
+            pids: vec![4242],
+            comm: "nginx".into(),
+            on_cpu_ns: on,
+            run_wait_ns: wait,
+            cpus: vec![1],
+            holders: vec![Holder {
+                pid: 77,
+                comm: "stress-ng".into(),
+                on_cpu_ns: 900 * MS,
+                tailtrap: false,
+            }],
+        }
+    }
+
+    fn read_input(on: u64, wait: u64) -> CauseInput {
+        CauseInput {
+            window_ns: 1_000 * MS,
+            read_stage: true,
+            read_delay_ns: Some(100 * MS),
+            readers: Some(readers(on, wait)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_readers_schedstat_splits_the_read_delay() {
+        let c = decide(&read_input(5 * MS, 81 * MS));
+        assert_eq!(c.kind, CauseKind::CpuWait);
+        assert_eq!(
+            c.summary,
+            "reader runnable but waiting for a CPU 81 % of the delay (cpu 1 shared with pid 77 stress-ng)"
+        );
+        let c = decide(&read_input(2 * MS, 3 * MS));
+        assert_eq!(c.kind, CauseKind::ReaderOffCpu);
+        assert!(
+            c.summary
+                .starts_with("reader not reading: 95 % of the delay off CPU"),
+            "{}",
+            c.summary
+        );
+        assert_eq!(
+            decide(&read_input(70 * MS, 5 * MS)).kind,
+            CauseKind::ReaderBusy
+        );
+        // Mixed: a third each. No verdict, the figures instead.
+        let c = decide(&read_input(30 * MS, 35 * MS));
+        assert_eq!(c.kind, CauseKind::NoClearCause);
+        assert!(
+            c.summary
+                .contains("waiting for a CPU 35 %, on CPU 30 %, off CPU 35 %"),
+            "{}",
+            c.summary
+        );
+    }
+
+    #[test]
+    fn throttling_comes_before_the_readers_figures() {
+        let mut input = read_input(5 * MS, 81 * MS);
+        input.throttle = Some(Throttle {
+            cgroup: "/sys/fs/cgroup/web".into(),
+            quota: "20000 100000".into(),
+            periods: 50,
+            throttled_periods: 48,
+            throttled_ns: 3_900 * MS,
+        });
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::Throttled);
+        assert_eq!(
+            c.summary,
+            "reader throttled by its cgroup's CPU quota (cpu.max 20000 100000; throttled in 48 of 50 periods, 3.90s in all)"
+        );
+        // Throttled in few periods: not the cause.
+        input.throttle.as_mut().unwrap().throttled_periods = 2;
+        assert_eq!(decide(&input).kind, CauseKind::CpuWait);
+    }
+
+    #[test]
+    fn softirq_pressure_is_named_for_early_stages_only() {
+        let softirq = vec![
+            CpuSoftirq {
+                cpu: 0,
+                packets: 10,
+                ..Default::default()
+            },
+            CpuSoftirq {
+                cpu: 1,
+                packets: 900,
+                squeezed: 6_000,
+                dropped: 0,
+                softirq_ns: 400 * MS,
+                ksoftirqd_ns: Some(450 * MS),
+            },
+        ];
+        let input = CauseInput {
+            window_ns: 5_000 * MS,
+            softirq: softirq.clone(),
+            ..Default::default()
+        };
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::Softirq);
+        assert!(c.summary.starts_with("softirq under pressure on cpu 1 (ksoftirqd ran 9 % of the time; time squeeze 1200/s"), "{}", c.summary);
+        let read = CauseInput {
+            read_stage: true,
+            ..input
+        };
+        assert_eq!(decide(&read).kind, CauseKind::NoClearCause);
+        assert_eq!(decide(&CauseInput::default()).summary, "no clear cause");
+    }
+}
