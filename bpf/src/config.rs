@@ -138,7 +138,7 @@ impl Validate for ProbeConfig {
                     format!("longer than {} bytes", model::MAX_SERVICE_LEN),
                 ));
             }
-            if s.name.is_empty() || s.name == "host" || s.name == "other" {
+            if s.name.is_empty() || ["host", "other", "host-wide"].contains(&s.name.as_str()) {
                 problems.push(KeyProblem::new(
                     key("name"),
                     format!("{:?} is reserved or empty", s.name),

@@ -121,7 +121,7 @@ pub struct Slo {
 impl Default for Thresholds {
     fn default() -> Self {
         Thresholds {
-            quantiles: vec![0.5, 0.9, 0.99, 0.999],
+            quantiles: vec![0.5, 0.9, 0.99, 0.999, 0.9999],
             min_ratio: 1.25,
             min_delta: Duration::from_micros(20),
             window: Duration::from_secs(5),

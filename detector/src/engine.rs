@@ -579,6 +579,12 @@ pub(crate) fn judge(
     }
 }
 
+/// A quantile is tested only on a window where it stands for at least this many samples
+/// beyond it (`count x (1 - q)`): p99.9 from 500 samples (`min_samples`' default), p99.99
+/// from 5 000. A smaller window cannot show a shift of that quantile; testing it would only
+/// add to the tests Holm's correction divides the significance among.
+const MIN_EXPECTED_BEYOND: f64 = 0.5;
+
 /// The figures of the exact binomial test of quantile `q`: how many window samples lie
 /// above the baseline's q-bucket, against the share of baseline weight above it. They do
 /// not depend on the thresholds; whether the exact test is worth running does.
@@ -621,6 +627,9 @@ impl Shift {
         base: &Cumulative,
         base_hint: &mut usize,
     ) -> Option<Shift> {
+        if (snap.count as f64) * (1.0 - q) < MIN_EXPECTED_BEYOND {
+            return None;
+        }
         let (b_bucket, b_value) = base.quantile_near(q, base_hint)?;
         let (o_bucket, o_value) = observed?;
         // Add-half smoothing so an empty tail in the baseline does not make any exceedance
@@ -760,6 +769,67 @@ mod tests {
     fn tick(d: &mut Detector, s: u64, svc: &str, hist: &Histogram) -> Vec<Event> {
         d.observe(t(s), svc, Probe::TcpSocketRead, hist);
         d.end_interval(t(s))
+    }
+
+    /// Issue 32, item 6: a shift confined to the slowest 0.05 % of a busy service's packets
+    /// moves p99.99 and nothing below it. The default quantiles (p99.99 included) open an
+    /// incident on it; without p99.99 nothing is seen. A quiet service's windows are too
+    /// small for p99.99, which is then not tested at all.
+    #[test]
+    fn the_far_tail_is_watched_where_the_rate_allows() {
+        // 20 000 packets per interval at 100-200 µs; "slow": the 10 slowest at 50 ms.
+        let normal = {
+            let mut h = Histogram::new();
+            for i in 0..20_000u64 {
+                h.record(100_000 + i * 100_000 / 20_000);
+            }
+            h
+        };
+        let slow = {
+            let mut h = Histogram::new();
+            for i in 0..19_990u64 {
+                h.record(100_000 + i * 100_000 / 20_000);
+            }
+            h.record_n(50_000_000, 10);
+            h
+        };
+        let run = |quantiles: Vec<f64>| {
+            let mut cfg = config();
+            cfg.defaults.quantiles = quantiles;
+            cfg.defaults.warmup_samples = 100_000;
+            let mut d = Detector::new(cfg);
+            for s in 1..=30 {
+                assert!(tick(&mut d, s, "web", &normal).is_empty(), "second {s}");
+            }
+            (31..=35)
+                .flat_map(|s| tick(&mut d, s, "web", &slow))
+                .collect::<Vec<_>>()
+        };
+        let seen = run(Thresholds::default().quantiles);
+        let Some(Event::Opened(inc)) = seen.first() else {
+            panic!("{seen:?}")
+        };
+        assert_eq!(inc.headline.quantile, 0.9999, "{:?}", inc.headline);
+        assert!(run(vec![0.5, 0.9, 0.99, 0.999]).is_empty());
+
+        // 1 000 packets a window: p99.99 is not tested (no evidence at it, ever).
+        let mut d = Detector::new(config());
+        for s in 1..=30 {
+            tick(&mut d, s, "web", &uniform(100_000));
+        }
+        let mut big = uniform(100_000);
+        big.record_n(900_000_000, 300);
+        let ev: Vec<Event> = (31..=33)
+            .flat_map(|s| tick(&mut d, s, "web", &big))
+            .collect();
+        let Some(Event::Opened(inc)) = ev.first() else {
+            panic!("{ev:?}")
+        };
+        assert!(
+            inc.evidence.iter().all(|e| e.quantile < 0.9999),
+            "{:?}",
+            inc.evidence
+        );
     }
 
     #[test]

@@ -221,6 +221,9 @@ pub struct OpenIncident {
     /// Its sentence with figures.
     #[serde(default)]
     pub cause_summary: Option<String>,
+    /// The host-wide incident this one is part of (docs/detector.md, "Host-wide incidents").
+    #[serde(default)]
+    pub part_of: Option<u64>,
 }
 
 /// In-kernel capture state.

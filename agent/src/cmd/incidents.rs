@@ -200,6 +200,14 @@ fn probe_names(i: &Incident) -> String {
         .join(", ")
 }
 
+/// A host-wide incident's members (`None` for a per-service incident).
+fn host_wide(i: &Incident) -> Option<crate::daemon::host_wide::HostWideEvidence> {
+    if i.service != crate::daemon::host_wide::HOST_WIDE {
+        return None;
+    }
+    serde_json::from_str(&i.evidence_json).ok()
+}
+
 fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>) {
     if incidents.is_empty() {
         println!("no incidents");
@@ -217,9 +225,22 @@ fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>)
             i.state.to_string(),
             fmt_time(i.opened_ns),
             lasted(i),
-            d.as_ref().map_or_else(|| probe_names(i), headline),
+            match host_wide(i) {
+                Some(hw) => format!(
+                    "{} services: {}",
+                    hw.members.len(),
+                    hw.members
+                        .iter()
+                        .map(|m| m.service.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None => d.as_ref().map_or_else(|| probe_names(i), headline),
+            },
             d.and_then(|d| d.stage)
-                .map_or_else(|| "-".into(), |s| s.verdict),
+                .map(|s| s.verdict)
+                .or_else(|| host_wide(i).map(|h| h.stage))
+                .unwrap_or_else(|| "-".into()),
             i.cause
                 .as_ref()
                 .map_or_else(|| "-".into(), |c| c.kind.clone()),
@@ -306,6 +327,24 @@ fn print_show(view: &IncidentView) {
         },
     ]);
     println!("{t}");
+
+    if let Some(hw) = host_wide(i) {
+        println!(
+            "\nhost-wide: {} services in {} (each incident has its own evidence)",
+            hw.members.len(),
+            hw.stage
+        );
+        let mut t = table(["incident", "service", "opened", "state"]);
+        for m in &hw.members {
+            t.add_row([
+                m.id.to_string(),
+                m.service.clone(),
+                fmt_time(m.opened_ns),
+                if m.closed { "closed" } else { "open" }.to_owned(),
+            ]);
+        }
+        println!("{t}");
+    }
 
     if let Some(d) = &d {
         println!("\nevidence");

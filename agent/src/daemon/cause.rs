@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use detector::diagnosis::{self, Cause, CauseInput, CpuSoftirq, Holder, ReaderTimes};
+use detector::diagnosis::{self, Cause, CauseInput, CauseKind, CpuSoftirq, Holder, ReaderTimes};
 use model::{Histogram, Probe, Sample};
 
 use super::host_figures::{self, CpuNet, CpuStat, ProcStat, SchedTimes};
@@ -46,6 +46,9 @@ struct Tracked {
     /// Reader tgid → what its threads did since it was first seen.
     readers: HashMap<u32, Reader>,
     reader_cpus: HashSet<u32>,
+    /// The last clear verdict: kept when later figures, diluted by the quiet intervals
+    /// before the closing, are mixed.
+    clear: Option<Cause>,
 }
 
 /// A reading process followed: its threads' schedstat as last read, the growth summed up
@@ -121,6 +124,7 @@ impl Causes {
             processes: host_figures::all_processes(),
             readers: HashMap::new(),
             reader_cpus: HashSet::new(),
+            clear: None,
         };
         t.cumulative = t
             .probes()
@@ -130,8 +134,9 @@ impl Causes {
     }
 
     /// Samples of open incidents: the readers to follow are the processes that read slow
-    /// packets.
-    pub(super) fn samples(&mut self, samples: &[Sample]) {
+    /// packets, their CPUs those of the samples taken since the opening (not the flight
+    /// recorder's from before it, `before_opening`).
+    pub(super) fn samples(&mut self, samples: &[Sample], before_opening: bool) {
         for s in samples {
             let Some(t) = self.open.get_mut(&s.incident) else {
                 continue;
@@ -140,7 +145,9 @@ impl Causes {
                 continue;
             }
             let Some(pid) = s.pid else { continue };
-            t.reader_cpus.insert(s.cpu);
+            if !before_opening {
+                t.reader_cpus.insert(s.cpu);
+            }
             if t.readers.len() < MAX_READERS && !t.readers.contains_key(&pid) {
                 // A process already gone (or a kernel without schedstat) says nothing: it
                 // must not count as a reader that never ran.
@@ -180,8 +187,9 @@ impl Causes {
         let net = host_figures::cpu_net();
         due.into_iter()
             .filter_map(|id| {
-                let t = self.open.get(&id)?;
-                Some((id, t.decide(kernel, cumulative, &processes, &net, now)))
+                let t = self.open.get_mut(&id)?;
+                let cause = t.decide(kernel, cumulative, &processes, &net, now);
+                Some((id, t.keep_clear(cause)?))
             })
             .collect()
     }
@@ -202,7 +210,9 @@ impl Causes {
         t.readers.retain(|&pid, r| r.follow(pid));
         let processes = host_figures::all_processes();
         let net = host_figures::cpu_net();
-        Some(t.decide(kernel, cumulative, &processes, &net, now))
+        let cause = t.decide(kernel, cumulative, &processes, &net, now);
+        // The closing verdict is the last clear one if these figures are mixed.
+        t.keep_clear(cause.clone()).or(t.clear).or(Some(cause))
     }
 }
 
@@ -211,6 +221,16 @@ fn cumulative_of(c: &Cumulative, service: &str, probe: Probe) -> Option<Histogra
 }
 
 impl Tracked {
+    /// `cause` if it is worth storing: a clear verdict (kept as the last clear one), or
+    /// "no clear cause" while no clear verdict was given yet; `None` keeps the stored one.
+    fn keep_clear(&mut self, cause: Cause) -> Option<Cause> {
+        if cause.kind != CauseKind::NoClearCause {
+            self.clear = Some(cause.clone());
+            return Some(cause);
+        }
+        self.clear.is_none().then_some(cause)
+    }
+
     fn probes(&self) -> impl Iterator<Item = Probe> {
         std::iter::once(self.probe).chain(self.enqueued)
     }
@@ -316,7 +336,9 @@ impl Tracked {
                     pid,
                     comm: p.comm.clone(),
                     on_cpu_ns: used,
-                    tailtrap: pid == me,
+                    // The daemon, and its CLI reading it (`tailtrap incidents`, `export`):
+                    // reading tailtrap during an incident must not become its cause unseen.
+                    tailtrap: pid == me || p.comm == "tailtrap",
                 })
             })
             .collect();

@@ -160,6 +160,29 @@ impl Incidents {
         Some(id)
     }
 
+    /// Store a new incident the detector did not open (a host-wide one): numbered and
+    /// written durably; its record, unless the store refused it.
+    pub(super) fn open_other(&mut self, new: NewIncident) -> Option<storage::Incident> {
+        let record = match self.store.number_incident(&new) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(service = %new.service, error = %e, "incident opened but could not be stored");
+                return None;
+            }
+        };
+        if let Err(record) = self.records.new_record(Box::new(record.clone())) {
+            writer::store_record(&self.store, &record, true);
+            self.flush.request();
+        }
+        Some(record)
+    }
+
+    /// Store a changed record of an incident the detector did not open.
+    pub(super) fn write_other(&self, record: storage::Incident) {
+        let durable = record.state != IncidentState::Open;
+        self.write(record, durable);
+    }
+
     /// The detector's view of an open incident, by store id.
     pub(super) fn open_detail(&self, id: u64) -> Option<&detector::Incident> {
         self.open
@@ -298,6 +321,7 @@ impl Incidents {
                 stage: o.detail.stage.as_ref().map(|s| s.verdict.clone()),
                 cause: o.record.cause.as_ref().map(|c| c.kind.clone()),
                 cause_summary: o.record.cause.as_ref().map(|c| c.summary.clone()),
+                part_of: None,
             })
             .collect();
         v.sort_by_key(|o| o.id);

@@ -13,6 +13,7 @@ use storage::{CaptureState, CaptureStatus, PwruState, PwruStatus, Store};
 
 use super::capture::CaptureController;
 use super::cause::Causes;
+use super::host_wide::{self, HostWide};
 use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
@@ -121,6 +122,8 @@ pub(super) struct DaemonCore<K, P> {
     deltas: Deltas,
     /// The open incidents' cause verdicts.
     causes: Causes,
+    /// Host-wide incidents over the per-service ones.
+    host_wide: HostWide,
     status: Arc<Mutex<LoopStatus>>,
     /// History, baselines, retention and rotation, off the loop.
     writer: Writer,
@@ -165,6 +168,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             pwru_queue: SessionQueue::default(),
             deltas: Deltas::default(),
             causes: Causes::default(),
+            host_wide: HostWide::default(),
             status: Arc::new(Mutex::new(LoopStatus::default())),
             intervals: 0,
             last_baseline_save: now,
@@ -268,12 +272,16 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                         }
                         self.finish_capture(id, "the incident closed");
                         self.stop_waiting(id, "the incident closed before that session ended");
+                        let closed_ns = unix_ns(inc.closed_at.unwrap_or(now.wall));
+                        if let Some(change) = self.host_wide.closed(id, closed_ns) {
+                            self.apply_host_wide(change);
+                        }
                     }
                     self.incidents.closed(inc);
                 }
             }
         }
-        self.causes.samples(&drained.samples);
+        self.causes.samples(&drained.samples, false);
         for (id, cause) in self
             .causes
             .interval(&mut self.kernel, &self.deltas.prev, now.mono)
@@ -306,6 +314,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             status.latency = latency;
             status.kernel_counters = KernelCounters::from(counters);
             status.open_incidents = self.incidents.open_summaries();
+            self.host_wide.annotate(&mut status.open_incidents);
             status.capture = capture;
             status.dropped_history_intervals = self.writer.dropped();
             status.dropped_samples = self.writer.dropped_samples();
@@ -371,7 +380,17 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         // Counted here rather than from the open list so an incident that opens and
         // closes between two reads of the status still counts; stage as at opening.
         let stage = inc.stage.as_ref().map(|s| s.verdict.clone());
-        lock(&self.status).count_opened(&inc.service, stage);
+        lock(&self.status).count_opened(&inc.service, stage.clone());
+        if let Some(change) = self.host_wide.opened(
+            id,
+            &inc.service,
+            stage.as_deref(),
+            &inc.probes,
+            unix_ns(inc.opened_at),
+            now.mono,
+        ) {
+            self.apply_host_wide(change);
+        }
         let armed = self.capture.arm(
             &mut self.kernel,
             &self.detector,
@@ -404,10 +423,24 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.incidents.update(id, |r| r.capture = status);
         self.causes
             .opened(id, &inc, &mut self.kernel, &self.deltas.prev, now.mono);
-        self.causes.samples(&pre);
+        self.causes.samples(&pre, true);
         let flows: Vec<model::Flow> = pre.iter().map(|s| s.flow).collect();
         self.store_samples(pre, true);
         self.request_pwru(id, &inc, &flows, now.wall);
+    }
+
+    /// Store what changed of a host-wide incident.
+    fn apply_host_wide(&mut self, change: host_wide::Change) {
+        match change {
+            host_wide::Change::Open(new) => {
+                let stage = serde_json::from_str::<String>(&new.stages_json).ok();
+                if let Some(record) = self.incidents.open_other(new) {
+                    lock(&self.status).count_opened(host_wide::HOST_WIDE, stage);
+                    self.host_wide.numbered(record);
+                }
+            }
+            host_wide::Change::Write(record) => self.incidents.write_other(*record),
+        }
     }
 
     /// Store incident `id`'s cause verdict; the last one (at closing) is also counted for
@@ -675,6 +708,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.writer.finish_samples();
         self.count_written_samples();
         self.incidents.interrupt_open(unix_ns(now.wall));
+        for mut record in self.host_wide.take_open() {
+            record.state = storage::IncidentState::Interrupted;
+            record.closed_ns = Some(unix_ns(now.wall));
+            if let Err(e) = self.store.update_incident(&record) {
+                tracing::error!(incident = record.id, error = %e, "marking the host-wide incident interrupted failed");
+            }
+        }
         self.last_baseline_save = now.mono;
         self.writer.finish(self.detector.save_baselines());
         let dropped = self.writer.dropped();

@@ -10,6 +10,7 @@
 mod capture;
 mod cause;
 mod host_figures;
+pub(crate) mod host_wide;
 mod incidents;
 mod interval;
 mod kernel;

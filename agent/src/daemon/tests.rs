@@ -1004,3 +1004,67 @@ fn a_slow_cpu_is_named_in_the_cause_and_an_even_spread_is_not() {
     let cause = even.cause.unwrap();
     assert_eq!(cause.kind, "no-clear-cause", "{}", cause.summary);
 }
+
+/// Issue 32, item 5, on the scripted kernel: two services whose read tails shift in the same
+/// interval open their own incidents and one host-wide incident listing both; status marks
+/// them part of it; it closes with the last of them.
+#[test]
+fn two_services_shifting_together_open_one_host_wide_incident() {
+    let kernel = FakeKernel::default();
+    let mut config = config();
+    config.probes.services.push(ServiceSpec {
+        name: "py".into(),
+        cgroup: None,
+        ports: vec![9090],
+    });
+    let mut h = Harness::with_config(kernel.clone(), config);
+    let both = |h: &mut Harness, ns: u64| {
+        for service in [SERVICE, "py"] {
+            kernel.state().traffic_service = Some(service);
+            kernel.traffic(Probe::TcpStart, 10_000, PER_INTERVAL);
+            kernel.traffic(HOT, ns, PER_INTERVAL);
+        }
+        h.run_interval();
+        h.core.sync_storage();
+    };
+    for _ in 0..8 {
+        both(&mut h, QUIET_NS);
+    }
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        both(&mut h, SLOW_NS);
+        let status = h.core.status();
+        open = lock(&status).open_incidents.clone();
+        if open.iter().any(|o| o.service == "host-wide") {
+            break;
+        }
+    }
+    let hw = open
+        .iter()
+        .find(|o| o.service == "host-wide")
+        .unwrap_or_else(|| panic!("no host-wide incident: {open:?}"))
+        .clone();
+    assert_eq!(
+        hw.headline, "2 services in tcp-start to tcp-socket-read: py, web",
+        "{hw:?}"
+    );
+    let members: Vec<_> = open.iter().filter(|o| o.service != "host-wide").collect();
+    assert_eq!(members.len(), 2, "{open:?}");
+    assert!(members.iter().all(|o| o.part_of == Some(hw.id)), "{open:?}");
+    let stored = h.incident(hw.id);
+    assert_eq!(stored.state, IncidentState::Open);
+    assert!(
+        stored.evidence_json.contains("\"py\""),
+        "{}",
+        stored.evidence_json
+    );
+    // Both recover: every incident closes, the host-wide one last with its members.
+    for _ in 0..30 {
+        both(&mut h, QUIET_NS);
+        if h.open_ids().is_empty() {
+            break;
+        }
+    }
+    assert!(h.open_ids().is_empty());
+    assert_eq!(h.incident(hw.id).state, IncidentState::Closed);
+}

@@ -288,6 +288,11 @@ impl Collector for View {
             }),
         )?;
         let ids: Vec<String> = r.open_incidents.iter().map(|o| o.id.to_string()).collect();
+        let part_of: Vec<String> = r
+            .open_incidents
+            .iter()
+            .map(|o| o.part_of.map_or_else(String::new, |id| id.to_string()))
+            .collect();
         let probes: Vec<String> = r
             .open_incidents
             .iter()
@@ -302,7 +307,7 @@ impl Collector for View {
         info(
             &mut enc,
             "tailtrap_incident_open",
-            "An open incident: its id, service, hot probes, stage verdict, cause verdict so far and headline",
+            "An open incident: its id, service, hot probes, stage verdict, cause verdict so far, the host-wide incident it is part of (empty: none) and headline",
             r.open_incidents.iter().enumerate().map(|(i, o)| {
                 vec![
                     ("id", ids[i].as_str()),
@@ -310,6 +315,7 @@ impl Collector for View {
                     ("probes", probes[i].as_str()),
                     ("stage", o.stage.as_deref().unwrap_or("unknown")),
                     ("cause", o.cause.as_deref().unwrap_or("undecided")),
+                    ("part_of", part_of[i].as_str()),
                     ("headline", o.headline.as_str()),
                 ]
             }),

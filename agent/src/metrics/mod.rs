@@ -245,6 +245,7 @@ mod tests {
                 cause_summary: Some(
                     "reader runnable but waiting for a CPU 81 % of the delay".into(),
                 ),
+                part_of: Some(9),
             }],
             capture: CaptureReport {
                 available: true,
@@ -326,7 +327,7 @@ mod tests {
             "tailtrap_interval_latency_samples{service=\"web\",probe=\"tcp-socket-read\"} 10",
             "tailtrap_incidents_open{service=\"idle\"} 0",
             "tailtrap_incidents_open{service=\"web\"} 1",
-            "tailtrap_incident_open_info{id=\"7\",service=\"web\",probes=\"tcp-socket-read\",stage=\"application read delay\",cause=\"cpu-wait\",headline=\"tcp-socket-read p99 1µs -> 20ms (\\\"20000x\\\")\"} 1",
+            "tailtrap_incident_open_info{id=\"7\",service=\"web\",probes=\"tcp-socket-read\",stage=\"application read delay\",cause=\"cpu-wait\",part_of=\"9\",headline=\"tcp-socket-read p99 1µs -> 20ms (\\\"20000x\\\")\"} 1",
             "# TYPE tailtrap_incidents_opened_total counter",
             "tailtrap_incidents_opened_total{service=\"web\",stage=\"application read delay\"} 3",
             "# TYPE tailtrap_incident_causes_total counter",
