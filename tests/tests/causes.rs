@@ -1,11 +1,13 @@
 //! Issue 32: real causes injected under a real daemon, each checked for its cause verdict
-//! (not for the machine's timing). One TCP echo service by port (the host kernel has no
-//! stand-in for the UDP read probe), slowed two ways in turn: a reader sleeping before each
-//! read (off CPU), and a reader at nice 10 pinned to a CPU that three pinned hogs share
-//! (waiting for a CPU). A throttled reader is not here yet: with this echo load (one request
-//! in flight, 2 ms apart) a quota throttles one request per period and the quantiles barely
-//! move (p50 25.6µs against 28.5µs, p99 30 ms against 11 ms: no incident in 90 s); the
-//! throttling figures are read from a real quota cgroup in the agent's tests.
+//! (not for the machine's timing). Two TCP echo services by port (the host kernel has no
+//! stand-in for the UDP read probe). The first is slowed two ways in turn: a reader sleeping
+//! before each read (off CPU), and a reader at nice 10 pinned to a CPU that three pinned
+//! hogs share (waiting for a CPU). Then the whole host is starved (both readers behind hogs
+//! on every CPU): one host-wide incident lists both services. A throttled reader is not here
+//! yet: with this echo load (one request in flight, 2 ms apart) a quota throttles one
+//! request per period and the quantiles barely move (p50 25.6µs against 28.5µs, p99 30 ms
+//! against 11 ms: no incident in 90 s); the throttling figures are read from a real quota
+//! cgroup in the agent's tests.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -17,6 +19,8 @@ use tailtrap_tests::{
 };
 
 const SERVICE: &str = "echo";
+/// A second service, slowed only with the first, for the host-wide incident.
+const SECOND: &str = "echo2";
 const READ_PROBE: &str = "tcp-socket-read";
 
 /// Tight enough for the millisecond a hog adds to a read, on a short window.
@@ -41,7 +45,8 @@ struct Run {
     config: PathBuf,
     daemon: Daemon,
     server: EchoServer,
-    _client: LoopingClient,
+    second: EchoServer,
+    _clients: [LoopingClient; 2],
 }
 
 fn start() -> Run {
@@ -49,6 +54,8 @@ fn start() -> Run {
     let dir = scratch.path().to_owned();
     let server = EchoServer::spawn(Proto::Tcp).unwrap();
     let client = LoopingClient::start(server.addr(), Proto::Tcp);
+    let second = EchoServer::spawn(Proto::Tcp).unwrap();
+    let second_client = LoopingClient::start(second.addr(), Proto::Tcp);
     let config = dir.join("tailtrap.toml");
     std::fs::write(
         &config,
@@ -71,10 +78,15 @@ enabled = false
 name = "{SERVICE}"
 ports = [{port}]
 
+[[services]]
+name = "{SECOND}"
+ports = [{second_port}]
+
 {DETECTOR}
 "#,
             dir = dir.display(),
             port = server.addr().port(),
+            second_port = second.addr().port(),
         ),
     )
     .unwrap();
@@ -82,14 +94,15 @@ ports = [{port}]
     daemon.wait_for_api(&config, Duration::from_secs(120));
     daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
-        baselines_warm(&s, READ_PROBE, &[SERVICE]).then_some(())
+        baselines_warm(&s, READ_PROBE, &[SERVICE, SECOND]).then_some(())
     });
     Run {
         _scratch: scratch,
         config,
         daemon,
         server,
-        _client: client,
+        second,
+        _clients: [client, second_client],
     }
 }
 
@@ -202,6 +215,50 @@ fn each_injected_cause_gets_its_verdict() {
         "{}",
         summary(&wait)
     );
+
+    // 3. The whole host starved: both services' readers at nice 10 on the last CPU with
+    //    three hogs, and a hog on every other CPU. Both open incidents in the same stage,
+    //    and one host-wide incident lists them.
+    run.quiet();
+    let second = run.second.pid();
+    let started = Instant::now();
+    let all: Vec<Hog> = {
+        pin(pid, cpu).unwrap();
+        pin(second, cpu).unwrap();
+        renice(pid, 10);
+        renice(second, 10);
+        (0..cpus + 2)
+            .map(|i| Hog::spawn(Some(i.min(cpu))).unwrap())
+            .collect()
+    };
+    let host_wide = run
+        .daemon
+        .wait_for(Duration::from_secs(90), "a host-wide incident", || {
+            let (v, _) = cli_json(
+                &run.config,
+                &["incidents", "--json", "--service", "host-wide"],
+            );
+            v["incidents"].as_array()?.first().cloned()
+        });
+    drop(all);
+    renice(pid, 0);
+    renice(second, 0);
+    eprintln!("[host-wide] after {:?}: {host_wide}", started.elapsed());
+    let members: Vec<String> =
+        serde_json::from_str::<Value>(host_wide["evidence_json"].as_str().unwrap()).unwrap()
+            ["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["service"].as_str().unwrap().to_owned())
+            .collect();
+    assert!(members.contains(&SERVICE.to_owned()), "{host_wide}");
+    assert!(members.contains(&SECOND.to_owned()), "{host_wide}");
+    let id = host_wide["id"].as_u64().unwrap().to_string();
+    let show = cli(&run.config, &["incidents", "show", &id]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("host-wide: "), "{text}");
+    eprintln!("{text}");
 
     // Each closed with its last verdict, counted per cause.
     run.quiet();

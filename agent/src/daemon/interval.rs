@@ -434,8 +434,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         match change {
             host_wide::Change::Open(new) => {
                 let stage = serde_json::from_str::<String>(&new.stages_json).ok();
-                if let Some(record) = self.incidents.open_other(new) {
+                if let Some(mut record) = self.incidents.open_other(new) {
                     lock(&self.status).count_opened(host_wide::HOST_WIDE, stage);
+                    // Its evidence, samples and traces are its members'.
+                    let see = "none of its own: see its member incidents";
+                    record.capture.message = see.into();
+                    record.pwru.message = see.into();
+                    self.incidents.write_other(record.clone());
                     self.host_wide.numbered(record);
                 }
             }
