@@ -523,6 +523,9 @@ fn decode_record(bytes: &[u8]) -> Option<CaptureRecord> {
     if has(F::TT_CAPTURE_F_SUBSAMPLED) {
         flags.insert(SampleFlags::SUBSAMPLED);
     }
+    if has(F::TT_CAPTURE_F_KSOFTIRQD) {
+        flags.insert(SampleFlags::KSOFTIRQD);
+    }
     let process = has(F::TT_CAPTURE_F_PROCESS);
     Some(CaptureRecord {
         service_slot: r.service,
@@ -605,6 +608,34 @@ mod tests {
             flight: false,
             sample: model::fixtures::sample(0, i, 1_000 + i),
         }
+    }
+
+    /// The kernel's flag word as the sample's flags: an ip-start record the CPU's ksoftirqd
+    /// processed is marked, with no process.
+    #[test]
+    fn a_record_processed_in_ksoftirqd_is_marked() {
+        use types::tt_capture_flag as F;
+        let mut r = types::tt_capture_record {
+            probe: Probe::IpStart.id(),
+            family: AF_INET,
+            latency_ns: 7_000_000,
+            flags: F::TT_CAPTURE_F_KSOFTIRQD.0 | F::TT_CAPTURE_F_FLIGHT.0,
+            ..Default::default()
+        };
+        // SAFETY: a repr(C) integer-only type viewed as its bytes.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&raw const r).cast::<u8>(), RECORD_BYTES) };
+        let rec = decode_record(bytes).expect("decodes");
+        assert!(rec.flight);
+        assert!(rec.sample.flags.contains(SampleFlags::KSOFTIRQD));
+        assert_eq!(rec.sample.flags.names().collect::<Vec<_>>(), ["ksoftirqd"]);
+        assert_eq!(rec.sample.pid, None);
+        r.flags = F::TT_CAPTURE_F_PROCESS.0;
+        // SAFETY: as above.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&raw const r).cast::<u8>(), RECORD_BYTES) };
+        let rec = decode_record(bytes).expect("decodes");
+        assert!(!rec.sample.flags.contains(SampleFlags::KSOFTIRQD));
     }
 
     #[test]

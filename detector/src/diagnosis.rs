@@ -38,6 +38,10 @@ const OFF_CPU_MAX_ACTIVE_SHARE: f64 = 0.3;
 const SQUEEZE_PER_SEC: f64 = 10.0;
 const SOFTIRQ_SHARE: f64 = 0.3;
 const KSOFTIRQD_SHARE: f64 = 0.2;
+/// Slow packets processed in ksoftirqd: at least this share of at least
+/// [`MIN_SOFTIRQ_SAMPLES`] slow samples of the CPU.
+const KSOFTIRQD_SAMPLE_SHARE: f64 = 0.5;
+const MIN_SOFTIRQ_SAMPLES: u64 = 10;
 
 /// What a verdict says, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -161,6 +165,12 @@ pub struct CpuSoftirq {
     pub softirq_ns: u64,
     /// Time its ksoftirqd thread ran, ns.
     pub ksoftirqd_ns: Option<u64>,
+    /// The incident's slow-packet samples taken on it outside a process's context.
+    #[serde(default)]
+    pub slow_samples: u64,
+    /// Of those, the ones its ksoftirqd thread processed (not at interrupt exit).
+    #[serde(default)]
+    pub in_ksoftirqd: u64,
 }
 
 /// Slow packets concentrated on few CPUs.
@@ -420,6 +430,12 @@ fn softirq_text(cpus: &[CpuSoftirq], window_ns: u64) -> Option<String> {
     }
     let secs = window_ns as f64 / 1e9;
     let w = window_ns as f64;
+    let deferred = |c: &CpuSoftirq| {
+        c.ksoftirqd_ns
+            .is_some_and(|k| k as f64 >= KSOFTIRQD_SHARE * w)
+            || (c.slow_samples >= MIN_SOFTIRQ_SAMPLES
+                && c.in_ksoftirqd as f64 >= KSOFTIRQD_SAMPLE_SHARE * c.slow_samples as f64)
+    };
     // The CPU with the most packets among those under pressure.
     let pressed = cpus
         .iter()
@@ -428,11 +444,16 @@ fn softirq_text(cpus: &[CpuSoftirq], window_ns: u64) -> Option<String> {
             c.squeezed as f64 / secs >= SQUEEZE_PER_SEC
                 || c.dropped > 0
                 || c.softirq_ns as f64 >= SOFTIRQ_SHARE * w
-                || c.ksoftirqd_ns
-                    .is_some_and(|k| k as f64 >= KSOFTIRQD_SHARE * w)
+                || deferred(c)
         })
         .max_by_key(|c| c.packets)?;
     let mut parts = Vec::new();
+    if pressed.slow_samples >= MIN_SOFTIRQ_SAMPLES {
+        parts.push(format!(
+            "{:.0} % of its slow packets processed in ksoftirqd",
+            pressed.in_ksoftirqd as f64 / pressed.slow_samples as f64 * 100.0
+        ));
+    }
     if let Some(k) = pressed.ksoftirqd_ns {
         parts.push(format!(
             "ksoftirqd ran {:.0} % of the time",
@@ -450,10 +471,7 @@ fn softirq_text(cpus: &[CpuSoftirq], window_ns: u64) -> Option<String> {
         "softirq {:.0} % of the CPU",
         pressed.softirq_ns as f64 / w * 100.0
     ));
-    let deferred = pressed
-        .ksoftirqd_ns
-        .is_some_and(|k| k as f64 >= KSOFTIRQD_SHARE * w);
-    let what = if deferred {
+    let what = if deferred(pressed) {
         "softirq deferred to ksoftirqd"
     } else {
         "softirq under pressure"
@@ -635,6 +653,7 @@ mod tests {
                 dropped: 0,
                 softirq_ns: 400 * MS,
                 ksoftirqd_ns: Some(450 * MS),
+                ..Default::default()
             },
         ];
         let input = CauseInput {
@@ -650,6 +669,25 @@ mod tests {
             ..input
         };
         assert_eq!(decide(&read).kind, CauseKind::NoClearCause);
+        // Most slow packets of cpu 1 were processed by its ksoftirqd: deferred.
+        let mut input = CauseInput {
+            window_ns: 5_000 * MS,
+            softirq,
+            ..Default::default()
+        };
+        input.softirq[1].squeezed = 0;
+        input.softirq[1].softirq_ns = 0;
+        input.softirq[1].slow_samples = 40;
+        input.softirq[1].in_ksoftirqd = 34;
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::Softirq);
+        assert!(
+            c.summary.starts_with(
+                "softirq deferred to ksoftirqd on cpu 1 (85 % of its slow packets processed in ksoftirqd; "
+            ),
+            "{}",
+            c.summary
+        );
         assert_eq!(decide(&CauseInput::default()).summary, "no clear cause");
     }
 }

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use detector::diagnosis::{self, Cause, CauseInput, CauseKind, CpuSoftirq, Holder, ReaderTimes};
-use model::{Histogram, Probe, Sample};
+use model::{Histogram, Probe, Sample, SampleFlags};
 
 use super::host_figures::{self, CpuNet, CpuStat, ProcStat, SchedTimes};
 use super::kernel::Kernel;
@@ -46,6 +46,9 @@ struct Tracked {
     /// Reader tgid → what its threads did since it was first seen.
     readers: HashMap<u32, Reader>,
     reader_cpus: HashSet<u32>,
+    /// Per CPU, slow samples taken outside a process's context since the opening, and how
+    /// many of them its ksoftirqd processed.
+    softirq_samples: HashMap<u32, (u64, u64)>,
     /// The last clear verdict: kept when later figures, diluted by the quiet intervals
     /// before the closing, are mixed.
     clear: Option<Cause>,
@@ -124,6 +127,7 @@ impl Causes {
             processes: host_figures::all_processes(),
             readers: HashMap::new(),
             reader_cpus: HashSet::new(),
+            softirq_samples: HashMap::new(),
             clear: None,
         };
         t.cumulative = t
@@ -142,6 +146,13 @@ impl Causes {
                 continue;
             };
             if !matches!(s.probe, Probe::TcpSocketRead | Probe::UdpSocketRead) {
+                if !before_opening && s.pid.is_none() {
+                    let e = t.softirq_samples.entry(s.cpu).or_default();
+                    e.0 += 1;
+                    if s.flags.contains(SampleFlags::KSOFTIRQD) {
+                        e.1 += 1;
+                    }
+                }
                 continue;
             }
             let Some(pid) = s.pid else { continue };
@@ -294,6 +305,8 @@ impl Tracked {
                     dropped: after.dropped.saturating_sub(before.dropped),
                     softirq_ns: after.softirq_ns.saturating_sub(before.softirq_ns),
                     ksoftirqd_ns: ksoftirqd_growth(&self.processes, processes, cpu),
+                    slow_samples: self.softirq_samples.get(&cpu).map_or(0, |s| s.0),
+                    in_ksoftirqd: self.softirq_samples.get(&cpu).map_or(0, |s| s.1),
                 }
             })
             .collect();

@@ -312,12 +312,16 @@ impl SampleFlags {
     pub const HOL_SUSPECT: SampleFlags = SampleFlags(1 << 1);
     /// The kernel sampled this record 1-in-N: it stands for N slow SKBs.
     pub const SUBSAMPLED: SampleFlags = SampleFlags(1 << 2);
+    /// Processed by the CPU's ksoftirqd thread (receive softirq deferred), not at interrupt
+    /// exit (samples of the probes that run outside a process's context).
+    pub const KSOFTIRQD: SampleFlags = SampleFlags(1 << 3);
 
     /// Every named flag with its name.
-    const NAMED: [(SampleFlags, &'static str); 3] = [
+    const NAMED: [(SampleFlags, &'static str); 4] = [
         (SampleFlags::PRE_TRIGGER, "pre-trigger"),
         (SampleFlags::HOL_SUSPECT, "hol-suspect"),
         (SampleFlags::SUBSAMPLED, "subsampled"),
+        (SampleFlags::KSOFTIRQD, "ksoftirqd"),
     ];
 
     /// No flag set.

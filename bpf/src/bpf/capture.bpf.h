@@ -141,6 +141,24 @@ static __always_inline void tuple_from_sock(struct tt_capture_record *r, const s
 	}
 }
 
+/* PF_KTHREAD of include/linux/sched.h: a #define, so not in BTF. */
+#define TT_PF_KTHREAD 0x00200000
+
+/* The current task is a ksoftirqd thread. Called for slow SKBs only (a record is being
+ * filled), so the comm copy costs nothing on the fast path. */
+static __always_inline bool in_ksoftirqd(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	char comm[10] = {};
+
+	if (!(BPF_CORE_READ(task, flags) & TT_PF_KTHREAD))
+		return false;
+	bpf_get_current_comm(comm, sizeof(comm));
+	return comm[0] == 'k' && comm[1] == 's' && comm[2] == 'o' && comm[3] == 'f' &&
+	       comm[4] == 't' && comm[5] == 'i' && comm[6] == 'r' && comm[7] == 'q' &&
+	       comm[8] == 'd';
+}
+
 static __always_inline void fill_record(struct tt_capture_record *r, const struct tt_sample *s,
 					__u32 service, __u64 latency_ns, __u64 now_tai,
 					__u32 flags)
@@ -162,6 +180,8 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		r->pid = bpf_get_current_pid_tgid() >> 32;
 		bpf_get_current_comm(r->comm, sizeof(r->comm));
 		flags |= TT_CAPTURE_F_PROCESS;
+	} else if (in_ksoftirqd()) {
+		flags |= TT_CAPTURE_F_KSOFTIRQD;
 	}
 	if (sk) {
 		r->cgroup_id = sock_cgroup_id(sk);

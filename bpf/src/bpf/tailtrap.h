@@ -87,6 +87,9 @@ enum tt_capture_flag {
 	TT_CAPTURE_F_TCP_SEQ = 16,
 	/* Armed capture kept one slow SKB in N (N > 1). */
 	TT_CAPTURE_F_SUBSAMPLED = 32,
+	/* Not in a process's context: the CPU's ksoftirqd thread ran the receive softirq (work
+	 * deferred from interrupt exit), not the task an interrupt happened to hit. */
+	TT_CAPTURE_F_KSOFTIRQD = 64,
 };
 
 /* Thresholds of one (service slot, probe); 0 means that kind of capture is off. */
