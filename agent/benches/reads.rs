@@ -41,13 +41,14 @@ fn cpu_of(pid: u32) -> Duration {
 #[allow(clippy::zombie_processes)]
 fn run(config: &Path, args: &[&str]) -> (Duration, usize) {
     let mut child = Command::new(tailtrap())
+        .args(args)
         .arg("--config")
         .arg(config)
-        .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("tailtrap runs");
+    let err = child.stderr.take();
     let mut out = Vec::new();
     if let Some(mut o) = child.stdout.take() {
         use std::io::Read;
@@ -59,6 +60,14 @@ fn run(config: &Path, args: &[&str]) -> (Duration, usize) {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: pid is our child, status and usage are valid for writes.
     unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if status != 0 {
+        let mut text = String::new();
+        if let Some(mut e) = err {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut text);
+        }
+        panic!("tailtrap {args:?} failed: {text}");
+    }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     (tv(usage.ru_utime) + tv(usage.ru_stime), out.len())
 }

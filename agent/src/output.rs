@@ -87,10 +87,13 @@ pub fn fmt_bytes(b: u64) -> String {
 
 /// Print `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
     use std::io::Write;
+    // Block-buffered: stdout is line-buffered, and pretty JSON of a large incident is
+    // hundreds of thousands of lines, one write(2) each (0.8 s of CPU for 17 000 samples).
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
+    out.flush()?;
     Ok(())
 }
 

@@ -325,6 +325,41 @@ mod tests {
         assert!(grown.on_cpu_ns >= 10_000_000, "{grown:?}");
     }
 
+    /// What one decision's scan of /proc costs, with this many processes beside the host's
+    /// own (prints it; `cargo test -p tailtrap --bin tailtrap -- --ignored scan_cost --nocapture`).
+    #[test]
+    #[ignore = "a measurement: prints the cost of a scan of /proc with 2 000 more processes"]
+    fn scan_cost() {
+        use std::process::{Command, Stdio};
+        let mut children: Vec<_> = (0..2000)
+            .filter_map(|_| {
+                Command::new("sleep")
+                    .arg("60")
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .ok()
+            })
+            .collect();
+        let mut times = Vec::new();
+        let mut n = 0;
+        for _ in 0..9 {
+            let t = std::time::Instant::now();
+            n = all_processes().len();
+            let net = cpu_net();
+            std::hint::black_box(net);
+            times.push(t.elapsed());
+        }
+        times.sort();
+        println!(
+            "scan of {n} processes and the CPUs' figures: median {:?}, min {:?}, max {:?}",
+            times[4], times[0], times[8]
+        );
+        for c in &mut children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     #[test]
     fn the_cpus_have_softnet_and_softirq_figures() {
         let net = cpu_net();
