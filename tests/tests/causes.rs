@@ -1,10 +1,17 @@
 //! Issue 32: real causes injected under a real daemon, each checked for its cause verdict
 //! (not for the machine's timing). Two TCP echo services by port (the host kernel has no
-//! stand-in for the UDP read probe). The first is slowed three ways in turn: a reader
-//! sleeping before each read (off CPU), a reader at nice 10 pinned to a CPU that three
-//! pinned hogs share (waiting for a CPU), and a reader in a cgroup whose small CPU quota a
-//! hog beside it uses up (throttled). Then the whole host is starved (both readers behind
-//! hogs on every CPU): one host-wide incident lists both services.
+//! stand-in for the UDP read probe). The first is slowed two ways in turn: a reader sleeping
+//! before each read (off CPU), and a reader at nice 10 pinned to a CPU that three pinned
+//! hogs share (waiting for a CPU). Then the whole host is starved (both readers behind hogs
+//! on every CPU): one host-wide incident lists both services.
+//!
+//! Not here: a reader throttled by its cgroup's CPU quota. Injected with a hog in the
+//! reader's quota group and eight clients, it gave the `throttled` verdict once
+//! ("throttled in 29 of 30 periods"), then four runs in a row opened no incident: the group
+//! was throttled in 300 of 301 periods, yet the reader's p50 stayed at 35 µs (the quota is
+//! handed to each CPU's run queue in slices, and which CPU gets them is a race). The
+//! throttling figures are read from a real quota cgroup in the agent's tests
+//! (`a_spinning_process_in_a_quota_cgroup_is_found_throttled`).
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -12,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, pin, CpuQuota, Daemon, EchoServer, Hog, LoopingClient, Proto,
-    ScratchDir,
+    baselines_warm, cli, cli_json, pin, Daemon, EchoServer, Hog, LoopingClient, Proto, ScratchDir,
 };
 
 const SERVICE: &str = "echo";
@@ -214,30 +220,7 @@ fn each_injected_cause_gets_its_verdict() {
         summary(&wait)
     );
 
-    // 3. The reader in a cgroup allowed 2 ms of CPU every 20 ms, a hog beside it using it
-    //    up, and eight more clients so that requests wait through the throttled part of each
-    //    period (with one request in flight the quantiles barely move).
-    let throttled = run.cause_of("a reader in a throttled cgroup", || {
-        let group =
-            CpuQuota::create("echo", Duration::from_millis(2), Duration::from_millis(20)).unwrap();
-        let hog = Hog::spawn(None).unwrap();
-        group.add(hog.pid()).unwrap();
-        group.add(pid).unwrap();
-        let clients: Vec<LoopingClient> = (0..8)
-            .map(|_| LoopingClient::start(run.server.addr(), Proto::Tcp))
-            .collect();
-        (clients, hog, group)
-    });
-    assert_eq!(kind(&throttled), "throttled", "{}", summary(&throttled));
-    assert!(
-        summary(&throttled).starts_with(
-            "reader throttled by its cgroup's CPU quota (cpu.max 2000 20000; throttled in "
-        ),
-        "{}",
-        summary(&throttled)
-    );
-
-    // 4. The whole host starved: both services' readers at nice 10 on the last CPU with
+    // 3. The whole host starved: both services' readers at nice 10 on the last CPU with
     //    three hogs, and a hog on every other CPU. Both open incidents in the same stage,
     //    and one host-wide incident lists them.
     run.quiet();
@@ -291,7 +274,7 @@ fn each_injected_cause_gets_its_verdict() {
         .filter(|c| c["service"] == SERVICE)
         .filter_map(|c| c["count"].as_u64())
         .sum();
-    assert!(counted >= 3, "{status}");
+    assert!(counted >= 2, "{status}");
 }
 
 /// Set process `pid`'s nice value.

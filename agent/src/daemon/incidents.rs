@@ -174,12 +174,27 @@ impl Incidents {
             writer::store_record(&self.store, &record, true);
             self.flush.request();
         }
+        Self::announce(self.outbox.as_ref(), EventKind::Opened, &record, None);
         Some(record)
     }
 
-    /// Store a changed record of an incident the detector did not open.
+    /// Shutdown: an incident the detector did not open, still open, ends interrupted.
+    pub(super) fn interrupt_other(&self, mut record: storage::Incident, now_ns: u64) {
+        record.state = IncidentState::Interrupted;
+        record.closed_ns = Some(now_ns);
+        Self::announce(self.outbox.as_ref(), EventKind::Closed, &record, None);
+        if let Err(e) = self.store.update_incident(&record) {
+            tracing::error!(incident = record.id, error = %e, "marking the incident interrupted failed");
+        }
+    }
+
+    /// Store a changed record of an incident the detector did not open; the fleet hears of
+    /// its closing as of any other incident's.
     pub(super) fn write_other(&self, record: storage::Incident) {
         let durable = record.state != IncidentState::Open;
+        if record.state == IncidentState::Closed {
+            Self::announce(self.outbox.as_ref(), EventKind::Closed, &record, None);
+        }
         self.write(record, durable);
     }
 

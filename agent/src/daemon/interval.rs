@@ -713,12 +713,8 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.writer.finish_samples();
         self.count_written_samples();
         self.incidents.interrupt_open(unix_ns(now.wall));
-        for mut record in self.host_wide.take_open() {
-            record.state = storage::IncidentState::Interrupted;
-            record.closed_ns = Some(unix_ns(now.wall));
-            if let Err(e) = self.store.update_incident(&record) {
-                tracing::error!(incident = record.id, error = %e, "marking the host-wide incident interrupted failed");
-            }
+        for record in self.host_wide.take_open() {
+            self.incidents.interrupt_other(record, unix_ns(now.wall));
         }
         self.last_baseline_save = now.mono;
         self.writer.finish(self.detector.save_baselines());

@@ -480,8 +480,8 @@ mod tests {
     fn flags_bits_and_names() {
         let f = SampleFlags::from_bits_truncate(0xffff_ffff);
         assert!(f.contains(SampleFlags::PRE_TRIGGER | SampleFlags::SUBSAMPLED));
-        assert_eq!(f.bits(), 0b111);
-        assert_eq!(f.names().count(), 3);
+        assert_eq!(f.bits(), 0b1111);
+        assert_eq!(f.names().count(), 4);
         assert!(!SampleFlags::empty().contains(SampleFlags::HOL_SUSPECT));
     }
 
