@@ -126,12 +126,8 @@ impl HostWide {
             stage: stage.to_owned(),
             members: same.iter().map(|r| r.member.clone()).collect(),
         };
-        let opened_ns = evidence
-            .members
-            .iter()
-            .map(|m| m.opened_ns)
-            .min()
-            .unwrap_or(opened_ns);
+        // It opens when it is recognised: with the incident that completes it (its members'
+        // own openings are listed in its evidence), so the fleet's events stay in time order.
         self.recent.retain(|r| r.stage != stage);
         let new = storage::NewIncident {
             service: HOST_WIDE.to_owned(),
@@ -276,7 +272,10 @@ mod tests {
             panic!("no host-wide incident");
         };
         assert_eq!(new.service, HOST_WIDE);
-        assert_eq!(new.opened_ns, 10);
+        assert_eq!(
+            new.opened_ns, 30,
+            "opened with the incident that completed it"
+        );
         let ev: HostWideEvidence = serde_json::from_str(&new.evidence_json).unwrap();
         assert_eq!(ev.members.iter().map(|m| m.id).collect::<Vec<_>>(), [1, 3]);
         let mut record = storage::Incident {
