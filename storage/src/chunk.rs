@@ -4,20 +4,23 @@
 //!
 //! A chunk's key is `incident | time of its first sample | sequence number of its first
 //! sample`; its value is a [`SAMPLE_CHUNK_VERSION`] envelope around the samples in time
-//! order, each sample with its skb address, compressed (envelope version 4, below).
-//! Uncompressed chunks (version 3), chunks of version 2 (samples without the address) and
-//! records of schema 1 (one such sample each, envelope version 1) are still read; the
-//! samples of the last two have no address. A
+//! order, each sample with its skb address and its reader's wait, compressed (envelope
+//! version 5, below). Compressed chunks of samples without the reader's wait (version 4),
+//! uncompressed ones (version 3), chunks of version 2 (samples without the address either)
+//! and records of schema 1 (one such sample each, envelope version 1) are still read; the
+//! samples of the last two have no address, and those of all four no reader's wait. A
 //! sample's sequence number is `batch id << 20 | chunk number in the batch << 8 |
 //! index in the chunk`, so the chunk holding a sample is found from the sequence number
 //! alone.
 
 use model::Sample;
 
-use crate::codec::{self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_VERSION};
+use crate::codec::{
+    self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V4, SAMPLE_CHUNK_VERSION,
+};
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::layout::sample::{SampleV1, SampleV3, SamplesV3};
+use crate::layout::sample::{SampleV1, SampleV3, SampleV5, SamplesV5};
 
 /// Samples per chunk record (a power of two: the low bits of a sequence number).
 pub(crate) const SAMPLES_PER_CHUNK: usize = 256;
@@ -77,14 +80,15 @@ pub(crate) fn encode_batch(batch_id: u64, samples: &[Sample]) -> Result<Vec<Enco
     Ok(chunks)
 }
 
-/// A version 4 chunk: the envelope around `sample count | uncompressed length` (postcard
-/// varints) and the lz4 block of the samples' postcard encoding (a version 3 payload).
-/// Samples of one incident repeat their flow, cgroup, process and nearby times: the block
-/// is 4-6 times smaller, on disk and in what sled keeps in memory of recent writes.
+/// A version 5 chunk: the envelope around `sample count | uncompressed length` (postcard
+/// varints) and the lz4 block of the samples' postcard encoding ([`SampleV5`]s; version 4
+/// chunks, the same of [`SampleV3`]s, are still read). Samples of one incident repeat
+/// their flow, cgroup, process and nearby times: the block is 4-6 times smaller, on disk
+/// and in what sled keeps in memory of recent writes.
 fn encode_compressed(chunk: &[&Sample]) -> Result<Vec<u8>> {
     let kind = "sample chunk";
     let mut raw = Vec::with_capacity(2 + chunk.len() * TYPICAL_SAMPLE_BYTES);
-    raw = postcard::to_extend(&SamplesV3(chunk), raw)
+    raw = postcard::to_extend(&SamplesV5(chunk), raw)
         .map_err(|source| StoreError::Encode { kind, source })?;
     if raw.len() > MAX_CHUNK_BYTES {
         return Err(StoreError::TooLarge {
@@ -103,15 +107,16 @@ fn encode_compressed(chunk: &[&Sample]) -> Result<Vec<u8>> {
     codec::seal(kind, out, MAX_STORED_CHUNK_BYTES)
 }
 
-/// Cap on a stored version 4 chunk: the largest block lz4 can make of a full chunk.
+/// Cap on a stored compressed (version 4 or 5) chunk: the largest block lz4 can make of a
+/// full chunk.
 const MAX_STORED_CHUNK_BYTES: usize =
     codec::HEADER + 20 + (MAX_CHUNK_BYTES / 255) + 16 + MAX_CHUNK_BYTES;
 
-/// The samples of a version 4 chunk. The claimed lengths are checked before anything is
-/// allocated for them, so a damaged record whose checksum happens to match cannot ask for
-/// more memory than a full chunk.
-fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
-    let payload = codec::verify_as(SAMPLE_CHUNK_VERSION, value)?;
+/// The sample count and the decompressed block of a compressed chunk of `version` (4 or
+/// 5). The claimed lengths are checked before anything is allocated for them, so a damaged
+/// record whose checksum happens to match cannot ask for more memory than a full chunk.
+fn decompress(version: u8, value: &[u8]) -> Result<(usize, Vec<u8>), DecodeError> {
+    let payload = codec::verify_as(version, value)?;
     let bad = |why: String| DecodeError::Payload(why);
     let ((count, raw_len), block) = postcard::take_from_bytes::<(usize, usize)>(payload)
         .map_err(|e| bad(format!("chunk header: {e}")))?;
@@ -129,10 +134,31 @@ fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
             raw.len()
         )));
     }
-    let frozen: Vec<SampleV3<'_>> = postcard::from_bytes(&raw).map_err(|e| bad(e.to_string()))?;
-    let samples = thaw(frozen)?;
+    Ok((count, raw))
+}
+
+/// The samples of a compressed chunk: version 5 ([`SampleV5`]) or version 4
+/// ([`SampleV3`], no reader's wait).
+fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
+    let bad = |e: postcard::Error| DecodeError::Payload(e.to_string());
+    let (count, samples) = match value.first() {
+        Some(&SAMPLE_CHUNK_V4) => {
+            let (count, raw) = decompress(SAMPLE_CHUNK_V4, value)?;
+            (
+                count,
+                thaw(postcard::from_bytes::<Vec<SampleV3<'_>>>(&raw).map_err(bad)?)?,
+            )
+        }
+        _ => {
+            let (count, raw) = decompress(SAMPLE_CHUNK_VERSION, value)?;
+            (
+                count,
+                thaw(postcard::from_bytes::<Vec<SampleV5<'_>>>(&raw).map_err(bad)?)?,
+            )
+        }
+    };
     if samples.len() != count {
-        return Err(bad(format!(
+        return Err(DecodeError::Payload(format!(
             "chunk holds {} samples, the header says {count}",
             samples.len()
         )));
@@ -174,7 +200,13 @@ where
 
 /// Whether a stored samples record is a chunk (of any layout), not a one-sample record.
 pub(crate) fn is_chunk(value: &[u8]) -> bool {
-    matches!(value.first(), Some(&v) if v == SAMPLE_CHUNK_VERSION || v == SAMPLE_CHUNK_V3 || v == SAMPLE_CHUNK_V2)
+    matches!(
+        value.first(),
+        Some(&v) if v == SAMPLE_CHUNK_VERSION
+            || v == SAMPLE_CHUNK_V4
+            || v == SAMPLE_CHUNK_V3
+            || v == SAMPLE_CHUNK_V2
+    )
 }
 
 /// How many samples a stored record holds, without decoding them: a chunk's length prefix,
@@ -183,11 +215,12 @@ pub(crate) fn sample_count(value: &[u8]) -> u64 {
     let chunk = match value.first() {
         Some(&SAMPLE_CHUNK_V2) => codec::verify_as(SAMPLE_CHUNK_V2, value),
         Some(&SAMPLE_CHUNK_V3) => codec::verify_as(SAMPLE_CHUNK_V3, value),
+        Some(&SAMPLE_CHUNK_V4) => codec::verify_as(SAMPLE_CHUNK_V4, value),
         _ => codec::verify_as(SAMPLE_CHUNK_VERSION, value),
     };
     if let Ok(payload) = chunk {
         // postcard writes a sequence's length first, as a varint usize; a compressed
-        // chunk's header starts with the same count.
+        // chunk's header (versions 4 and 5) starts with the same count.
         return postcard::take_from_bytes::<usize>(payload).map_or(0, |(n, _)| n as u64);
     }
     u64::from(codec::verify_as(codec::RECORD_VERSION, value).is_ok())
@@ -195,16 +228,55 @@ pub(crate) fn sample_count(value: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use model::{Comm, CpuHolder, ReaderWait};
+
     use super::*;
+    use crate::layout::sample::samples_v3_bytes;
 
     fn sample(incident: u64, time_ns: u64) -> Sample {
         model::fixtures::sample(incident, time_ns, time_ns)
     }
 
+    /// [`sample`] with a reader's wait: every third with the CPU's holder, every third
+    /// without one, every third none at all.
+    fn waited(incident: u64, time_ns: u64) -> Sample {
+        let reader_wait = match time_ns % 3 {
+            0 => Some(ReaderWait {
+                runq_ns: 1_000 + time_ns,
+                off_cpu_ns: 2_000_000 + time_ns,
+                cpu_holder: Some(CpuHolder {
+                    pid: 4000 + (time_ns % 7) as u32,
+                    comm: Comm::try_from("stress-ng-cpu").unwrap(),
+                }),
+            }),
+            1 => Some(ReaderWait {
+                runq_ns: 0,
+                off_cpu_ns: 3_000 + time_ns,
+                cpu_holder: None,
+            }),
+            _ => None,
+        };
+        Sample {
+            reader_wait,
+            ..sample(incident, time_ns)
+        }
+    }
+
+    /// `samples` without their reader's wait, as layouts before it read them.
+    fn without_wait(samples: &[Sample]) -> Vec<Sample> {
+        samples
+            .iter()
+            .map(|s| Sample {
+                reader_wait: None,
+                ..s.clone()
+            })
+            .collect()
+    }
+
     #[test]
     fn batches_split_by_incident_and_size_in_time_order() {
         // 600 samples of incident 1 given newest first, 3 of incident 2 in between.
-        let mut batch: Vec<Sample> = (0..600).rev().map(|t| sample(1, t)).collect();
+        let mut batch: Vec<Sample> = (0..600).rev().map(|t| waited(1, t)).collect();
         batch.insert(100, sample(2, 7));
         batch.insert(5, sample(2, 3));
         batch.insert(300, sample(2, 7));
@@ -214,9 +286,12 @@ mod tests {
         assert_eq!(sizes, [256, 256, 88, 3]);
         let times: Vec<u64> = decoded[..3].concat().iter().map(|s| s.time_ns).collect();
         assert_eq!(times, (0..600).collect::<Vec<_>>());
+        let want: Vec<Sample> = (0..600).map(|t| waited(1, t)).collect();
+        assert_eq!(decoded[..3].concat(), want);
         let inc2: Vec<u64> = decoded[3].iter().map(|s| s.time_ns).collect();
         assert_eq!(inc2, [3, 7, 7]);
         for (n, (c, d)) in chunks.iter().zip(&decoded).enumerate() {
+            assert_eq!(c.value[0], SAMPLE_CHUNK_VERSION);
             let seq = keys::u64_at(&c.key, 16).unwrap();
             assert_eq!(seq, (5 << BATCH_INDEX_BITS) | (n as u64 * 256));
             assert_eq!(chunk_start(seq + 255), seq);
@@ -227,14 +302,33 @@ mod tests {
     }
 
     #[test]
+    fn the_readers_wait_is_stored_field_by_field() {
+        let batch: Vec<Sample> = (0..3).map(|t| waited(1, 30 + t)).collect();
+        let got = decode(&encode_batch(1, &batch).unwrap().remove(0).value).unwrap();
+        assert_eq!(got, batch);
+        let holder = got[0].reader_wait.unwrap();
+        assert_eq!((holder.runq_ns, holder.off_cpu_ns), (1_030, 2_000_030));
+        let cpu = holder.cpu_holder.unwrap();
+        assert_eq!((cpu.pid, cpu.comm.as_str()), (4002, "stress-ng-cpu"));
+        let none = got[1].reader_wait.unwrap();
+        assert_eq!(
+            (none.runq_ns, none.off_cpu_ns, none.cpu_holder),
+            (0, 3_031, None)
+        );
+        assert_eq!(got[2].reader_wait, None);
+    }
+
+    #[test]
     fn counts_of_old_and_damaged_records() {
-        // The layout before the skb address: today's without its last field (`None`, one
-        // trailing 0 byte).
+        // The layout before the skb address: today's without its last two fields (`None`
+        // each, two trailing 0 bytes).
         let before = Sample {
             skb: None,
+            reader_wait: None,
             ..sample(1, 1)
         };
-        let mut payload = postcard::to_allocvec(&before).unwrap();
+        let mut payload = postcard::to_allocvec(&SampleV5::from(&before)).unwrap();
+        assert_eq!(payload.pop(), Some(0));
         assert_eq!(payload.pop(), Some(0));
         let mut old = vec![codec::RECORD_VERSION];
         let crc = crc32c::crc32c_append(crc32c::crc32c(&old), &payload);
@@ -242,88 +336,125 @@ mod tests {
         old.extend_from_slice(&payload);
         assert_eq!(sample_count(&old), 1);
         assert_eq!(decode(&old).unwrap(), vec![before]);
+        assert!(!is_chunk(&old));
         let mut unknown = old.clone();
         unknown[0] = 9;
         assert_eq!(decode(&unknown), Err(DecodeError::Version(9)));
-        let mut chunk = encode_batch(1, &[sample(1, 1), sample(1, 2)])
-            .unwrap()
-            .remove(0)
-            .value;
-        assert_eq!(sample_count(&chunk), 2);
-        let last = chunk.len() - 1;
-        chunk[last] ^= 1;
-        assert_eq!(sample_count(&chunk), 0);
-        assert_eq!(decode(&chunk), Err(DecodeError::Checksum));
+        for make in [encode_v5, compressed_v4] {
+            let mut chunk = make(&[sample(1, 1), sample(1, 2)]);
+            assert_eq!(sample_count(&chunk), 2);
+            let last = chunk.len() - 1;
+            chunk[last] ^= 1;
+            assert_eq!(sample_count(&chunk), 0);
+            assert_eq!(decode(&chunk), Err(DecodeError::Checksum));
+        }
     }
 
-    /// A version 3 chunk, as builds before compression wrote them.
+    /// A chunk as this build writes it (version 5).
+    fn encode_v5(samples: &[Sample]) -> Vec<u8> {
+        let mut chunks = encode_batch(1, samples).unwrap();
+        assert_eq!(chunks.len(), 1);
+        chunks.remove(0).value
+    }
+
+    /// A version 3 chunk, as builds before compression wrote them (no reader's wait).
     fn uncompressed(samples: &[Sample]) -> Vec<u8> {
-        let refs: Vec<&Sample> = samples.iter().collect();
-        codec::encode_as(
-            SAMPLE_CHUNK_V3,
-            "test",
-            &SamplesV3(&refs),
-            MAX_CHUNK_BYTES,
-            64,
-        )
-        .unwrap()
+        let mut out = vec![SAMPLE_CHUNK_V3, 0, 0, 0, 0];
+        out.extend(samples_v3_bytes(samples));
+        codec::seal("test", out, MAX_CHUNK_BYTES).unwrap()
     }
 
-    /// Samples as a version 4 chunk's block holds them, uncompressed.
+    /// A version 4 chunk, as builds before the reader's wait wrote them.
+    fn compressed_v4(samples: &[Sample]) -> Vec<u8> {
+        let raw = samples_v3_bytes(samples);
+        let block = lz4_flex::block::compress(&raw);
+        sealed_as(SAMPLE_CHUNK_V4, (samples.len(), raw.len()), &block)
+    }
+
+    /// Samples as a version 5 chunk's block holds them, uncompressed.
     fn plain(samples: &[Sample]) -> Vec<u8> {
         let refs: Vec<&Sample> = samples.iter().collect();
-        postcard::to_allocvec(&SamplesV3(&refs)).unwrap()
+        postcard::to_allocvec(&SamplesV5(&refs)).unwrap()
     }
 
-    /// A version 4 envelope around `header` and `block`, its checksum right.
-    fn sealed(header: (usize, usize), block: &[u8]) -> Vec<u8> {
-        let out = postcard::to_extend(&header, vec![SAMPLE_CHUNK_VERSION, 0, 0, 0, 0]).unwrap();
-        let mut out = out;
+    /// A compressed chunk's envelope of `version` around `header` and `block`, its
+    /// checksum right.
+    fn sealed_as(version: u8, header: (usize, usize), block: &[u8]) -> Vec<u8> {
+        let mut out = postcard::to_extend(&header, vec![version, 0, 0, 0, 0]).unwrap();
         out.extend_from_slice(block);
         codec::seal("test", out, usize::MAX).unwrap()
     }
 
+    /// [`sealed_as`] of this build's version.
+    fn sealed(header: (usize, usize), block: &[u8]) -> Vec<u8> {
+        sealed_as(SAMPLE_CHUNK_VERSION, header, block)
+    }
+
     #[test]
-    fn chunks_are_compressed_and_uncompressed_ones_still_read() {
-        let batch: Vec<Sample> = (0..256).map(|t| sample(1, 1_000_000 + t * 977)).collect();
-        let chunk = encode_batch(1, &batch).unwrap().remove(0).value;
+    fn chunks_are_compressed_and_older_ones_still_read() {
+        let batch: Vec<Sample> = (0..256).map(|t| waited(1, 1_000_000 + t * 977)).collect();
+        let chunk = encode_v5(&batch);
         assert_eq!(chunk[0], SAMPLE_CHUNK_VERSION);
         assert_eq!(decode(&chunk).unwrap(), batch);
         assert_eq!(sample_count(&chunk), 256);
         assert!(is_chunk(&chunk));
-        let old = uncompressed(&batch);
+        // The layouts before the reader's wait read their samples without one.
+        let older = without_wait(&batch);
+        let v4 = compressed_v4(&older);
+        let v3 = uncompressed(&older);
         assert!(
-            chunk.len() * 2 < old.len(),
+            chunk.len() * 2 < v3.len(),
             "compressed {} bytes, uncompressed {}",
             chunk.len(),
-            old.len()
+            v3.len()
         );
-        assert_eq!(decode(&old).unwrap(), batch);
-        assert_eq!(sample_count(&old), 256);
-        assert!(is_chunk(&old));
+        for (v, old) in [(SAMPLE_CHUNK_V4, v4), (SAMPLE_CHUNK_V3, v3)] {
+            assert_eq!(old[0], v);
+            assert_eq!(decode(&old).unwrap(), older, "version {v}");
+            assert_eq!(sample_count(&old), 256, "version {v}");
+            assert!(is_chunk(&old), "version {v}");
+            assert_eq!(
+                codec::verify(&old).map(<[u8]>::len),
+                Ok(old.len() - codec::HEADER),
+                "version {v}"
+            );
+        }
         assert_eq!(
-            codec::verify(&old).map(<[u8]>::len),
-            Ok(old.len() - codec::HEADER)
+            codec::verify(&chunk).map(<[u8]>::len),
+            Ok(chunk.len() - codec::HEADER)
         );
     }
 
     #[test]
     fn a_compressed_chunk_whose_header_lies_is_an_error_not_an_allocation() {
-        let batch: Vec<Sample> = (0..3).map(|t| sample(1, t)).collect();
-        let raw = plain(&batch);
-        let block = lz4_flex::block::compress(&raw);
-        assert_eq!(decode(&sealed((3, raw.len()), &block)).unwrap(), batch);
-        for (header, block, why) in [
-            ((3, 1 << 40), &block[..], "over the caps"),
-            ((1000, raw.len()), &block[..], "over the caps"),
-            ((2, raw.len()), &block[..], "the header says 2"),
-            ((3, raw.len() + 7), &block[..], "the header says"),
-            ((3, raw.len()), &block[..block.len() - 3], "lz4 block"),
-            ((3, raw.len()), &[0xff, 0xff, 0xff][..], "lz4 block"),
+        let batch: Vec<Sample> = (0..3).map(|t| waited(1, t)).collect();
+        for (version, raw, want) in [
+            (SAMPLE_CHUNK_VERSION, plain(&batch), batch.clone()),
+            (
+                SAMPLE_CHUNK_V4,
+                samples_v3_bytes(&without_wait(&batch)),
+                without_wait(&batch),
+            ),
         ] {
-            match decode(&sealed(header, block)) {
-                Err(DecodeError::Payload(e)) => assert!(e.contains(why), "{header:?}: {e}"),
-                other => panic!("{header:?}: {other:?}"),
+            let block = lz4_flex::block::compress(&raw);
+            assert_eq!(
+                decode(&sealed_as(version, (3, raw.len()), &block)).unwrap(),
+                want
+            );
+            for (header, block, why) in [
+                ((3, 1 << 40), &block[..], "over the caps"),
+                ((1000, raw.len()), &block[..], "over the caps"),
+                ((2, raw.len()), &block[..], "the header says 2"),
+                ((3, raw.len() + 7), &block[..], "the header says"),
+                ((3, raw.len()), &block[..block.len() - 3], "lz4 block"),
+                ((3, raw.len()), &[0xff, 0xff, 0xff][..], "lz4 block"),
+            ] {
+                match decode(&sealed_as(version, header, block)) {
+                    Err(DecodeError::Payload(e)) => {
+                        assert!(e.contains(why), "v{version} {header:?}: {e}")
+                    }
+                    other => panic!("v{version} {header:?}: {other:?}"),
+                }
             }
         }
     }
@@ -340,12 +471,31 @@ mod tests {
         }
     }
 
+    /// Any reader's wait: either time, a holder or none, any pid and command name.
+    fn any_reader_wait() -> impl proptest::strategy::Strategy<Value = Option<ReaderWait>> {
+        use proptest::prelude::*;
+        let holder = (any::<u32>(), "[a-z0-9/:é -]{0,7}").prop_map(|(pid, comm)| CpuHolder {
+            pid,
+            comm: Comm::try_from(comm.as_str()).unwrap(),
+        });
+        proptest::option::of(
+            (any::<u64>(), any::<u64>(), proptest::option::of(holder)).prop_map(
+                |(runq_ns, off_cpu_ns, cpu_holder)| ReaderWait {
+                    runq_ns,
+                    off_cpu_ns,
+                    cpu_holder,
+                },
+            ),
+        )
+    }
+
     proptest::proptest! {
         #![proptest_config(fuzz_cases(256))]
 
         /// The checksum catches flipped bytes; this is what decompression gets if a damaged
         /// record's checksum matched anyway: any header and block, a real block cut or
-        /// overwritten. An error or samples, never a panic or an allocation past the cap.
+        /// overwritten, of either compressed version. An error or samples, never a panic
+        /// or an allocation past the cap.
         #[test]
         fn fuzz_compressed_chunks_behind_a_matching_checksum(
             count in 0usize..600,
@@ -353,18 +503,40 @@ mod tests {
             junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
             cut in 0usize..64,
             at in 0usize..4096,
+            v4 in proptest::prelude::any::<bool>(),
         ) {
-            let _ = decode(&sealed((count, raw_len), &junk));
-            let batch: Vec<Sample> = (0..40).map(|t| sample(1, t)).collect();
-            let raw = plain(&batch);
+            let version = if v4 { SAMPLE_CHUNK_V4 } else { SAMPLE_CHUNK_VERSION };
+            let _ = decode(&sealed_as(version, (count, raw_len), &junk));
+            let batch: Vec<Sample> = (0..40).map(|t| waited(1, t)).collect();
+            let raw = if v4 {
+                samples_v3_bytes(&without_wait(&batch))
+            } else {
+                plain(&batch)
+            };
             let mut block = lz4_flex::block::compress(&raw);
             block.truncate(block.len().saturating_sub(cut));
             if !junk.is_empty() && !block.is_empty() {
                 let i = at % block.len();
                 block[i] ^= junk[0] | 1;
             }
-            let _ = decode(&sealed((count, raw_len), &block));
+            let _ = decode(&sealed_as(version, (count, raw_len), &block));
+            let _ = decode(&sealed_as(version, (40, raw.len()), &block));
             let _ = decode(&sealed((40, raw.len()), &block));
+        }
+
+        /// Any reader's wait is read back as it was written.
+        #[test]
+        fn any_readers_wait_round_trips(
+            waits in proptest::collection::vec(any_reader_wait(), 1..8),
+        ) {
+            let batch: Vec<Sample> = waits
+                .into_iter()
+                .enumerate()
+                .map(|(t, reader_wait)| Sample { reader_wait, ..sample(1, t as u64) })
+                .collect();
+            let chunk = encode_v5(&batch);
+            proptest::prop_assert_eq!(sample_count(&chunk), batch.len() as u64);
+            proptest::prop_assert_eq!(decode(&chunk).unwrap(), batch);
         }
     }
 

@@ -12,10 +12,17 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
-use model::{Comm, Flow, Histogram, Probe, Sample, SampleFlags, SocketQueue, Transport};
+use model::{
+    Comm, CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SampleFlags, SocketQueue,
+    Transport,
+};
 
-use crate::codec::{self, INCIDENT_RECORD_VERSION, RECORD_VERSION, SAMPLE_CHUNK_V3};
+use crate::codec::{
+    self, INCIDENT_RECORD_VERSION, RECORD_VERSION, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V4,
+    SAMPLE_CHUNK_VERSION,
+};
 use crate::history::{decode_record, Chunk, Stored, HISTORY_CHUNK_VERSION};
+use crate::layout::sample::{samples_v3_bytes, SampleV5};
 use crate::layout::Record;
 use crate::store::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
 use crate::{
@@ -126,11 +133,20 @@ fn moved_aside() -> Vec<String> {
 }
 
 /// Three samples of one incident in time order whose fields differ from each other and
-/// from their defaults between them.
+/// from their defaults between them: the reader's wait with the CPU's holder, without
+/// one, and none.
 fn samples() -> Vec<Sample> {
     let mut a = model::fixtures::sample(4242, 3, T + 100);
     a.comm = Comm::try_from("nginx: worker").unwrap_or_default();
     a.flags = SampleFlags::PRE_TRIGGER | SampleFlags::HOL_SUSPECT;
+    a.reader_wait = Some(ReaderWait {
+        runq_ns: 1_234_567,
+        off_cpu_ns: 89_000_001,
+        cpu_holder: Some(CpuHolder {
+            pid: 31337,
+            comm: Comm::try_from("stress-ng-cpu").unwrap_or_default(),
+        }),
+    });
     let b = Sample {
         time_ns: T + 200,
         incident: 4242,
@@ -154,6 +170,11 @@ fn samples() -> Vec<Sample> {
         tcp_seq: None,
         flags: SampleFlags::SUBSAMPLED,
         skb: None,
+        reader_wait: Some(ReaderWait {
+            runq_ns: 0,
+            off_cpu_ns: u64::MAX,
+            cpu_holder: None,
+        }),
     };
     let c = Sample {
         time_ns: T + 300,
@@ -183,13 +204,25 @@ fn samples() -> Vec<Sample> {
         tcp_seq: Some(0),
         flags: SampleFlags::empty(),
         skb: Some(u64::MAX),
+        reader_wait: None,
     };
     vec![a, b, c]
 }
 
-/// [`samples`] as layouts before the skb address read them.
-fn samples_without_skb() -> Vec<Sample> {
+/// [`samples`] as layouts before the reader's wait read them (chunk versions 3 and 4).
+fn samples_without_wait() -> Vec<Sample> {
     samples()
+        .into_iter()
+        .map(|s| Sample {
+            reader_wait: None,
+            ..s
+        })
+        .collect()
+}
+
+/// [`samples`] as layouts before the skb address read them (neither field).
+fn samples_without_skb() -> Vec<Sample> {
+    samples_without_wait()
         .into_iter()
         .map(|s| Sample { skb: None, ..s })
         .collect()
@@ -256,9 +289,10 @@ fn encode_history_chunk() -> Vec<u8> {
 }
 
 /// Layouts no longer written, made as the builds that wrote them did: an incident without
-/// its cause, or a sample without its address, is today's encoding without its last byte
-/// (`None`), a version 3 chunk is
-/// today's samples uncompressed, a version 1 history record one histogram.
+/// its cause is today's encoding without its last byte (`None`), a sample without its
+/// address today's without its last two (`None`, `None`: no address, no reader's wait), a
+/// version 3 chunk today's samples without their last byte, uncompressed, a version 4
+/// chunk the same compressed, a version 1 history record one histogram.
 /// An incident before causes: today's encoding of it without a cause, less its last byte
 /// (`None`), in a version 1 envelope.
 fn encode_incident_v1() -> Vec<u8> {
@@ -267,25 +301,42 @@ fn encode_incident_v1() -> Vec<u8> {
     envelope(RECORD_VERSION, &payload)
 }
 
+/// A sample of the layout before the skb address: today's without its last two fields.
+fn sample_v1_bytes(s: &Sample) -> Vec<u8> {
+    let mut one = postcard::to_allocvec(&SampleV5::from(s)).unwrap();
+    assert_eq!(one.pop(), Some(0));
+    assert_eq!(one.pop(), Some(0));
+    one
+}
+
 fn encode_sample_v1() -> Vec<u8> {
-    let mut payload = postcard::to_allocvec(&samples_without_skb()[0]).unwrap();
-    assert_eq!(payload.pop(), Some(0));
-    envelope(codec::RECORD_VERSION, &payload)
+    envelope(
+        codec::RECORD_VERSION,
+        &sample_v1_bytes(&samples_without_skb()[0]),
+    )
 }
 
 fn encode_sample_chunk_v2() -> Vec<u8> {
     let all = samples_without_skb();
     let mut payload = postcard::to_allocvec(&all.len()).unwrap();
     for s in &all {
-        let mut one = postcard::to_allocvec(s).unwrap();
-        assert_eq!(one.pop(), Some(0));
-        payload.extend(one);
+        payload.extend(sample_v1_bytes(s));
     }
     envelope(codec::SAMPLE_CHUNK_V2, &payload)
 }
 
 fn encode_sample_chunk_v3() -> Vec<u8> {
-    envelope(SAMPLE_CHUNK_V3, &postcard::to_allocvec(&samples()).unwrap())
+    envelope(SAMPLE_CHUNK_V3, &samples_v3_bytes(&samples_without_wait()))
+}
+
+/// A version 4 chunk: [`encode_sample_chunk_v3`]'s samples lz4-compressed behind the
+/// sample count and their length.
+fn encode_sample_chunk_v4() -> Vec<u8> {
+    let all = samples_without_wait();
+    let raw = samples_v3_bytes(&all);
+    let mut payload = postcard::to_allocvec(&(all.len(), raw.len())).unwrap();
+    payload.extend(lz4_flex::block::compress(&raw));
+    envelope(SAMPLE_CHUNK_V4, &payload)
 }
 
 fn encode_history_v1() -> Vec<u8> {
@@ -320,7 +371,8 @@ fn files() -> Vec<(&'static str, Make)> {
         ("sample-v1.bin", encode_sample_v1),
         ("sample-chunk-v2.bin", encode_sample_chunk_v2),
         ("sample-chunk-v3.bin", encode_sample_chunk_v3),
-        ("sample-chunk-v4.bin", encode_sample_chunk),
+        ("sample-chunk-v4.bin", encode_sample_chunk_v4),
+        ("sample-chunk-v5.bin", encode_sample_chunk),
         ("history-point-v1.bin", encode_history_v1),
         ("history-chunk-v2.bin", encode_history_chunk),
     ]
@@ -386,15 +438,38 @@ fn golden_records_decode_to_their_values() {
         Ok(vec![no_skb[0].clone()])
     );
     assert_eq!(chunk::decode(&golden("sample-chunk-v2.bin")), Ok(no_skb));
-    assert_eq!(chunk::decode(&golden("sample-chunk-v3.bin")), Ok(samples()));
-    assert_eq!(chunk::decode(&golden("sample-chunk-v4.bin")), Ok(samples()));
+    let v3 = golden("sample-chunk-v3.bin");
+    assert_eq!(v3[0], SAMPLE_CHUNK_V3);
+    assert_eq!(chunk::decode(&v3), Ok(samples_without_wait()));
+    let v4 = golden("sample-chunk-v4.bin");
+    assert_eq!(v4[0], SAMPLE_CHUNK_V4);
+    assert_eq!(chunk::decode(&v4), Ok(samples_without_wait()));
+    let v5 = golden("sample-chunk-v5.bin");
+    assert_eq!(v5[0], SAMPLE_CHUNK_VERSION);
+    let got = chunk::decode(&v5).unwrap();
+    assert_eq!(got, samples());
+    // The reader's wait, field by field: with the CPU's holder, without, none.
+    let wait = got[0].reader_wait.unwrap();
+    assert_eq!(wait.runq_ns, 1_234_567);
+    assert_eq!(wait.off_cpu_ns, 89_000_001);
+    let holder = wait.cpu_holder.unwrap();
+    assert_eq!(holder.pid, 31337);
+    assert_eq!(holder.comm.as_str(), "stress-ng-cpu");
+    let wait = got[1].reader_wait.unwrap();
+    assert_eq!(wait.runq_ns, 0);
+    assert_eq!(wait.off_cpu_ns, u64::MAX);
+    assert_eq!(wait.cpu_holder, None);
+    assert_eq!(got[2].reader_wait, None);
     for (name, n) in [
         ("sample-v1.bin", 1),
         ("sample-chunk-v2.bin", 3),
         ("sample-chunk-v3.bin", 3),
         ("sample-chunk-v4.bin", 3),
+        ("sample-chunk-v5.bin", 3),
     ] {
         assert_eq!(chunk::sample_count(&golden(name)), n, "{name}");
+        assert_eq!(chunk::is_chunk(&golden(name)), n == 3, "{name}");
+        assert!(codec::verify(&golden(name)).is_ok(), "{name}");
     }
 
     assert_eq!(
@@ -409,10 +484,11 @@ fn golden_records_decode_to_their_values() {
 
 // ---- encoding: the layouts written today are the golden bytes ----------------------------
 
-/// A version 4 chunk's header and its samples' bytes, decompressed: lz4's choice of
-/// matches may change with the library without changing what a chunk holds.
-fn chunk_v4_plain(value: &[u8]) -> (usize, usize, Vec<u8>) {
-    let payload = codec::verify_as(codec::SAMPLE_CHUNK_VERSION, value).unwrap();
+/// A compressed (version 4 or 5) chunk's header and its samples' bytes, decompressed:
+/// lz4's choice of matches may change with the library without changing what a chunk
+/// holds.
+fn chunk_plain(value: &[u8]) -> (usize, usize, Vec<u8>) {
+    let payload = codec::verify_as(value[0], value).unwrap();
     let ((count, raw_len), block) = postcard::take_from_bytes::<(usize, usize)>(payload).unwrap();
     let raw = lz4_flex::block::decompress(block, raw_len).unwrap();
     (count, raw_len, raw)
@@ -423,8 +499,9 @@ fn todays_encoding_of_the_fixed_values_is_the_golden_bytes() {
     for (name, make) in files() {
         let want = golden(name);
         let got = make();
-        if name == "sample-chunk-v4.bin" {
-            assert_eq!(chunk_v4_plain(&got), chunk_v4_plain(&want), "{name}");
+        if name == "sample-chunk-v4.bin" || name == "sample-chunk-v5.bin" {
+            assert_eq!(got[0], want[0], "{name}");
+            assert_eq!(chunk_plain(&got), chunk_plain(&want), "{name}");
         } else {
             assert_eq!(
                 got, want,

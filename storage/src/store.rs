@@ -32,7 +32,9 @@ use crate::windows;
 /// 5: sample chunks are lz4-compressed (chunk version 4); uncompressed ones stay readable.
 /// 6: incidents carry the daemon's cause verdict (incident record version 2); version-1
 /// incident records stay readable (no cause) until the incident is next written.
-pub const SCHEMA_VERSION: u32 = 6;
+/// 7: samples carry their reader's wait (chunk version 5); version-4 and older chunks stay
+/// readable (no reader's wait).
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
@@ -1223,8 +1225,8 @@ impl Store {
                     from = v,
                     to = SCHEMA_VERSION,
                     "database schema upgraded: new samples are stored in compressed chunks \
-                     with their skb address, history in chunks, incidents with their cause; \
-                     older records stay as they are and readable"
+                     with their skb address and reader's wait, history in chunks, incidents \
+                     with their cause; older records stay as they are and readable"
                 );
                 self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
             }

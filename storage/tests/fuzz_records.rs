@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{new_incident, SEC, T0};
 use model::fixtures::sample;
-use model::{Histogram, Probe};
+use model::{Comm, CpuHolder, Histogram, Probe, ReaderWait, Sample};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use storage::{IncidentQuery, PwruRecord, SampleFilter, Store, StoreConfig};
@@ -28,15 +28,27 @@ fn config(default: u32) -> Config {
     }
 }
 
-/// Every kind of record: incidents (one open, one closed), sample chunks, pwru lines,
-/// history at every level, a baseline.
+/// Every kind of record: incidents (one open, one closed), sample chunks (samples with and
+/// without the reader's wait), pwru lines, history at every level, a baseline.
 fn fill(path: &Path) {
     let s = Store::open(path, StoreConfig::default()).unwrap();
     let open = s.open_incident(&new_incident("web", T0)).unwrap();
     let mut closed = s.open_incident(&new_incident("db", T0 + SEC)).unwrap();
     s.close_incident(&mut closed, T0 + 2 * SEC).unwrap();
     for inc in [open.id, closed.id] {
-        let batch: Vec<_> = (0..300).map(|i| sample(inc, i, T0 + i)).collect();
+        let batch: Vec<_> = (0..300)
+            .map(|i| Sample {
+                reader_wait: (i % 2 == 0).then(|| ReaderWait {
+                    runq_ns: 1_000 * i,
+                    off_cpu_ns: 50_000 + i,
+                    cpu_holder: (i % 4 == 0).then(|| CpuHolder {
+                        pid: 900 + i as u32,
+                        comm: Comm::from_kernel(b"stress-ng\0"),
+                    }),
+                }),
+                ..sample(inc, i, T0 + i)
+            })
+            .collect();
         s.put_samples(&batch).unwrap();
         let pwru: Vec<_> = (0..5)
             .map(|seq| PwruRecord {

@@ -126,13 +126,14 @@ fn undecodable_records_are_skipped_counted_and_reported() {
         key.extend_from_slice(&(7u64 << 20).to_be_bytes());
         samples.insert(key, envelope(2, &chunk)).unwrap();
         // An uncompressed chunk of version 3 (schema 4), with skb addresses: still read.
-        let v3: Vec<_> = (0..2).map(|i| sample(id, 1, T0 + 4000 + i)).collect();
+        let mut v3 = vec![2u8];
+        for i in 0..2 {
+            v3.extend(v3_layout(&sample(id, 1, T0 + 4000 + i)));
+        }
         let mut key = id.to_be_bytes().to_vec();
         key.extend_from_slice(&(T0 + 4000).to_be_bytes());
         key.extend_from_slice(&(8u64 << 20).to_be_bytes());
-        samples
-            .insert(key, envelope(3, &postcard::to_allocvec(&v3).unwrap()))
-            .unwrap();
+        samples.insert(key, envelope(3, &v3)).unwrap();
         db.flush().unwrap();
     }
     let s = Store::open(&path, StoreConfig::default()).unwrap();
@@ -185,11 +186,23 @@ fn undecodable_records_are_skipped_counted_and_reported() {
     assert_eq!(samples.records, 0);
 }
 
-/// A sample in the layout before the skb address: today's postcard encoding without its
-/// last field (`skb: None` encodes as one trailing 0 byte).
+/// A sample in the layout before the skb address: the live sample's postcard encoding
+/// (which has the stored layout's fields, in its order) without its last two fields
+/// (`skb: None` and `reader_wait: None` encode as one trailing 0 byte each).
 fn old_layout(s: &model::Sample) -> Vec<u8> {
-    let mut bytes = postcard::to_allocvec(&model::Sample {
+    let mut bytes = v3_layout(&model::Sample {
         skb: None,
+        ..s.clone()
+    });
+    assert_eq!(bytes.pop(), Some(0));
+    bytes
+}
+
+/// A sample in the layout of version 3 and 4 chunks (with the skb address, before the
+/// reader's wait): the live sample's encoding without its last field.
+fn v3_layout(s: &model::Sample) -> Vec<u8> {
+    let mut bytes = postcard::to_allocvec(&model::Sample {
+        reader_wait: None,
         ..s.clone()
     })
     .unwrap();

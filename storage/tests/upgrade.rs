@@ -17,7 +17,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use common::{SEC, T0};
-use model::{Comm, Flow, Histogram, Probe, Sample, SampleFlags, SocketQueue, Transport};
+use model::{
+    Comm, CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SampleFlags, SocketQueue,
+    Transport,
+};
 use storage::{
     CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentQuery,
     IncidentState, IncidentVerdict, NewIncident, PwruRecord, PwruState, PwruStatus, SampleFilter,
@@ -213,6 +216,7 @@ fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
             tcp_seq: None,
             flags: SampleFlags::SUBSAMPLED | SampleFlags::HOL_SUSPECT,
             skb: None,
+            reader_wait: None,
         },
         Sample {
             time_ns: t + 1,
@@ -242,6 +246,7 @@ fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
             tcp_seq: Some(u32::MAX),
             flags: SampleFlags::PRE_TRIGGER | SampleFlags::SUBSAMPLED,
             skb: Some(u64::MAX),
+            reader_wait: None,
         },
         Sample {
             time_ns: t + 2,
@@ -271,6 +276,7 @@ fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
             tcp_seq: None,
             flags: SampleFlags::empty(),
             skb: Some(0xffff_8880_1234_5600),
+            reader_wait: None,
         },
     ]
 }
@@ -434,9 +440,17 @@ fn write_older_layouts(dir: &Path) {
     let db = open_raw(dir);
     let samples = db.open_tree("samples").unwrap();
     let [one, v2, v3] = cache_samples();
-    // Schema 1: one record per sample, the sample without its skb address (the last
-    // field, `None`: one 0 byte), envelope version 1.
-    let mut payload = postcard::to_allocvec(&one[0]).unwrap();
+    // The live sample's encoding has the stored layouts' fields in their order; the
+    // layouts below end before its reader's wait (the last field, `None`: one 0 byte).
+    let before_wait = |s: &Sample| {
+        assert_eq!(s.reader_wait, None);
+        let mut bytes = postcard::to_allocvec(s).unwrap();
+        assert_eq!(bytes.pop(), Some(0));
+        bytes
+    };
+    // Schema 1: one record per sample, the sample without its skb address either (the
+    // field before, `None`: one 0 byte), envelope version 1.
+    let mut payload = before_wait(&one[0]);
     assert_eq!(payload.pop(), Some(0));
     samples
         .insert(sample_key(&one[0], 7), envelope(1, &payload))
@@ -444,7 +458,7 @@ fn write_older_layouts(dir: &Path) {
     // Version 2: a chunk of such samples.
     let mut payload = postcard::to_allocvec(&v2.len()).unwrap();
     for s in &v2 {
-        let mut one = postcard::to_allocvec(s).unwrap();
+        let mut one = before_wait(s);
         assert_eq!(one.pop(), Some(0));
         payload.extend(one);
     }
@@ -452,7 +466,10 @@ fn write_older_layouts(dir: &Path) {
         .insert(sample_key(&v2[0], 8 << 20), envelope(2, &payload))
         .unwrap();
     // Version 3: the samples with their address, uncompressed.
-    let payload = postcard::to_allocvec(&v3).unwrap();
+    let mut payload = postcard::to_allocvec(&v3.len()).unwrap();
+    for s in &v3 {
+        payload.extend(before_wait(s));
+    }
     samples
         .insert(sample_key(&v3[0], 9 << 20), envelope(3, &payload))
         .unwrap();
@@ -611,9 +628,7 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
         .open_incident(&new_incident("web", vec![Probe::TcpStart], T0 + 200 * SEC))
         .unwrap();
     assert_eq!(four.id, 4);
-    let new: Vec<Sample> = (0..10)
-        .map(|i| model::fixtures::sample(4, i, T0 + 200 * SEC + i))
-        .collect();
+    let new = new_samples();
     s.put_samples(&new).unwrap();
     let mut line = pwru_records().remove(0);
     line.incident = 4;
@@ -631,6 +646,7 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     check_everything(&s, true);
     assert_eq!(s.incident(4).unwrap(), Some(four.clone()));
     assert_eq!(all_samples(&s, 4), new);
+    check_reader_waits(&all_samples(&s, 4));
     assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line.clone()]);
     assert_eq!(s.verdict(4).unwrap(), Some(verdict.clone()));
     let total = (before + new.len()) as u64;
@@ -651,6 +667,12 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     assert_eq!(fine(&s), []);
     assert_clean(&s, total);
     drop(s);
+    // Today's samples went into a version 5 chunk; the earlier builds' records, through
+    // the rotation, stay as they were written.
+    assert_eq!(
+        sample_record_versions(&dir),
+        vec![(1, 4), (1, 4), (3, 1), (3, 2), (3, 3), (4, 5)]
+    );
 
     // And what was written reads back after a restart.
     let s = Store::open(&dir, StoreConfig::default()).unwrap();
@@ -659,9 +681,62 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     assert_eq!(fine(&s), []);
     assert_eq!(s.incident(4).unwrap(), Some(four));
     assert_eq!(all_samples(&s, 4), new);
+    check_reader_waits(&all_samples(&s, 4));
     assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line]);
     assert_eq!(s.verdict(4).unwrap(), Some(verdict));
     assert_clean(&s, total);
+}
+
+/// Samples today's build writes into the upgraded database (incident 4): the shared
+/// fixture's, the first two with the reader's wait (with the CPU's holder, without one),
+/// the rest without.
+fn new_samples() -> Vec<Sample> {
+    let mut new: Vec<Sample> = (0..10)
+        .map(|i| model::fixtures::sample(4, i, T0 + 200 * SEC + i))
+        .collect();
+    new[0].reader_wait = Some(ReaderWait {
+        runq_ns: 2_500_000,
+        off_cpu_ns: 17_000_000_001,
+        cpu_holder: Some(CpuHolder {
+            pid: 4321,
+            comm: Comm::try_from("stress-ng-cpu").unwrap(),
+        }),
+    });
+    new[1].reader_wait = Some(ReaderWait {
+        runq_ns: 0,
+        off_cpu_ns: u64::MAX,
+        cpu_holder: None,
+    });
+    new
+}
+
+/// The envelope version of each samples record on disk, by incident in key order (the
+/// store closed).
+fn sample_record_versions(dir: &Path) -> Vec<(u64, u8)> {
+    let db = open_raw(dir);
+    let tree = db.open_tree("samples").unwrap();
+    tree.iter()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (u64::from_be_bytes(k[..8].try_into().unwrap()), v[0])
+        })
+        .collect()
+}
+
+/// [`new_samples`]' readers' waits as read back, field by field.
+fn check_reader_waits(got: &[Sample]) {
+    assert_eq!(got.len(), 10);
+    let wait = got[0].reader_wait.unwrap();
+    assert_eq!(wait.runq_ns, 2_500_000);
+    assert_eq!(wait.off_cpu_ns, 17_000_000_001);
+    let holder = wait.cpu_holder.unwrap();
+    assert_eq!(holder.pid, 4321);
+    assert_eq!(holder.comm.as_str(), "stress-ng-cpu");
+    let wait = got[1].reader_wait.unwrap();
+    assert_eq!(wait.runq_ns, 0);
+    assert_eq!(wait.off_cpu_ns, u64::MAX);
+    assert_eq!(wait.cpu_holder, None);
+    assert!(got[2..].iter().all(|s| s.reader_wait.is_none()), "{got:?}");
 }
 
 /// The envelope version of each incident record on disk, by id (the store closed).

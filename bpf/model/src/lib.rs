@@ -24,7 +24,10 @@ mod sample;
 
 pub use hist::{HistError, Histogram};
 pub use probe::{KernelHooks, Path, Probe};
-pub use sample::{Comm, CommTooLong, Flow, Sample, SampleFlags, SocketQueue, Transport, COMM_MAX};
+pub use sample::{
+    Comm, CommTooLong, CpuHolder, Flow, ReaderWait, Sample, SampleFlags, SocketQueue, Transport,
+    COMM_MAX,
+};
 
 /// Longest service name, bytes: the store keys records by it with one length byte, and the
 /// config check refuses longer names up front.

@@ -49,6 +49,39 @@ pub struct Sample {
     /// in JSON: 64-bit integers lose digits in many JSON readers.
     #[serde(with = "skb_addr")]
     pub skb: Option<u64>,
+    /// How the reading thread spent the packet's wait, from the scheduler's tracepoints:
+    /// socket-read samples of armed capture only, on kernels with task storage (5.11+),
+    /// and only once the thread was followed for the whole wait.
+    pub reader_wait: Option<ReaderWait>,
+}
+
+/// Where the reading thread was between the packet's arrival and its read. What is
+/// neither is time on a CPU (running elsewhere in the program, or reading).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaderWait {
+    /// Runnable but waiting for a CPU (run-queue delay), ns.
+    pub runq_ns: u64,
+    /// Off CPU: sleeping or blocked, ns.
+    pub off_cpu_ns: u64,
+    /// The task that held the reader's CPU just before the reader got it back after its
+    /// last run-queue wait in the span (`None` when it never waited for a CPU).
+    pub cpu_holder: Option<CpuHolder>,
+}
+
+impl ReaderWait {
+    /// The rest of `latency_ns`: on a CPU.
+    pub fn on_cpu_ns(&self, latency_ns: u64) -> u64 {
+        latency_ns.saturating_sub(self.runq_ns.saturating_add(self.off_cpu_ns))
+    }
+}
+
+/// A task on a CPU: the thread group's id and the thread's command name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuHolder {
+    /// Thread group id (0: the CPU's idle task).
+    pub pid: u32,
+    /// The thread's command name.
+    pub comm: Comm,
 }
 
 /// `Option<u64>` as `"0x…"` in human-readable formats (JSON), as itself in binary ones

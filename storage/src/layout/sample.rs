@@ -2,7 +2,7 @@
 //! buffer it is read from (and from the live sample when written), so neither way
 //! allocates per sample. Never edited: a change is a new type and chunk version.
 
-use model::{Comm, Sample, SampleFlags};
+use model::{Comm, CpuHolder, ReaderWait, Sample, SampleFlags};
 use serde::{Deserialize, Serialize};
 
 use super::common::{FlowV1, ProbeV1, SocketQueueV1};
@@ -50,12 +50,13 @@ impl TryFrom<SampleV1<'_>> for Sample {
             // Bits of a newer build are dropped, not refused: the rest is still evidence.
             flags: SampleFlags::from_bits_truncate(s.flags),
             skb: None,
+            reader_wait: None,
         })
     }
 }
 
 /// A sample with its skb address: the samples of version 3 chunks (uncompressed) and of
-/// version 4 chunks (the lz4 block's content).
+/// version 4 chunks (the lz4 block's content). Only read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SampleV3<'a> {
     time_ns: u64,
@@ -75,49 +76,6 @@ pub(crate) struct SampleV3<'a> {
     /// [`SampleFlags`]' bits.
     flags: u32,
     skb: Option<u64>,
-}
-
-impl<'a> From<&'a Sample> for SampleV3<'a> {
-    fn from(s: &'a Sample) -> SampleV3<'a> {
-        // Destructured: a field added to the live sample is a compile error here until it
-        // has a place in a new layout.
-        let Sample {
-            time_ns,
-            incident,
-            probe,
-            latency_ns,
-            flow,
-            cgroup_id,
-            pid,
-            comm,
-            cpu,
-            ifindex,
-            netns_ino,
-            skb_len,
-            socket_queue,
-            tcp_seq,
-            flags,
-            skb,
-        } = s;
-        SampleV3 {
-            time_ns: *time_ns,
-            incident: *incident,
-            probe: (*probe).into(),
-            latency_ns: *latency_ns,
-            flow: (*flow).into(),
-            cgroup_id: *cgroup_id,
-            pid: *pid,
-            comm: comm.as_str(),
-            cpu: *cpu,
-            ifindex: *ifindex,
-            netns_ino: *netns_ino,
-            skb_len: *skb_len,
-            socket_queue: socket_queue.map(Into::into),
-            tcp_seq: *tcp_seq,
-            flags: flags.bits(),
-            skb: *skb,
-        }
-    }
 }
 
 impl TryFrom<SampleV3<'_>> for Sample {
@@ -140,15 +98,192 @@ impl TryFrom<SampleV3<'_>> for Sample {
             tcp_seq: s.tcp_seq,
             flags: SampleFlags::from_bits_truncate(s.flags),
             skb: s.skb,
+            reader_wait: None,
         })
     }
 }
 
-/// Samples written as a sequence of [`SampleV3`] without collecting them first.
-pub(crate) struct SamplesV3<'a>(pub(crate) &'a [&'a Sample]);
+/// A sample with how its reader waited: the samples of version 5 chunks (the lz4 block's
+/// content). [`SampleV3`]'s fields, then the reader's wait.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SampleV5<'a> {
+    time_ns: u64,
+    incident: u64,
+    probe: ProbeV1,
+    latency_ns: u64,
+    flow: FlowV1,
+    cgroup_id: u64,
+    pid: Option<u32>,
+    comm: &'a str,
+    cpu: u32,
+    ifindex: u32,
+    netns_ino: u32,
+    skb_len: u32,
+    socket_queue: Option<SocketQueueV1>,
+    tcp_seq: Option<u32>,
+    /// [`SampleFlags`]' bits.
+    flags: u32,
+    skb: Option<u64>,
+    #[serde(borrow)]
+    reader_wait: Option<ReaderWaitV1<'a>>,
+}
 
-impl Serialize for SamplesV3<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|&x| SampleV3::from(x)))
+/// [`ReaderWait`], first stored in [`SampleV5`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReaderWaitV1<'a> {
+    runq_ns: u64,
+    off_cpu_ns: u64,
+    #[serde(borrow)]
+    cpu_holder: Option<CpuHolderV1<'a>>,
+}
+
+/// [`CpuHolder`], its command name borrowed as a sample's is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CpuHolderV1<'a> {
+    pid: u32,
+    comm: &'a str,
+}
+
+impl<'a> From<&'a Sample> for SampleV5<'a> {
+    fn from(s: &'a Sample) -> SampleV5<'a> {
+        // Destructured: a field added to the live sample is a compile error here until it
+        // has a place in a new layout.
+        let Sample {
+            time_ns,
+            incident,
+            probe,
+            latency_ns,
+            flow,
+            cgroup_id,
+            pid,
+            comm,
+            cpu,
+            ifindex,
+            netns_ino,
+            skb_len,
+            socket_queue,
+            tcp_seq,
+            flags,
+            skb,
+            reader_wait,
+        } = s;
+        SampleV5 {
+            time_ns: *time_ns,
+            incident: *incident,
+            probe: (*probe).into(),
+            latency_ns: *latency_ns,
+            flow: (*flow).into(),
+            cgroup_id: *cgroup_id,
+            pid: *pid,
+            comm: comm.as_str(),
+            cpu: *cpu,
+            ifindex: *ifindex,
+            netns_ino: *netns_ino,
+            skb_len: *skb_len,
+            socket_queue: socket_queue.map(Into::into),
+            tcp_seq: *tcp_seq,
+            flags: flags.bits(),
+            skb: *skb,
+            reader_wait: reader_wait.as_ref().map(Into::into),
+        }
     }
+}
+
+impl TryFrom<SampleV5<'_>> for Sample {
+    type Error = String;
+    fn try_from(s: SampleV5<'_>) -> Result<Sample, String> {
+        Ok(Sample {
+            time_ns: s.time_ns,
+            incident: s.incident,
+            probe: s.probe.into(),
+            latency_ns: s.latency_ns,
+            flow: s.flow.into(),
+            cgroup_id: s.cgroup_id,
+            pid: s.pid,
+            comm: Comm::try_from(s.comm).map_err(|e| e.to_string())?,
+            cpu: s.cpu,
+            ifindex: s.ifindex,
+            netns_ino: s.netns_ino,
+            skb_len: s.skb_len,
+            socket_queue: s.socket_queue.map(Into::into),
+            tcp_seq: s.tcp_seq,
+            flags: SampleFlags::from_bits_truncate(s.flags),
+            skb: s.skb,
+            reader_wait: s.reader_wait.map(ReaderWait::try_from).transpose()?,
+        })
+    }
+}
+
+impl<'a> From<&'a ReaderWait> for ReaderWaitV1<'a> {
+    fn from(w: &'a ReaderWait) -> ReaderWaitV1<'a> {
+        let ReaderWait {
+            runq_ns,
+            off_cpu_ns,
+            cpu_holder,
+        } = w;
+        ReaderWaitV1 {
+            runq_ns: *runq_ns,
+            off_cpu_ns: *off_cpu_ns,
+            cpu_holder: cpu_holder.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl TryFrom<ReaderWaitV1<'_>> for ReaderWait {
+    type Error = String;
+    fn try_from(w: ReaderWaitV1<'_>) -> Result<ReaderWait, String> {
+        Ok(ReaderWait {
+            runq_ns: w.runq_ns,
+            off_cpu_ns: w.off_cpu_ns,
+            cpu_holder: w.cpu_holder.map(CpuHolder::try_from).transpose()?,
+        })
+    }
+}
+
+impl<'a> From<&'a CpuHolder> for CpuHolderV1<'a> {
+    fn from(h: &'a CpuHolder) -> CpuHolderV1<'a> {
+        let CpuHolder { pid, comm } = h;
+        CpuHolderV1 {
+            pid: *pid,
+            comm: comm.as_str(),
+        }
+    }
+}
+
+impl TryFrom<CpuHolderV1<'_>> for CpuHolder {
+    type Error = String;
+    fn try_from(h: CpuHolderV1<'_>) -> Result<CpuHolder, String> {
+        Ok(CpuHolder {
+            pid: h.pid,
+            comm: Comm::try_from(h.comm).map_err(|e| e.to_string())?,
+        })
+    }
+}
+
+/// Samples written as a sequence of [`SampleV5`] without collecting them first.
+pub(crate) struct SamplesV5<'a>(pub(crate) &'a [&'a Sample]);
+
+impl Serialize for SamplesV5<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|&x| SampleV5::from(x)))
+    }
+}
+
+/// Samples as the layout of version 3 and 4 chunks holds them (a sequence of [`SampleV3`]),
+/// as builds before the reader's wait wrote them: each [`SampleV5`] without its last field
+/// (`None`, one 0 byte). For tests that make the records of those builds; `samples` must
+/// have no reader's wait.
+#[cfg(test)]
+pub(crate) fn samples_v3_bytes(samples: &[Sample]) -> Vec<u8> {
+    let mut out = postcard::to_allocvec(&samples.len()).expect("a length encodes");
+    for s in samples {
+        assert_eq!(
+            s.reader_wait, None,
+            "the version 3 layout has no reader's wait"
+        );
+        let mut one = postcard::to_allocvec(&SampleV5::from(s)).expect("a sample encodes");
+        assert_eq!(one.pop(), Some(0));
+        out.extend(one);
+    }
+    out
 }
