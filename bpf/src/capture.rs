@@ -14,7 +14,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, RingBufferBuilder};
-use model::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue, Transport};
+use model::{
+    Comm, CpuHolder, Flow, Probe, ReaderWait, Sample, SampleFlags, SocketQueue, Transport,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::loader::ProbeSet;
@@ -22,7 +24,7 @@ use crate::skel::types;
 
 // The record is read as the BTF-generated type; its size is the kernel's.
 const RECORD_BYTES: usize = std::mem::size_of::<types::tt_capture_record>();
-const _: () = assert!(RECORD_BYTES == 144, "tt_capture_record layout changed");
+const _: () = assert!(RECORD_BYTES == 184, "tt_capture_record layout changed");
 const _: () = assert!(std::mem::size_of::<types::tt_capture_threshold>() == 16);
 
 /// Service slots that can be armed: the kernel's `TT_CAPTURE_MAX_SLOTS`, from the skeleton.
@@ -272,6 +274,8 @@ impl CaptureControl {
         let bss = bss(set)?;
         bss.capture_mode = mode;
         bss.capture_min_ns = min;
+        // The scheduler hooks cost every context switch: attached only while armed.
+        set.follow_readers(!self.armed.is_empty());
         Ok(())
     }
 }
@@ -562,6 +566,14 @@ fn decode_record(bytes: &[u8]) -> Option<CaptureRecord> {
             tcp_seq: has(F::TT_CAPTURE_F_TCP_SEQ).then_some(r.tcp_seq),
             flags,
             skb: (r.skb_addr != 0).then_some(r.skb_addr),
+            reader_wait: has(F::TT_CAPTURE_F_READER_WAIT).then(|| ReaderWait {
+                runq_ns: r.runq_ns,
+                off_cpu_ns: r.off_cpu_ns,
+                cpu_holder: has(F::TT_CAPTURE_F_CPU_HOLDER).then(|| CpuHolder {
+                    pid: r.holder_pid,
+                    comm: Comm::from_kernel(&r.holder_comm),
+                }),
+            }),
         },
     })
 }

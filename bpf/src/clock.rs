@@ -19,6 +19,16 @@ pub(crate) fn offsets() -> io::Result<Offsets> {
     })
 }
 
+/// CLOCK_MONOTONIC now, ns (bpf_ktime_get_ns's clock); 1 if it cannot be read, which
+/// never happens on Linux and keeps "0 = off" meanings intact.
+pub(crate) fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+        .ok()
+        .and_then(|ns| u64::try_from(ns).ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn clock_ns(clock: libc::clockid_t) -> io::Result<i128> {
     let mut ts = libc::timespec {
         tv_sec: 0,

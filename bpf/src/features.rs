@@ -21,6 +21,8 @@ pub(crate) struct KernelFeatures {
     pub(crate) tai_clock: bool,
     /// Socket storage from tracing programs (5.11).
     pub(crate) sk_storage: bool,
+    /// Task storage from tracing programs (5.11): the reader-wait split of slow reads.
+    pub(crate) task_storage: bool,
 }
 
 /// A feature the running kernel lacks, the stand-in used instead and what that costs.
@@ -50,6 +52,7 @@ impl KernelFeatures {
             let features = KernelFeatures {
                 tai_clock: false,
                 sk_storage: false,
+                task_storage: false,
             };
             return (features, features.missing_with(|_| BASELINE.into()));
         }
@@ -68,6 +71,7 @@ impl KernelFeatures {
         let features = KernelFeatures {
             tai_clock: check("feature_tai_clock"),
             sk_storage: check("feature_sk_storage"),
+            task_storage: check("feature_task_storage"),
         };
         let missing = features.missing_with(|program| {
             reasons
@@ -100,6 +104,18 @@ impl KernelFeatures {
                        auto-grouped services); beyond auto_service_limit the overflow \
                        counter counts packets, not sockets",
                 why: why("feature_sk_storage"),
+            });
+        }
+        if !self.task_storage {
+            missing.push(MissingFeature {
+                feature: "task storage in tracing programs",
+                since: "5.11",
+                stand_in: "slow-read samples carry no reader-wait split (run queue, off CPU, \
+                           CPU holder); cause verdicts use the readers' /proc schedstat \
+                           per interval",
+                cost: "verdicts see each reader's whole interval, not each slow packet's \
+                       wait; no extra CPU",
+                why: why("feature_task_storage"),
             });
         }
         missing
@@ -146,5 +162,10 @@ fn load_only(program: &str) -> Result<(), String> {
         let on = prog.name().to_string_lossy() == program;
         prog.set_autoload(on);
     }
+    // A map type the kernel lacks fails the whole load: create it only where it is probed.
+    open.maps
+        .feature_task_storage_map
+        .set_autocreate(program == "feature_task_storage")
+        .map_err(|e| format!("setting up the feature probes: {e}"))?;
     open.load().map(drop).map_err(|e| e.to_string())
 }

@@ -207,6 +207,10 @@ enum SlotNames {
 pub struct ProbeSet {
     // Field order is drop order: detach before the object goes away.
     links: Vec<(String, Link)>,
+    /// The scheduler hooks of the reader-wait split: attached only while capture is armed.
+    reader_wait_links: Vec<Link>,
+    /// Whether the reader-wait hooks loaded (task storage in tracing programs), or why not.
+    reader_wait: Result<(), String>,
     skel: ProbesSkel<'static>,
     attachments: Vec<Attachment>,
     slot_names: SlotNames,
@@ -296,7 +300,11 @@ impl ProbeSet {
             })
             .flatten()
             .collect();
-        set_autoload(&mut open, &chosen)
+        let mut loaded = chosen.clone();
+        if features.task_storage {
+            loaded.extend(READER_WAIT_PROGS);
+        }
+        set_autoload(&mut open, &loaded)
             .map_err(bpf_err("setting the programs' attach targets"))?;
         configure(
             &mut open,
@@ -363,8 +371,15 @@ impl ProbeSet {
             progress(&m.to_string());
             missing_features.push(m);
         }
+        let reader_wait = if features.task_storage {
+            Ok(())
+        } else {
+            Err("the kernel lacks task storage in tracing programs (5.11)".into())
+        };
         Ok(ProbeSet {
             links,
+            reader_wait_links: Vec::new(),
+            reader_wait,
             skel,
             attachments,
             slot_names,
@@ -384,6 +399,54 @@ impl ProbeSet {
     /// The kernel features the probes stand in for on this kernel (empty on 6.1 and newer).
     pub fn missing_features(&self) -> &[MissingFeature] {
         &self.missing_features
+    }
+
+    /// Follow readers' scheduling for the reader-wait split of slow reads (`on`: attach the
+    /// scheduler hooks and start a new epoch), or stop (detach: nothing more per context
+    /// switch). A refused attach is kept for [`ProbeSet::reader_wait`] and not retried.
+    pub(crate) fn follow_readers(&mut self, on: bool) {
+        if !on {
+            if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+                bss.reader_wait_epoch_ns = 0;
+            }
+            self.reader_wait_links.clear();
+            return;
+        }
+        if self.reader_wait.is_err() || !self.reader_wait_links.is_empty() {
+            return;
+        }
+        let mut links = Vec::new();
+        for prog in self.skel.object().progs_mut() {
+            let name = prog.name().to_string_lossy().into_owned();
+            if !READER_WAIT_PROGS.contains(&name.as_str()) {
+                continue;
+            }
+            match prog.attach() {
+                Ok(link) => links.push(link),
+                Err(e) => {
+                    self.reader_wait = Err(format!("attaching {name}: {e}"));
+                    return;
+                }
+            }
+        }
+        let now = crate::clock::monotonic_ns();
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.reader_wait_epoch_ns = now;
+        }
+        self.reader_wait_links = links;
+    }
+
+    /// Whether slow reads can carry the reader-wait split on this kernel, or why not.
+    pub fn reader_wait(&self) -> Result<(), &str> {
+        self.reader_wait
+            .as_ref()
+            .map(|_| ())
+            .map_err(String::as_str)
+    }
+
+    /// Whether the scheduler hooks are attached now (capture is armed).
+    pub fn following_readers(&self) -> bool {
+        !self.reader_wait_links.is_empty()
     }
 
     /// The skeleton, for in-kernel capture (`crate::capture`).
@@ -631,17 +694,17 @@ impl ProbeSet {
         Ok(retired)
     }
 
-    /// BPF run-time statistics of the attached programs (run_time_ns stays 0 unless
-    /// `kernel.bpf_stats_enabled` is on).
+    /// BPF run-time statistics of the attached programs, the reader-wait hooks included
+    /// while attached (run_time_ns stays 0 unless `kernel.bpf_stats_enabled` is on).
     pub fn prog_stats(&self) -> Vec<ProgStats> {
         let ids: HashMap<u32, (String, String)> = self
             .skel
             .object()
             .progs()
             .filter(|p| {
-                self.links
-                    .iter()
-                    .any(|(n, _)| *n == p.name().to_string_lossy())
+                let name = p.name().to_string_lossy();
+                self.links.iter().any(|(n, _)| *n == name)
+                    || (self.following_readers() && READER_WAIT_PROGS.contains(&name.as_ref()))
             })
             .filter_map(|p| {
                 let id = libbpf_rs::Program::id_from_fd(p.as_fd()).ok()?;
@@ -723,6 +786,9 @@ fn slot_name(names: &mut SlotNames, slot: u32, auto_slots: &HashMap<u32, u64>) -
         }
     }
 }
+
+/// The scheduler hooks of the reader-wait split (reader_wait.bpf.h).
+const READER_WAIT_PROGS: [&str; 2] = ["reader_wait_switch", "reader_wait_wakeup"];
 
 /// Attach every chosen program; failures are kept per program name.
 fn attach(
@@ -1007,6 +1073,9 @@ fn trial_load(programs: &[&str], features: KernelFeatures) -> Result<(), libbpf_
     let mut storage = MaybeUninit::uninit();
     let mut open = ProbesSkelBuilder::default().open(&mut storage)?;
     set_autoload(&mut open, programs)?;
+    open.maps
+        .reader_waits
+        .set_autocreate(features.task_storage)?;
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         set_feature_flags(ro, features);
     }
@@ -1017,6 +1086,7 @@ fn trial_load(programs: &[&str], features: KernelFeatures) -> Result<(), libbpf_
 fn set_feature_flags(ro: &mut types::rodata, features: KernelFeatures) {
     ro.have_tai_clock = features.tai_clock;
     ro.have_sk_storage = features.sk_storage;
+    ro.have_task_storage = features.task_storage;
 }
 
 /// Load only `programs`, each attached where the model's table says (the C sections name
@@ -1094,6 +1164,11 @@ fn configure(
         map.set_max_entries(n)
             .map_err(bpf_err("sizing the BPF maps"))?;
     }
+    // A 5.10 kernel refuses the map type: not created, and its users are never reached.
+    open.maps
+        .reader_waits
+        .set_autocreate(features.task_storage)
+        .map_err(bpf_err("setting up the reader-wait map"))?;
     let uses_sk_data_ready = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(v, _)) if v.programs().contains(&SK_DATA_READY_PROG));
     let Some(ro) = open.maps.rodata_data.as_deref_mut() else {
         return Err(LoadError::Object("it has no read-only data section"));

@@ -42,6 +42,10 @@ const KSOFTIRQD_SHARE: f64 = 0.2;
 /// [`MIN_SOFTIRQ_SAMPLES`] slow samples of the CPU.
 const KSOFTIRQD_SAMPLE_SHARE: f64 = 0.5;
 const MIN_SOFTIRQ_SAMPLES: u64 = 10;
+/// Slow reads with the reader-wait split (scheduler tracepoints) needed before it is used in
+/// place of the readers' schedstat: it covers each slow packet's own wait, not the whole
+/// interval, so it is the better evidence once there are a few.
+const MIN_SPLIT_READS: u64 = 5;
 
 /// What a verdict says, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -103,6 +107,39 @@ pub struct CauseInput {
     pub throttle: Option<Throttle>,
     /// Softirq figures of the CPUs that handled the service's packets.
     pub softirq: Vec<CpuSoftirq>,
+    /// The reader-wait split of the slow reads captured (kernels with task storage).
+    pub slow_reads: Option<SlowReadWaits>,
+}
+
+/// Where the reading threads were while the slow packets waited for them, summed over the
+/// slow reads that carry the split (each from the packet's arrival to its read).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlowReadWaits {
+    /// Slow reads summed.
+    pub reads: u64,
+    /// Their latencies, ns.
+    pub latency_ns: u64,
+    /// Runnable but waiting for a CPU, ns.
+    pub runq_ns: u64,
+    /// Off CPU (sleeping, blocked), ns.
+    pub off_cpu_ns: u64,
+    /// CPUs the slow reads ran on.
+    pub cpus: Vec<u32>,
+    /// The tasks the readers took their CPU back from after waiting, longest wait first.
+    pub holders: Vec<SlowReadHolder>,
+}
+
+/// A task a slow reader took its CPU back from after waiting in the run queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlowReadHolder {
+    /// Its pid (tgid).
+    pub pid: u32,
+    /// Its thread's command name.
+    pub comm: String,
+    /// Run-queue time of the slow reads whose wait ended with it giving the CPU back, ns.
+    pub runq_ns: u64,
+    /// This is tailtrap itself.
+    pub tailtrap: bool,
 }
 
 /// The readers' time over the window, summed over their threads.
@@ -222,6 +259,10 @@ pub struct CauseFigures {
     pub throttle: Option<Throttle>,
     /// Softirq figures per CPU that handled the packets.
     pub softirq: Vec<CpuSoftirq>,
+    /// The slow reads' own split, when it decided the shares above (absent in verdicts
+    /// stored before it existed).
+    #[serde(default)]
+    pub slow_reads: Option<SlowReadWaits>,
 }
 
 /// Decide the verdict for `input`. Order: the reader's own figures first for a read stage
@@ -229,8 +270,22 @@ pub struct CauseFigures {
 /// softirq pressure for the earlier stages; otherwise no clear cause.
 pub fn decide(input: &CauseInput) -> Cause {
     let spread = cpu_spread(&input.per_cpu, input.slow_ns);
-    let (wait_share, on_share) = match (&input.readers, input.read_delay_ns) {
-        (Some(r), Some(d)) if d > 0 => (
+    // Each slow packet's own wait where enough reads carry it; else the readers' whole
+    // interval against the service's read delay.
+    let split = input
+        .slow_reads
+        .as_ref()
+        .filter(|w| w.reads >= MIN_SPLIT_READS && w.latency_ns > 0);
+    let (wait_share, on_share) = match (split, &input.readers, input.read_delay_ns) {
+        (Some(w), _, _) => {
+            let d = w.latency_ns as f64;
+            let on = w.latency_ns.saturating_sub(w.runq_ns + w.off_cpu_ns);
+            (
+                Some((w.runq_ns as f64 / d).min(1.0)),
+                Some((on as f64 / d).min(1.0)),
+            )
+        }
+        (None, Some(r), Some(d)) if d > 0 => (
             Some((r.run_wait_ns as f64 / d as f64).min(1.0)),
             Some((r.on_cpu_ns as f64 / d as f64).min(1.0)),
         ),
@@ -245,6 +300,7 @@ pub fn decide(input: &CauseInput) -> Cause {
         readers: input.readers.clone(),
         throttle: input.throttle.clone(),
         softirq: input.softirq.clone(),
+        slow_reads: split.cloned(),
     };
     let verdict = |kind, summary| Cause {
         kind,
@@ -268,14 +324,22 @@ pub fn decide(input: &CauseInput) -> Cause {
                 );
             }
         }
-        if let (Some(r), Some(wait), Some(on)) = (&input.readers, wait_share, on_share) {
+        if let (Some(wait), Some(on)) = (wait_share, on_share) {
+            let who = input
+                .readers
+                .as_ref()
+                .map_or_else(|| "pids unknown".into(), readers_text);
             if wait >= CPU_WAIT_SHARE {
+                let with = match (split, &input.readers) {
+                    (Some(w), _) if !w.holders.is_empty() => held_by(w),
+                    (_, Some(r)) => shared_with(r),
+                    _ => String::new(),
+                };
                 return verdict(
                     CauseKind::CpuWait,
                     format!(
-                        "reader runnable but waiting for a CPU {:.0} % of the delay{}",
+                        "reader runnable but waiting for a CPU {:.0} % of the delay{with}",
                         wait * 100.0,
-                        shared_with(r)
                     ),
                 );
             }
@@ -283,9 +347,8 @@ pub fn decide(input: &CauseInput) -> Cause {
                 return verdict(
                     CauseKind::ReaderBusy,
                     format!(
-                        "reader busy: on CPU {:.0} % of the delay, not reading ({})",
+                        "reader busy: on CPU {:.0} % of the delay, not reading ({who})",
                         on * 100.0,
-                        readers_text(r)
                     ),
                 );
             }
@@ -293,9 +356,8 @@ pub fn decide(input: &CauseInput) -> Cause {
                 return verdict(
                     CauseKind::ReaderOffCpu,
                     format!(
-                        "reader not reading: {:.0} % of the delay off CPU, sleeping or blocked ({})",
+                        "reader not reading: {:.0} % of the delay off CPU, sleeping or blocked ({who})",
                         (1.0 - wait - on) * 100.0,
-                        readers_text(r)
                     ),
                 );
             }
@@ -422,6 +484,25 @@ fn shared_with(r: &ReaderTimes) -> String {
     };
     let cpus = if r.cpus.len() == 1 { "cpu" } else { "cpus" };
     format!(" ({cpus} {} shared with {who})", cpu_list(&r.cpus))
+}
+
+/// ` (cpu 1 held by pid 4242 stress-ng)`: the task the slow readers waited longest behind.
+fn held_by(w: &SlowReadWaits) -> String {
+    let Some(top) = w.holders.first() else {
+        return String::new();
+    };
+    let itself = if top.tailtrap {
+        " (tailtrap itself)"
+    } else {
+        ""
+    };
+    let cpus = if w.cpus.len() == 1 { "cpu" } else { "cpus" };
+    format!(
+        " ({cpus} {} held by pid {} {}{itself})",
+        cpu_list(&w.cpus),
+        top.pid,
+        top.comm
+    )
 }
 
 fn softirq_text(cpus: &[CpuSoftirq], window_ns: u64) -> Option<String> {
@@ -615,6 +696,53 @@ mod tests {
             "{}",
             c.summary
         );
+    }
+
+    fn split(reads: u64, runq: u64, off: u64) -> SlowReadWaits {
+        SlowReadWaits {
+            reads,
+            latency_ns: reads * 10 * MS,
+            runq_ns: runq,
+            off_cpu_ns: off,
+            cpus: vec![1],
+            holders: vec![SlowReadHolder {
+                pid: 88,
+                comm: "sh".into(),
+                runq_ns: runq,
+                tailtrap: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_slow_reads_own_split_comes_before_the_readers_schedstat() {
+        // schedstat over the whole interval says off CPU; the slow packets' own waits were
+        // in the run queue behind pid 88.
+        let mut input = read_input(2 * MS, 3 * MS);
+        input.slow_reads = Some(split(10, 80 * MS, 10 * MS));
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::CpuWait, "{}", c.summary);
+        assert_eq!(
+            c.summary,
+            "reader runnable but waiting for a CPU 80 % of the delay (cpu 1 held by pid 88 sh)"
+        );
+        assert_eq!(c.figures.slow_reads, input.slow_reads);
+        // Off CPU by the split, no schedstat at all.
+        input.readers = None;
+        input.slow_reads = Some(split(10, 2 * MS, 90 * MS));
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::ReaderOffCpu, "{}", c.summary);
+        // Too few split reads: schedstat decides, and the split is not in the figures.
+        input.readers = Some(readers(5 * MS, 81 * MS));
+        input.slow_reads = Some(split(MIN_SPLIT_READS - 1, 0, 40 * MS));
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::CpuWait);
+        assert!(
+            c.summary.ends_with("shared with pid 77 stress-ng)"),
+            "{}",
+            c.summary
+        );
+        assert_eq!(c.figures.slow_reads, None);
     }
 
     #[test]

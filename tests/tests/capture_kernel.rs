@@ -17,7 +17,7 @@ use bpf::{
 };
 use model::{Probe, Transport};
 use probes_support::{client, load, server, service};
-use tailtrap_tests::{run_client, Cgroup, Proto, TcpServer};
+use tailtrap_tests::{pin, run_client, Cgroup, Hog, Proto, TcpServer};
 
 const MS: u64 = 1_000_000;
 const SLOW_READ: Duration = Duration::from_millis(20);
@@ -200,6 +200,127 @@ fn flight_recorder_uses_its_own_threshold_and_marks_its_records() {
     let counters = capture_counters(&mut set).unwrap();
     assert_eq!(counters.flight_emitted, records.len() as u64);
     assert_eq!(counters.emitted, 0);
+}
+
+/// The reader-wait split where the kernel has task storage (5.11+), none where it has not.
+/// Records of a thread's first slow read carry none: it is followed from then on.
+fn reads_with_wait<'a>(set: &ProbeSet, records: &'a [CaptureRecord]) -> Vec<&'a CaptureRecord> {
+    let with: Vec<&CaptureRecord> = records
+        .iter()
+        .filter(|r| r.sample.probe == Probe::TcpSocketRead && r.sample.reader_wait.is_some())
+        .collect();
+    if let Err(why) = set.reader_wait() {
+        assert!(with.is_empty(), "no split expected ({why}): {with:#?}");
+    }
+    with
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_sleeping_readers_slow_reads_are_split_as_off_cpu() {
+    let (_cgroup, srv, mut set) = slow_service("tt-capture-off-cpu");
+    let slot = set.service_slot("slow").unwrap().unwrap();
+    let mut control = CaptureControl::new(&mut set, &CaptureLimits::default()).unwrap();
+    let reader = CaptureReader::start(&mut set).unwrap();
+    assert!(!set.following_readers(), "hooks attached before arming");
+    control
+        .arm(&mut set, slot, &[(Probe::TcpSocketRead, 10 * MS)])
+        .unwrap();
+    assert_eq!(set.following_readers(), set.reader_wait().is_ok());
+
+    let stats = run_client(client(srv.addr(), None, Proto::Tcp, 20)).unwrap();
+    assert_eq!(stats.replies, 20);
+    let records = drain(&reader, Duration::from_millis(500));
+    let split = reads_with_wait(&set, &records);
+    if set.reader_wait().is_ok() {
+        // The thread sleeps 20 ms before each read: the packets wait for a sleeper.
+        let off: u64 = split
+            .iter()
+            .map(|r| r.sample.reader_wait.unwrap().off_cpu_ns)
+            .sum();
+        let latency: u64 = split.iter().map(|r| r.sample.latency_ns).sum();
+        eprintln!(
+            "{} slow reads split: off CPU {off} of {latency} ns",
+            split.len()
+        );
+        assert!(split.len() >= 10, "expected most reads split: {records:#?}");
+        for r in &split {
+            let (s, w) = (&r.sample, r.sample.reader_wait.unwrap());
+            assert!(
+                w.off_cpu_ns >= s.latency_ns / 2,
+                "a sleeping reader's wait is mostly off CPU: {s:?}"
+            );
+            assert!(w.runq_ns + w.off_cpu_ns <= s.latency_ns, "{s:?}");
+        }
+    }
+    control.disarm(&mut set, slot).unwrap();
+    assert!(
+        !set.following_readers(),
+        "hooks still attached after disarming"
+    );
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_reader_sharing_its_cpu_with_hogs_waits_in_the_run_queue() {
+    let cgroup = Cgroup::create("tt-capture-runq").unwrap();
+    let srv = TcpServer::spawn(server(
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        None,
+        Some(&cgroup),
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = cpus - 1;
+    pin(srv.pid(), cpu).unwrap();
+    let hogs: Vec<Hog> = (0..3).map(|_| Hog::spawn(Some(cpu)).unwrap()).collect();
+    let config = ProbeConfig {
+        services: vec![service("busy", Some(&cgroup), &[srv.addr().port()])],
+        ..ProbeConfig::default()
+    };
+    let mut set = load(&config);
+    let slot = set.service_slot("busy").unwrap().unwrap();
+    let mut control = CaptureControl::new(&mut set, &CaptureLimits::default()).unwrap();
+    let reader = CaptureReader::start(&mut set).unwrap();
+    control
+        .arm(&mut set, slot, &[(Probe::TcpSocketRead, MS / 2)])
+        .unwrap();
+
+    let stats = run_client(client(srv.addr(), None, Proto::Tcp, 1000)).unwrap();
+    assert_eq!(stats.replies, 1000);
+    let records = drain(&reader, Duration::from_millis(500));
+    let hog_pids: Vec<u32> = hogs.iter().map(Hog::pid).collect();
+    drop(hogs);
+    let split = reads_with_wait(&set, &records);
+    if set.reader_wait().is_err() {
+        return;
+    }
+    assert!(split.len() >= 5, "expected slow reads split: {records:#?}");
+    // The reader never sleeps on purpose: its packets wait for the CPU the hogs hold.
+    let latency: u64 = split.iter().map(|r| r.sample.latency_ns).sum();
+    let runq: u64 = split
+        .iter()
+        .map(|r| r.sample.reader_wait.unwrap().runq_ns)
+        .sum();
+    eprintln!(
+        "{} of {} slow reads split: run queue {runq} of {latency} ns",
+        split.len(),
+        records.len()
+    );
+    assert!(
+        runq >= latency / 2,
+        "run-queue share {runq} of {latency} ns: {split:#?}"
+    );
+    let held_by_hog = split
+        .iter()
+        .filter_map(|r| r.sample.reader_wait.unwrap().cpu_holder)
+        .filter(|h| hog_pids.contains(&h.pid))
+        .count();
+    assert!(
+        held_by_hog > 0,
+        "no hog named as the CPU's holder: {split:#?}"
+    );
 }
 
 /// Command names of a process and its live threads (unnamed threads share the process's).

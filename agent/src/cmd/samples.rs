@@ -113,7 +113,17 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         let mut t = table([
-            "#", "time", "probe", "latency", "flow", "process", "cpu", "queue", "flags", "pwru",
+            "#",
+            "time",
+            "probe",
+            "latency",
+            "flow",
+            "process",
+            "cpu",
+            "queue",
+            "reader wait",
+            "flags",
+            "pwru",
         ]);
         for (i, (s, timeline)) in page.samples.iter().zip(&joined).enumerate() {
             let process = match s.pid {
@@ -136,6 +146,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 process,
                 s.cpu.to_string(),
                 queue,
+                reader_wait_text(s),
                 s.flags.names().collect::<Vec<_>>().join(","),
                 pwru,
             ]);
@@ -148,6 +159,30 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         print_slowest_timelines(&page.samples, &joined, |i| format!("sample #{}", i + 1));
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `runq 81 %, off 4 %, cpu held by sh [88]`: where the reader was while the packet
+/// waited; `-` without the split.
+fn reader_wait_text(s: &model::Sample) -> String {
+    let Some(w) = &s.reader_wait else {
+        return "-".into();
+    };
+    let share = |ns: u64| {
+        if s.latency_ns == 0 {
+            0.0
+        } else {
+            ns as f64 * 100.0 / s.latency_ns as f64
+        }
+    };
+    let mut text = format!(
+        "runq {:.0} %, off {:.0} %",
+        share(w.runq_ns),
+        share(w.off_cpu_ns)
+    );
+    if let Some(h) = w.cpu_holder.filter(|h| h.pid != 0 && w.runq_ns > 0) {
+        text.push_str(&format!(", cpu held by {} [{}]", h.comm, h.pid));
+    }
+    text
 }
 
 /// Timelines printed under the samples table (the slowest samples first).

@@ -7,7 +7,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use detector::diagnosis::{self, Cause, CauseInput, CauseKind, CpuSoftirq, Holder, ReaderTimes};
+use detector::diagnosis::{
+    self, Cause, CauseInput, CauseKind, CpuSoftirq, Holder, ReaderTimes, SlowReadHolder,
+    SlowReadWaits,
+};
 use model::{Histogram, Probe, Sample, SampleFlags};
 
 use super::host_figures::{self, CpuNet, CpuStat, ProcStat, SchedTimes};
@@ -49,6 +52,10 @@ struct Tracked {
     /// Per CPU, slow samples taken outside a process's context since the opening, and how
     /// many of them its ksoftirqd processed.
     softirq_samples: HashMap<u32, (u64, u64)>,
+    /// The reader-wait split summed over the slow reads that carry it, and the run-queue
+    /// time of the slow reads each task held the CPU before (pid → comm, ns).
+    slow_reads: SlowReadWaits,
+    slow_read_holders: HashMap<u32, (String, u64)>,
     /// The last clear verdict: kept when later figures, diluted by the quiet intervals
     /// before the closing, are mixed.
     clear: Option<Cause>,
@@ -128,6 +135,8 @@ impl Causes {
             readers: HashMap::new(),
             reader_cpus: HashSet::new(),
             softirq_samples: HashMap::new(),
+            slow_reads: SlowReadWaits::default(),
+            slow_read_holders: HashMap::new(),
             clear: None,
         };
         t.cumulative = t
@@ -158,6 +167,24 @@ impl Causes {
             let Some(pid) = s.pid else { continue };
             if !before_opening {
                 t.reader_cpus.insert(s.cpu);
+            }
+            if let Some(w) = &s.reader_wait {
+                let r = &mut t.slow_reads;
+                r.reads += 1;
+                r.latency_ns = r.latency_ns.saturating_add(s.latency_ns);
+                r.runq_ns = r.runq_ns.saturating_add(w.runq_ns);
+                r.off_cpu_ns = r.off_cpu_ns.saturating_add(w.off_cpu_ns);
+                if !r.cpus.contains(&s.cpu) {
+                    r.cpus.push(s.cpu);
+                }
+                // The idle task (pid 0) held no CPU from anyone.
+                if let Some(h) = w.cpu_holder.filter(|h| h.pid != 0) {
+                    let e = t
+                        .slow_read_holders
+                        .entry(h.pid)
+                        .or_insert_with(|| (h.comm.as_str().to_owned(), 0));
+                    e.1 = e.1.saturating_add(w.runq_ns);
+                }
             }
             if t.readers.len() < MAX_READERS && !t.readers.contains_key(&pid) {
                 // A process already gone (or a kernel without schedstat) says nothing: it
@@ -319,7 +346,32 @@ impl Tracked {
             readers,
             throttle,
             softirq,
+            slow_reads: self.slow_reads_split(),
         })
+    }
+
+    /// The slow reads' own split, with the tasks that held their CPUs, longest wait first.
+    fn slow_reads_split(&self) -> Option<SlowReadWaits> {
+        if self.slow_reads.reads == 0 {
+            return None;
+        }
+        let me = std::process::id();
+        let mut w = self.slow_reads.clone();
+        w.cpus.sort_unstable();
+        w.holders = self
+            .slow_read_holders
+            .iter()
+            .map(|(&pid, (comm, runq_ns))| SlowReadHolder {
+                pid,
+                comm: comm.clone(),
+                runq_ns: *runq_ns,
+                tailtrap: pid == me || comm == "tailtrap",
+            })
+            .collect();
+        w.holders
+            .sort_by(|a, b| b.runq_ns.cmp(&a.runq_ns).then(a.pid.cmp(&b.pid)));
+        w.holders.truncate(MAX_HOLDERS);
+        Some(w)
     }
 
     /// The readers' times since each was first seen, and who else ran on their CPUs.

@@ -21,6 +21,7 @@
 #include "counter.bpf.h"
 #include "ip.bpf.h"
 #include "sample.bpf.h"
+#include "reader_wait.bpf.h"
 
 /* The thresholds map is indexed in __u32 by service * TT_NUM_PROBES + probe. */
 _Static_assert((__u64)TT_CAPTURE_MAX_SLOTS * TT_NUM_PROBES <= 0xffffffffULL,
@@ -271,6 +272,8 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 	}
 	__builtin_memset(r, 0, sizeof(*r));
 	fill_record(r, s, service, latency_ns, now_tai, flags);
+	if (!(flags & TT_CAPTURE_F_FLIGHT) && s->process_context)
+		reader_wait_fill(r, latency_ns);
 	bpf_ringbuf_submit(r, ring_wakeup());
 	count_event(emitted);
 }

@@ -39,3 +39,19 @@ int BPF_PROG(feature_sk_storage, struct sk_buff *skb)
 		bpf_sk_storage_get(&feature_sk_storage_map, sk, 0, 0);
 	return 0;
 }
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u64);
+} feature_task_storage_map SEC(".maps");
+
+/* Task storage from a tracing program: 5.11. The map itself is created only for this
+ * program's trial load (a 5.10 kernel refuses the map type outright). */
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(feature_task_storage, struct task_struct *p)
+{
+	bpf_task_storage_get(&feature_task_storage_map, p, 0, 0);
+	return 0;
+}

@@ -90,6 +90,11 @@ enum tt_capture_flag {
 	/* Not in a process's context: the CPU's ksoftirqd thread ran the receive softirq (work
 	 * deferred from interrupt exit), not the task an interrupt happened to hit. */
 	TT_CAPTURE_F_KSOFTIRQD = 64,
+	/* Socket reads under armed capture: runq_ns and off_cpu_ns split the wait
+	 * (reader_wait.bpf.h). */
+	TT_CAPTURE_F_READER_WAIT = 128,
+	/* holder_pid and holder_comm are set. */
+	TT_CAPTURE_F_CPU_HOLDER = 256,
 };
 
 /* Thresholds of one (service slot, probe); 0 means that kind of capture is off. */
@@ -127,6 +132,14 @@ struct tt_capture_record {
 	__u8 comm[16];
 	/* The skb's address (pwru's `skb`, for joining its trace); 0 when the probe has none. */
 	__u64 skb_addr;
+	/* Of the reading thread, within the packet's wait (TT_CAPTURE_F_READER_WAIT). */
+	__u64 runq_ns;
+	__u64 off_cpu_ns;
+	/* The task that held the reader's CPU before its last run-queue wait ended
+	 * (TT_CAPTURE_F_CPU_HOLDER). */
+	__u32 holder_pid;
+	__u32 pad2;
+	__u8 holder_comm[16];
 };
 
 #endif /* TAILTRAP_H */
