@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const SOURCES: [&str; 16] = [
+const SOURCES: [&str; 17] = [
     "tailtrap.h",
     "bucket.h",
     "counter.bpf.h",
@@ -21,6 +21,7 @@ const SOURCES: [&str; 16] = [
     "filter.bpf.h",
     "hol.bpf.h",
     "capture.bpf.h",
+    "reader_wait.bpf.h",
     "vmlinux.h",
     "probes.bpf.c",
     "floor.bpf.c",

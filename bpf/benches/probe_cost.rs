@@ -22,11 +22,21 @@
 //! - `flight, 5.10 stand-ins`: as `+ flight` with `[probes] kernel_features = "baseline"`,
 //!   what a 5.10 kernel runs (docs/probes.md).
 //!
+//! Scheduler hooks: armed capture also attaches the reader-wait split's programs on
+//! `sched_switch` and `sched_wakeup` (reader_wait.bpf.h; kernels with task storage), and
+//! disarming detaches them. Their empty floors are attached only in the armed phase, on the
+//! same side of them as the other floors in each order (a tracepoint runs its programs in
+//! attach order), so the armed row times each hook next to its floor in one window while
+//! the ping-pong threads are followed (their slow reads are recorded). A second table gives
+//! per phase their ns/call, both hooks' ns per context switch on the host, and for the
+//! disarmed phases that they were not attached: `following_readers()` false and no run of
+//! a program of theirs anywhere on the host during the window.
+//!
 //! `cargo bench -p bpf --bench probe_cost` as root. `TAILTRAP_BENCH_SECS` sets each phase's
 //! duration (default 3). kernel.bpf_stats_enabled is switched on for the run and restored.
 //! tests/bench/probe-cost-vm.sh runs it on the stock kernels under qemu.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::mem::MaybeUninit;
 use std::net::{TcpListener, TcpStream, UdpSocket};
@@ -39,18 +49,25 @@ use std::time::{Duration, Instant};
 
 use bpf::{CaptureControl, CaptureLimits, CaptureReader, ProbeConfig, ProbeSet, ServiceSpec};
 use libbpf_rs::skel::Skel;
+use libbpf_rs::Link;
 use model::Probe;
 
 #[path = "support/reference.rs"]
 mod reference;
 mod support;
-use reference::Reference;
+use reference::{FloorSkel, Reference};
 use support::{StatsEnabled, MESSAGE, STATS_SYSCTL};
 
 /// Flight-recorder threshold: the lookup is paid, nothing is slow enough to be recorded.
 const FLIGHT_NS: u64 = 1_000_000_000;
 /// Slots given flight thresholds: host, other and the two services.
 const SLOTS: u32 = 4;
+/// The first service's slot (after host and other).
+const FIRST_SERVICE: u32 = 2;
+/// The kernel keeps this many characters of a program's name (BPF_OBJ_NAME_LEN - 1).
+const PROG_NAME_LEN: usize = 15;
+/// The target of the scheduler hooks while armed: ns/call ÷ floor.
+const SCHED_HOOK_LIMIT: f64 = 2.0;
 /// The bench's cgroup (relative to the cgroup2 mount), the cgroup service's.
 const CGROUP: &str = "tailtrap-probe-cost";
 
@@ -137,13 +154,57 @@ enum Order {
 /// (run_time_ns, run_cnt) deltas of one phase in one order.
 #[derive(Default)]
 struct Measured {
-    /// program -> (attach point, probes, time, calls)
+    /// program -> (attach point, probes, time, calls); the reader-wait hooks while attached
     probes: BTreeMap<String, (String, String, u64, u64)>,
     /// (attach point, reference) -> (time, calls)
     floor: HashMap<(String, Reference), (u64, u64)>,
     tcp: u64,
     udp: u64,
     records: u64,
+    /// Records carrying the reader-wait split (their thread was followed).
+    split_records: u64,
+    /// Context switches on the host (`ctxt` of /proc/stat).
+    switches: u64,
+    /// `following_readers()` at the window's start and at its end.
+    following: (bool, bool),
+    /// Runs of any program named as a reader-wait hook, host-wide (any process's).
+    hook_runs: u64,
+}
+
+/// What armed capture attaches besides the probes.
+struct Hooks {
+    /// (program, attach point) of the programs attached only while capture is armed: the
+    /// reader-wait split's scheduler hooks. Empty when the kernel cannot follow readers.
+    armed: Vec<(String, String)>,
+    /// Why the kernel cannot follow readers.
+    unavailable: Option<String>,
+}
+
+impl Hooks {
+    /// Load the probes with `config`, list their programs, arm capture (nothing reaches
+    /// the threshold) and list what was added; then drop them.
+    fn learn(config: &ProbeConfig) -> Result<Hooks, Box<dyn std::error::Error>> {
+        let mut set = ProbeSet::load(config, &mut |_| {})?;
+        let disarmed = set.prog_stats();
+        let mut control = CaptureControl::new(&mut set, &CaptureLimits::default())?;
+        // No sample reaches u64::MAX ns: armed, and nothing is recorded.
+        control.arm(&mut set, FIRST_SERVICE, &[(Probe::ALL[0], u64::MAX)])?;
+        let armed = set
+            .prog_stats()
+            .into_iter()
+            .filter(|s| !disarmed.iter().any(|d| d.program == s.program))
+            .map(|s| (s.program, s.attach_point))
+            .collect();
+        control.disarm_all(&mut set)?;
+        Ok(Hooks {
+            armed,
+            unavailable: set.reader_wait().err().map(str::to_owned),
+        })
+    }
+
+    fn armed_names(&self) -> Vec<String> {
+        self.armed.iter().map(|(name, _)| name.clone()).collect()
+    }
 }
 
 fn main() -> ExitCode {
@@ -204,6 +265,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         &with_services,
         &[Reference::Empty, Reference::Clock],
     )?;
+    // The hooks armed capture adds get empty floors of their own, attached in the armed
+    // phase only.
+    let hooks = Hooks::learn(&with_services)?;
+    let hook_names = hooks.armed_names();
+    let sched_points: HashSet<String> = hooks.armed.iter().map(|(_, p)| p.clone()).collect();
+    let mut sched_storage = MaybeUninit::uninit();
+    let sched_floor = reference::load_on(&mut sched_storage, &sched_points, &[Reference::Empty])?;
 
     // results[phase] = one Measured per order
     let mut results: Vec<Vec<Measured>> = PHASES.iter().map(|_| Vec::new()).collect();
@@ -223,28 +291,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 Load::Baseline => &baseline,
             };
             let mut floor_links = Vec::new();
-            let attach_floor = |links: &mut Vec<libbpf_rs::Link>| -> Result<_, String> {
-                let mut ids = HashMap::new();
-                for prog in floor.object().progs_mut() {
-                    if !prog.autoload() {
-                        continue;
-                    }
-                    links.push(prog.attach().map_err(|e| e.to_string())?);
-                    let id =
-                        libbpf_rs::Program::id_from_fd(prog.as_fd()).map_err(|e| e.to_string())?;
-                    let kind = Reference::of(&prog.name().to_string_lossy());
-                    ids.insert(id, (prog.section().to_string_lossy().into_owned(), kind));
-                }
-                Ok(ids)
-            };
+            let attach_probe_floors = |links: &mut Vec<Link>| attach_floor(&floor, links);
             let (mut set, floor_ids) = match order {
                 Order::FloorFirst => {
-                    let ids = attach_floor(&mut floor_links)?;
+                    let ids = attach_probe_floors(&mut floor_links)?;
                     (ProbeSet::load(config, &mut |_| {})?, ids)
                 }
                 Order::ProbesFirst => {
                     let set = ProbeSet::load(config, &mut |_| {})?;
-                    (set, attach_floor(&mut floor_links)?)
+                    (set, attach_probe_floors(&mut floor_links)?)
                 }
             };
             let mut control = CaptureControl::new(&mut set, &CaptureLimits::default())?;
@@ -255,8 +310,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 if phase.load != load {
                     continue;
                 }
-                set_capture(&mut control, &mut set, phase.capture)?;
-                results[i].push(measure(&set, &floor_ids, &traffic, &reader, len)?);
+                // Arming attaches the scheduler hooks: their floors go on the same side.
+                let mut sched_links = Vec::new();
+                let mut ids = floor_ids.clone();
+                let mut attach_sched = |links: &mut Vec<Link>| {
+                    attach_floor(&sched_floor, links).map(|sched| ids.extend(sched))
+                };
+                match (phase.capture, order) {
+                    (Capture::Armed, Order::FloorFirst) => {
+                        attach_sched(&mut sched_links)?;
+                        set_capture(&mut control, &mut set, phase.capture)?;
+                    }
+                    (Capture::Armed, Order::ProbesFirst) => {
+                        set_capture(&mut control, &mut set, phase.capture)?;
+                        attach_sched(&mut sched_links)?;
+                    }
+                    _ => set_capture(&mut control, &mut set, phase.capture)?,
+                }
+                results[i].push(measure(&set, &ids, &hook_names, &traffic, &reader, len)?);
+                drop(sched_links);
             }
             control.disarm_all(&mut set)?;
             drop(reader);
@@ -266,8 +338,30 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     traffic.stop();
     drop(cgroup);
-    report(&results, secs);
+    report(&results, &hooks, secs);
     Ok(())
+}
+
+/// Attach the loaded reference programs; their ids -> (attach point, kind).
+fn attach_floor(
+    floor: &FloorSkel<'_>,
+    links: &mut Vec<Link>,
+) -> Result<HashMap<u32, (String, Reference)>, String> {
+    let mut ids = HashMap::new();
+    for prog in floor.object().progs_mut() {
+        if !prog.autoload() {
+            continue;
+        }
+        let section = prog.section().to_string_lossy().into_owned();
+        links.push(
+            prog.attach()
+                .map_err(|e| format!("attaching {section}: {e}"))?,
+        );
+        let id = libbpf_rs::Program::id_from_fd(prog.as_fd()).map_err(|e| e.to_string())?;
+        let kind = Reference::of(&prog.name().to_string_lossy());
+        ids.insert(id, (section, kind));
+    }
+    Ok(ids)
 }
 
 fn set_capture(
@@ -286,7 +380,7 @@ fn set_capture(
     }
     if capture == Capture::Armed {
         // Every sample is over 1 ns: the rate limit decides what is recorded.
-        for slot in 2..SLOTS {
+        for slot in FIRST_SERVICE..SLOTS {
             control.arm(set, slot, &all(1))?;
         }
     } else {
@@ -298,6 +392,7 @@ fn set_capture(
 fn measure(
     set: &ProbeSet,
     floor_ids: &HashMap<u32, (String, Reference)>,
+    hook_names: &[String],
     traffic: &Traffic,
     reader: &CaptureReader,
     len: Duration,
@@ -318,19 +413,22 @@ fn measure(
     let (tcp0, udp0) = traffic.counts();
     let before = set_counters(set);
     let floor_before = floor_stats(floor_ids);
+    let following_before = set.following_readers();
+    let runs_before = runs_named(hook_names);
+    let switches_before = context_switches()?;
     let deadline = Instant::now() + len;
-    let mut records = 0;
+    let (mut records, mut split_records) = (0, 0);
     while Instant::now() < deadline {
-        if reader
-            .records()
-            .recv_timeout(Duration::from_millis(10))
-            .is_ok()
-        {
+        if let Ok(r) = reader.records().recv_timeout(Duration::from_millis(10)) {
             records += 1;
+            split_records += u64::from(r.sample.reader_wait.is_some());
         }
     }
     let after = set_counters(set);
     let floor_after = floor_stats(floor_ids);
+    let following_after = set.following_readers();
+    let runs_after = runs_named(hook_names);
+    let switches = context_switches()?.saturating_sub(switches_before);
     let (tcp1, udp1) = traffic.counts();
     let probes = after
         .into_iter()
@@ -352,7 +450,33 @@ fn measure(
         tcp: tcp1 - tcp0,
         udp: udp1 - udp0,
         records,
+        split_records,
+        switches,
+        following: (following_before, following_after),
+        hook_runs: runs_after
+            .iter()
+            .map(|(id, n)| n.saturating_sub(runs_before.get(id).copied().unwrap_or(0)))
+            .sum(),
     })
+}
+
+/// run_cnt per program id of every program on the host named as one of `names`.
+fn runs_named(names: &[String]) -> HashMap<u32, u64> {
+    let short = |n: &String| n.chars().take(PROG_NAME_LEN).collect::<String>();
+    let names: Vec<String> = names.iter().map(short).collect();
+    libbpf_rs::query::ProgInfoIter::default()
+        .filter(|info| names.iter().any(|n| *n == *info.name.to_string_lossy()))
+        .map(|info| (info.id, info.run_cnt))
+        .collect()
+}
+
+/// Context switches on the host since boot (`ctxt` of /proc/stat).
+fn context_switches() -> Result<u64, String> {
+    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("ctxt "))
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| "no ctxt line in /proc/stat".into())
 }
 
 fn per_call(time_ns: u64, calls: u64) -> Option<f64> {
@@ -383,7 +507,7 @@ fn pairs(runs: &[Measured], program: &str) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
-fn report(results: &[Vec<Measured>], secs: f64) {
+fn report(results: &[Vec<Measured>], hooks: &Hooks, secs: f64) {
     println!(
         "probe cost: kernel {}, {secs:.1} s per phase and attach order, loopback TCP+UDP ping-pong of {} bytes",
         kernel_release(),
@@ -464,6 +588,8 @@ fn report(results: &[Vec<Measured>], secs: f64) {
         println!(" {armed:>12} {:>10}   {probes}", fmt(over));
     }
     println!();
+    let sched_misses = report_sched(results, hooks, secs);
+    println!();
     println!(
         "{:<20} {:>12} {:>12} {:>12}",
         "phase", "TCP trips/s", "UDP trips/s", "records/s"
@@ -491,6 +617,151 @@ fn report(results: &[Vec<Measured>], secs: f64) {
             println!("  {m}");
         }
     }
+    if hooks.armed.is_empty() {
+        return;
+    }
+    if sched_misses.is_empty() {
+        println!(
+            "target met: scheduler hooks ≤ {SCHED_HOOK_LIMIT}× floor (armed row), detached when disarmed"
+        );
+    } else {
+        println!("target missed: scheduler hooks ≤ {SCHED_HOOK_LIMIT}× floor (armed row), detached when disarmed:");
+        for m in sched_misses {
+            println!("  {m}");
+        }
+    }
+}
+
+/// Per order of one phase: (hook ns/call, empty floor ns/call) of a scheduler hook.
+fn hook_pairs(runs: &[Measured], program: &str) -> Vec<(f64, f64)> {
+    runs.iter()
+        .filter_map(|m| {
+            let (point, _, t, n) = m.probes.get(program)?;
+            let (ft, fn_) = m.floor.get(&(point.clone(), Reference::Empty))?;
+            Some((per_call(*t, *n)?, per_call(*ft, *fn_)?))
+        })
+        .collect()
+}
+
+/// The scheduler hooks' table; returns the missed targets.
+fn report_sched(results: &[Vec<Measured>], hooks: &Hooks, secs: f64) -> Vec<String> {
+    let mut misses = Vec::new();
+    println!("scheduler hooks (reader-wait split), per context switch: attached only while capture is armed");
+    if hooks.armed.is_empty() {
+        println!(
+            "none on this kernel: {}",
+            hooks
+                .unavailable
+                .as_deref()
+                .unwrap_or("armed capture attached nothing")
+        );
+        return misses;
+    }
+    println!("each cell: ns/call (hook ÷ floor), geometric mean over both attach orders; floor: an empty program on the same hook");
+    println!("ns/switch: both hooks' run time per context switch on the host (sched_wakeup runs included)");
+    println!();
+    const DETACHED: &str = "not attached (0 ns)";
+    let width = |name: &str| name.len().max(DETACHED.len());
+    print!("{:<22}", "phase");
+    for (prog, _) in &hooks.armed {
+        print!(" {prog:>w$} {:>7}", "floor", w = width(prog));
+    }
+    println!(
+        " {:>10} {:>11} {:>12}",
+        "ns/switch", "switches/s", "TCP trips/s"
+    );
+    let per_s = |runs: &[Measured], f: &dyn Fn(&Measured) -> u64| -> f64 {
+        runs.iter().map(f).sum::<u64>() as f64 / (secs * runs.len().max(1) as f64)
+    };
+    let fmt = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+    for (spec, runs) in PHASES.iter().zip(results) {
+        let armed = spec.capture == Capture::Armed;
+        let attached = !runs.is_empty() && runs.iter().all(|m| m.following == (true, true));
+        // Detached: not following, the set lists none of the hooks, and no program named as
+        // one ran anywhere on the host in the window.
+        let detached = !runs.is_empty()
+            && runs.iter().all(|m| {
+                m.following == (false, false)
+                    && m.hook_runs == 0
+                    && hooks.armed.iter().all(|(p, _)| !m.probes.contains_key(p))
+            });
+        print!("{:<22}", spec.name);
+        if detached {
+            for (prog, _) in &hooks.armed {
+                print!(" {DETACHED:>w$} {:>7}", "-", w = width(prog));
+            }
+            print!(" {:>10}", "0");
+        } else if attached {
+            let mut per_switch = Vec::new();
+            for m in runs {
+                let time: u64 = hooks
+                    .armed
+                    .iter()
+                    .filter_map(|(p, _)| m.probes.get(p).map(|e| e.2))
+                    .sum();
+                per_switch.extend(per_call(time, m.switches));
+            }
+            for (prog, _) in &hooks.armed {
+                let pr = hook_pairs(runs, prog);
+                let ns = geomean(&pr.iter().map(|p| p.0).collect::<Vec<_>>());
+                let floor = geomean(&pr.iter().map(|p| p.1).collect::<Vec<_>>());
+                let ratio = geomean(&pr.iter().map(|p| p.0 / p.1).collect::<Vec<_>>());
+                let cell = match (ns, ratio) {
+                    (Some(n), Some(r)) => format!("{n:.1} ({r:.2})"),
+                    (Some(n), None) => format!("{n:.1}"),
+                    _ => "-".into(),
+                };
+                print!(" {cell:>w$} {:>7}", fmt(floor), w = width(prog));
+                if armed {
+                    match ratio {
+                        Some(r) if r > SCHED_HOOK_LIMIT => {
+                            misses.push(format!("{prog}: {r:.3} > {SCHED_HOOK_LIMIT}"));
+                        }
+                        Some(_) => {}
+                        None => misses.push(format!("{prog}: no floor measured beside it")),
+                    }
+                }
+            }
+            print!(" {:>10}", fmt(geomean(&per_switch)));
+        } else {
+            for (prog, _) in &hooks.armed {
+                print!(" {:>w$} {:>7}", "?", "-", w = width(prog));
+            }
+            print!(" {:>10}", "?");
+        }
+        println!(
+            " {:>11.0} {:>12.0}",
+            per_s(runs, &|m| m.switches),
+            per_s(runs, &|m| m.tcp)
+        );
+        if armed && !attached {
+            misses.push(format!(
+                "{}: the hooks were not attached while armed",
+                spec.name
+            ));
+        }
+        if !armed && !detached {
+            let runs_seen: u64 = runs.iter().map(|m| m.hook_runs).sum();
+            misses.push(format!(
+                "{}: disarmed, yet the hooks were attached or ran ({runs_seen} runs host-wide)",
+                spec.name
+            ));
+        }
+        if armed {
+            let split = per_s(runs, &|m| m.split_records);
+            println!(
+                "{:<22} records with the reader-wait split: {split:.0}/s of {:.0}/s ({})",
+                "",
+                per_s(runs, &|m| m.records),
+                if split > 0.0 {
+                    "the readers were followed"
+                } else {
+                    "no reader was followed"
+                }
+            );
+        }
+    }
+    misses
 }
 
 /// (run_time_ns, run_cnt) per attach point and kind of the reference programs.

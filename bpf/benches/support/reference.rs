@@ -1,6 +1,8 @@
 //! The reference programs of `floor.bpf.c`, loaded on the hooks tailtrap's probes use on
-//! this kernel (fentry or tp_btf, as the probes' own attach choice decides). Shared by the
-//! probe-cost bench and the `reference_programs` example that nginx's overhead bench runs.
+//! this kernel (fentry or tp_btf, as the probes' own attach choice decides), or on given
+//! hooks (the probe-cost bench's floors beside the scheduler hooks armed capture adds).
+//! Shared by the probe-cost bench and the `reference_programs` example that nginx's overhead
+//! bench runs.
 
 use std::collections::HashSet;
 use std::mem::MaybeUninit;
@@ -48,6 +50,17 @@ pub fn load<'obj>(
         .into_iter()
         .map(|s| s.attach_point)
         .collect();
+    load_on(storage, &attach_points, kinds)
+}
+
+/// Load (not attach) the reference programs of `kinds` on `attach_points` (ELF section
+/// names, as `ProbeSet::prog_stats` reports them): the probes' hooks and, for the probe-cost
+/// bench, the scheduler hooks armed capture adds.
+pub fn load_on<'obj>(
+    storage: &'obj mut MaybeUninit<OpenObject>,
+    attach_points: &HashSet<String>,
+    kinds: &[Reference],
+) -> Result<FloorSkel<'obj>, Box<dyn std::error::Error>> {
     let mut open = floor_skel::FloorSkelBuilder::default().open(storage)?;
     for mut prog in open.open_object_mut().progs_mut() {
         let hook = attach_points.contains(prog.section().to_string_lossy().as_ref());

@@ -5,6 +5,8 @@
  * - clock_*: the part no latency probe can avoid: read the stamp the probe reads and, if
  *   it can be measured, the clock that stamp is in. A probe's cost above this program is
  *   what tailtrap adds (histogram, attribution, capture checks).
+ * The scheduler hooks of the reader-wait split (reader_wait.bpf.h) read no stamp: they get
+ * the empty floor only.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -35,6 +37,9 @@ FLOOR("fexit/tcp_queue_rcv", floor_tcp_queue_rcv)
 FLOOR("fexit/__udp_enqueue_schedule_skb", floor_udp_enqueue_schedule_skb)
 FLOOR("fentry/tcp_recv_timestamp", floor_tcp_recv_timestamp)
 FLOOR("fentry/skb_consume_udp", floor_skb_consume_udp)
+/* The bench attaches these only while capture is armed, as the loader does the hooks. */
+FLOOR("tp_btf/sched_switch", floor_sched_switch)
+FLOOR("tp_btf/sched_wakeup", floor_sched_wakeup)
 
 /* Written only when now equals the stamp (never in practice): keeps the clock read from
  * being optimised away without a store, and a shared cache line, per call. */
