@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const SOURCES: [&str; 17] = [
+const SOURCES: [&str; 18] = [
     "tailtrap.h",
     "bucket.h",
     "counter.bpf.h",
@@ -22,6 +22,7 @@ const SOURCES: [&str; 17] = [
     "hol.bpf.h",
     "capture.bpf.h",
     "reader_wait.bpf.h",
+    "first_stamp.bpf.h",
     "vmlinux.h",
     "probes.bpf.c",
     "floor.bpf.c",

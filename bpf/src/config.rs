@@ -41,6 +41,9 @@ pub struct ProbeConfig {
     /// packet, the largest part of ip-start's cost); off: ip-start counts everything as
     /// `host`.
     pub ip_start_ports: bool,
+    /// Give packets that arrive with their sender's delivery time (TCP over loopback or a
+    /// veth) a receive stamp at netif_rx, so ip-start measures them.
+    pub first_hook_stamps: bool,
     /// Use the kernel's features where it has them, or the stand-ins of 5.10 everywhere.
     pub kernel_features: KernelFeatureMode,
     /// Override the histogram map's entry count (normally service slots x probes).
@@ -57,6 +60,7 @@ impl Default for ProbeConfig {
             filters: Filters::default(),
             hol_filter: true,
             ip_start_ports: true,
+            first_hook_stamps: true,
             kernel_features: KernelFeatureMode::Detect,
             hist_map_entries: None,
         }

@@ -304,6 +304,10 @@ impl ProbeSet {
         if features.task_storage {
             loaded.extend(READER_WAIT_PROGS);
         }
+        let first_stamps = uses_first_hook_stamps(config, &plans);
+        if first_stamps {
+            loaded.push(FIRST_STAMP_PROG);
+        }
         set_autoload(&mut open, &loaded)
             .map_err(bpf_err("setting the programs' attach targets"))?;
         configure(
@@ -328,7 +332,17 @@ impl ProbeSet {
             })?;
 
         progress("attaching probes");
-        let (links, attach_errors) = attach(&skel, &chosen);
+        let (mut links, attach_errors) = attach(&skel, &chosen);
+        if first_stamps {
+            // Without it ip-start still measures every packet with a receive stamp.
+            let (first, errors) = attach(&skel, &[FIRST_STAMP_PROG]);
+            links.extend(first);
+            for why in errors.values() {
+                progress(&format!(
+                    "ip-start: loopback and veth TCP not measured ({why})"
+                ));
+            }
+        }
         let attachments = attachments(&plans, &attach_errors);
         if !attachments.iter().any(|a| {
             matches!(
@@ -787,6 +801,15 @@ fn slot_name(names: &mut SlotNames, slot: u32, auto_slots: &HashMap<u32, u64>) -
     }
 }
 
+/// The netif_rx stamp of packets that carry a delivery time (first_stamp.bpf.h).
+const FIRST_STAMP_PROG: &str = "first_hook_stamp";
+
+/// Whether packets with a delivery time get a stamp at netif_rx: configured, and ip-start,
+/// the probe that uses it, is attached.
+fn uses_first_hook_stamps(config: &ProbeConfig, plans: &BTreeMap<Probe, Plan>) -> bool {
+    config.first_hook_stamps && matches!(plans.get(&Probe::IpStart), Some(Plan::Use(..)))
+}
+
 /// The scheduler hooks of the reader-wait split (reader_wait.bpf.h).
 const READER_WAIT_PROGS: [&str; 2] = ["reader_wait_switch", "reader_wait_wakeup"];
 
@@ -1140,7 +1163,13 @@ fn configure(
     } else {
         0
     };
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 11] = [
+    let first_stamps = uses_first_hook_stamps(config, plans);
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 12] = [
+        // Default size (packets between netif_rx and ip-start) when used.
+        (
+            &mut open.maps.first_stamps,
+            if first_stamps { 4096 } else { 0 },
+        ),
         (&mut open.maps.hists, entries as usize),
         (&mut open.maps.service_cgroups, cgroup_rules),
         // Indexed by port: every port has an entry once any rule exists.
@@ -1186,6 +1215,7 @@ fn configure(
     ro.sample_one_in = f.sample_one_in;
     ro.hol_filter = config.hol_filter;
     ro.ip_start_ports = config.ip_start_ports;
+    ro.first_hook_stamps = first_stamps;
     ro.sk_data_ready_tcp = uses_sk_data_ready(Probe::TcpSocketEnqueued);
     ro.sk_data_ready_udp = uses_sk_data_ready(Probe::UdpSocketEnqueued);
     Ok(())

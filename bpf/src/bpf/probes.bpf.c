@@ -20,6 +20,7 @@
 #include "filter.bpf.h"
 #include "hol.bpf.h"
 #include "capture.bpf.h"
+#include "first_stamp.bpf.h"
 
 #define TT_SOCK_STREAM 1
 
@@ -206,9 +207,10 @@ static __always_inline const struct sk_buff *receive_queue_tail(const struct soc
  * At ip-start only a REALTIME stamp is a receive stamp. A MONOTONIC (or TAI) stamp is a
  * delivery time the sender set: loopback TCP arrives with the sender's departure time,
  * which the receive path replaces in ip_local_deliver_finish; a forwarded packet's is its
- * sender's too. Measuring it would time the send path, so such packets, and zero stamps
- * (RX timestamping off), leave before any clock read or map access and are not counted:
- * the later probes count zero stamps. Two loads and a compare is all they cost.
+ * sender's too. Measuring it would time the send path: such packets are measured from the
+ * stamp netif_rx took for them (first_stamp.bpf.h) where it did, else they leave, like
+ * zero stamps (RX timestamping off), before any clock read, uncounted: the later probes
+ * count zero stamps.
  */
 static __always_inline void ip_start(const struct sk_buff *skb, bool v6)
 {
@@ -219,8 +221,13 @@ static __always_inline void ip_start(const struct sk_buff *skb, bool v6)
 		.clock = TT_CLOCK_REALTIME,
 	};
 
-	if (!stamp || skb_clock(skb) != TT_CLOCK_REALTIME)
+	if (!stamp)
 		return;
+	if (skb_clock(skb) != TT_CLOCK_REALTIME) {
+		if (!first_stamp_of(skb, stamp, &stamp))
+			return;
+		s.clock = TT_CLOCK_MONOTONIC;
+	}
 	s.stamp_ns = stamp;
 	s.local_port = dport_at_network_header(skb, v6);
 	record_latency(&s);
