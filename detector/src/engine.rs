@@ -20,6 +20,12 @@ use model::Probe;
 /// An Updated event is sent when the headline ratio grows by this factor since the last event.
 const UPDATE_RATIO_STEP: f64 = 1.5;
 
+/// A shift this many times stronger (headline ratio) than the incident that started the
+/// cooldown opens an incident during it: a real fault right after a small one must not wait
+/// out the cooldown behind it (issue 32: a 1.5x blip's cooldown held back a 202x CPU-quota
+/// incident for 37 s). It still needs `open_after` hot windows, like any opening.
+pub(crate) const COOLDOWN_BREAKTHROUGH: f64 = 4.0;
+
 /// Hysteresis: an open incident counts a window as still shifted (not cool) when a quantile
 /// has a p-value of at most `HOLD_P_VALUE` (no multiple-test correction: the question is
 /// whether this known shift persists) and at least `HOLD_FRACTION` of `min_ratio - 1` and of
@@ -69,6 +75,8 @@ pub(crate) struct Machine {
     /// Headline ratio of the last event, to rate-limit updates.
     reported_ratio: f64,
     cooldown_until: Option<SystemTime>,
+    /// Headline ratio of the incident whose close started the cooldown, at its strongest.
+    cooldown_ratio: f64,
 }
 
 /// One test of one (service, probe, quantile) in the current interval.
@@ -408,10 +416,12 @@ impl Machine {
             return None;
         }
 
-        if self.cooldown_until.is_some_and(|c| ts < c) {
+        let headline = strongest(&hot)?;
+        if self.cooldown_until.is_some_and(|c| ts < c)
+            && headline.ratio < self.cooldown_ratio * COOLDOWN_BREAKTHROUGH
+        {
             return None;
         }
-        let headline = strongest(&hot)?;
         let hot_windows = self.recent.iter().filter(|&&(_, h)| h).count();
         if hot_windows < t.open_after as usize {
             return None;
@@ -449,6 +459,7 @@ impl Machine {
         inc.closed_at = Some(ts);
         inc.close_reason = Some(reason);
         self.cooldown_until = Some(ts + cooldown);
+        self.cooldown_ratio = self.reported_ratio.max(inc.headline.ratio);
         self.recent.clear();
         self.cool_streak = 0;
         Event::Closed(inc)
@@ -872,6 +883,44 @@ mod tests {
         // ... after it, it does.
         let ev = tick(&mut d, 29, "web", &slow);
         assert!(matches!(ev.as_slice(), [Event::Opened(_)]), "{ev:?}");
+    }
+
+    #[test]
+    fn a_much_stronger_shift_breaks_through_the_cooldown() {
+        let mut d = Detector::new(config());
+        let (normal, blip, fault) = (uniform(100_000), uniform(200_000), uniform(5_000_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        // A 2x blip opens and closes: 5 s of cooldown from second 24.
+        let opened: Vec<Event> = (21..=22)
+            .flat_map(|s| tick(&mut d, s, "web", &blip))
+            .collect();
+        let Some(Event::Opened(small)) = opened.first() else {
+            panic!("{opened:?}")
+        };
+        let closed: Vec<Event> = (23..=24)
+            .flat_map(|s| tick(&mut d, s, "web", &normal))
+            .collect();
+        assert!(
+            matches!(closed.as_slice(), [Event::Closed(_)]),
+            "{closed:?}"
+        );
+        // Another shift of the blip's size waits out the cooldown ...
+        assert!(tick(&mut d, 25, "web", &blip).is_empty());
+        assert!(tick(&mut d, 26, "web", &blip).is_empty());
+        // ... a fault many times stronger opens within it (the blip's windows were hot too,
+        // so open_after is met at once).
+        let ev = tick(&mut d, 27, "web", &fault);
+        let [Event::Opened(big)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert!(
+            big.headline.ratio >= small.headline.ratio * COOLDOWN_BREAKTHROUGH,
+            "{:?} vs {:?}",
+            big.headline,
+            small.headline
+        );
     }
 
     #[test]
