@@ -5,6 +5,10 @@
 //! hogs share (waiting for a CPU). Then the whole host is starved (both readers behind hogs
 //! on every CPU): one host-wide incident lists both services.
 //!
+//! Then, in the guests (the development kernel has no netem): network delay outside the
+//! host, a netem qdisc on the client's side of a veth, must not be blamed on the host's
+//! stack.
+//!
 //! Not here: a reader throttled by its cgroup's CPU quota. Injected with a hog in the
 //! reader's quota group and eight clients, it gave the `throttled` verdict once
 //! ("throttled in 29 of 30 periods"), then four runs in a row opened no incident: the group
@@ -19,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, pin, Daemon, EchoServer, Hog, LoopingClient, Proto, ScratchDir,
+    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, Daemon, EchoServer, Error, Hog,
+    LoopingClient, Netns, Proto, ScratchDir, ServerOpts, TcpServer, VethPair,
 };
 
 const SERVICE: &str = "echo";
@@ -303,5 +308,105 @@ struct Restore<F: FnMut()>(F);
 impl<F: FnMut()> Drop for Restore<F> {
     fn drop(&mut self) {
         (self.0)();
+    }
+}
+
+/// The verdicts that blame the receiving host's own stack or scheduling.
+const HOST_STACK_VERDICTS: [&str; 6] = [
+    "throttled",
+    "cpu-wait",
+    "reader-busy",
+    "reader-off-cpu",
+    "one-cpu",
+    "softirq",
+];
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
+    // The service runs in a namespace behind a veth; its client on the host side. netem on
+    // the host end delays what the client sends: the packets are late before they reach
+    // the service's receive path, which is not the host stack's doing.
+    let ns = Netns::new("tt-netem").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    match veth.add_netem(&["delay", "0ms"]) {
+        Err(Error::Unsupported(what)) => {
+            eprintln!("skipped: the kernel lacks {what} (the guests have it)");
+            return;
+        }
+        other => other.unwrap(),
+    }
+    let server = TcpServer::spawn(ServerOpts {
+        bind: (veth.peer_v4, 0).into(),
+        netns: Some(&ns),
+        cgroup: None,
+        read_delay: Duration::ZERO,
+    })
+    .unwrap();
+    let _client = LoopingClient::start(server.addr(), Proto::Tcp);
+    let scratch = ScratchDir::new("causes-netem").unwrap();
+    let dir = scratch.path().to_owned();
+    let config = dir.join("tailtrap.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[daemon]
+interval = "200ms"
+db = "{dir}/db"
+
+[api]
+socket = "{dir}/api.sock"
+
+[metrics]
+enabled = false
+
+[pwru]
+enabled = false
+
+[[services]]
+name = "pod"
+ports = [{port}]
+
+{DETECTOR}
+"#,
+            dir = dir.display(),
+            port = server.addr().port(),
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&config, &dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(120));
+    daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
+        let (s, _) = cli_json(&config, &["status", "--json"]);
+        baselines_warm(&s, READ_PROBE, &["pod"]).then_some(())
+    });
+
+    veth.add_netem(&["delay", "20ms"]).unwrap();
+    // The delay is real: five exchanges take at least five times it.
+    let started = Instant::now();
+    let stats = run_client(ClientOpts {
+        target: server.addr(),
+        netns: None,
+        proto: Proto::Tcp,
+        messages: 5,
+        size: 100,
+        pause: Duration::ZERO,
+    })
+    .unwrap();
+    assert_eq!(stats.replies, 5);
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    // As long as a cause would take to be decided many times over.
+    std::thread::sleep(Duration::from_secs(15));
+
+    let (v, _) = cli_json(&config, &["incidents", "--json", "--service", "pod"]);
+    let incidents = v["incidents"].as_array().cloned().unwrap_or_default();
+    eprintln!("pod's incidents under netem: {incidents:#?}");
+    for i in &incidents {
+        let kind = i["cause"]["kind"].as_str().unwrap_or("undecided");
+        assert!(
+            !HOST_STACK_VERDICTS.contains(&kind),
+            "network delay blamed on the host: {i}"
+        );
     }
 }
