@@ -1165,10 +1165,10 @@ fn configure(
     };
     let first_stamps = uses_first_hook_stamps(config, plans);
     let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 12] = [
-        // Default size (packets between netif_rx and ip-start) when used.
+        // Its slots per CPU (TT_FIRST_STAMP_SLOTS, the index mask) when used.
         (
             &mut open.maps.first_stamps,
-            if first_stamps { 4096 } else { 0 },
+            if first_stamps { 1024 } else { 0 },
         ),
         (&mut open.maps.hists, entries as usize),
         (&mut open.maps.service_cgroups, cgroup_rules),
