@@ -242,6 +242,10 @@ pub struct CaptureReport {
     /// Record counts since capture started.
     #[serde(default)]
     pub counters: CaptureCounts,
+    /// The reader-wait split of slow reads (scheduler hooks): following readers now,
+    /// ready (attached only while armed), or unavailable and why.
+    #[serde(default)]
+    pub reader_wait: String,
 }
 
 /// Capture records since capture started: the kernel's counts per recorder (armed capture,

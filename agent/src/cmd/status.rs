@@ -231,6 +231,12 @@ fn print_report(r: &StatusReport) {
     let c = &r.kernel_counters;
     let mut t = table(["capture and counters", ""]);
     t.add_row(["in-kernel capture".to_owned(), r.capture.state.clone()]);
+    if !r.capture.reader_wait.is_empty() {
+        t.add_row([
+            "reader-wait split".to_owned(),
+            r.capture.reader_wait.clone(),
+        ]);
+    }
     t.add_row([
         "probe counters".to_owned(),
         format!(

@@ -349,6 +349,7 @@ impl CaptureController {
                     armed: Vec::new(),
                     flight_samples: 0,
                     counters: Default::default(),
+                    reader_wait: String::new(),
                 }
             }
         };
@@ -385,6 +386,15 @@ impl CaptureController {
             counters: CaptureCounts {
                 kernel: k,
                 user_space_lost: overflow,
+            },
+            reader_wait: match kernel.reader_wait() {
+                Ok(true) => {
+                    "following the readers of slow packets (scheduler hooks attached)".to_owned()
+                }
+                Ok(false) => {
+                    "ready (scheduler hooks attached only while capture is armed)".to_owned()
+                }
+                Err(why) => format!("unavailable: {why}"),
             },
         }
     }

@@ -37,6 +37,9 @@ pub(super) trait Kernel {
     fn take_records(&mut self, out: &mut Vec<CaptureRecord>);
     /// Records lost between the ring-buffer reader and the loop.
     fn capture_overflow(&self) -> u64;
+    /// The reader-wait split of slow reads: whether its scheduler hooks are attached now
+    /// (only while capture is armed), or why the kernel cannot give it.
+    fn reader_wait(&self) -> Result<bool, String>;
 }
 
 /// The real thing: a loaded probe set and, once started, its capture.
@@ -107,6 +110,13 @@ impl Kernel for BpfKernel {
 
     fn capture_counters(&mut self) -> Result<CaptureCounters, CaptureError> {
         bpf::capture_counters(&mut self.probes)
+    }
+
+    fn reader_wait(&self) -> Result<bool, String> {
+        self.probes
+            .reader_wait()
+            .map(|()| self.probes.following_readers())
+            .map_err(str::to_owned)
     }
 
     fn take_records(&mut self, out: &mut Vec<CaptureRecord>) {

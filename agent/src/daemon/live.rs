@@ -82,6 +82,7 @@ impl Default for LoopStatus {
                 armed: Vec::new(),
                 flight_samples: 0,
                 counters: Default::default(),
+                reader_wait: String::new(),
             },
             bpf_cost: Vec::new(),
             last_interval_ns: 0,

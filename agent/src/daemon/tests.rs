@@ -172,6 +172,10 @@ impl Kernel for FakeKernel {
         Ok(())
     }
 
+    fn reader_wait(&self) -> Result<bool, String> {
+        Ok(!self.state().armed.is_empty())
+    }
+
     fn capture_counters(&mut self) -> Result<CaptureCounters, CaptureError> {
         Ok(self.state().counters)
     }

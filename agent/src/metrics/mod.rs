@@ -253,6 +253,7 @@ mod tests {
                 armed: vec!["web".into()],
                 flight_samples: 3,
                 counters: Default::default(),
+                reader_wait: String::new(),
             },
             kernel_counters: KernelCounters {
                 hol_excluded: 5,
