@@ -159,6 +159,21 @@ impl Run {
             started.elapsed(),
             cause.1
         );
+        // While a service is armed the reader-wait hooks are attached, and status says so.
+        let (status, _) = cli_json(&self.config, &["status", "--json"]);
+        let reader_wait = status["capture"]["reader_wait"]
+            .as_str()
+            .unwrap_or_default();
+        eprintln!("[{what}] reader-wait split: {reader_wait}");
+        if status["capture"]["armed"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+        {
+            assert!(
+                reader_wait.starts_with("following") || reader_wait.starts_with("unavailable"),
+                "{reader_wait:?}"
+            );
+        }
         let show = cli(&self.config, &["incidents", "show", &cause.0.to_string()]);
         let text = String::from_utf8_lossy(&show.stdout);
         eprintln!("{text}");
