@@ -15,7 +15,7 @@ use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
 use crate::config::{ProbeConfig, ServiceSpec};
 use crate::features::{KernelFeatures, MissingFeature};
 use crate::hist_read::HistReader;
-use crate::probes::{variants, Variant, SK_DATA_READY_PROG};
+use crate::probes::{variants, Variant, FIRST_STAMP_PROG, READER_WAIT_PROGS, SK_DATA_READY_PROG};
 use crate::skel::types;
 use crate::skel::{OpenProbesSkel, ProbesSkel, ProbesSkelBuilder};
 use crate::snapshot::{Counters, ServiceHist, Snapshot};
@@ -801,17 +801,11 @@ fn slot_name(names: &mut SlotNames, slot: u32, auto_slots: &HashMap<u32, u64>) -
     }
 }
 
-/// The netif_rx stamp of packets that carry a delivery time (first_stamp.bpf.h).
-const FIRST_STAMP_PROG: &str = "first_hook_stamp";
-
 /// Whether packets with a delivery time get a stamp at netif_rx: configured, and ip-start,
 /// the probe that uses it, is attached.
 fn uses_first_hook_stamps(config: &ProbeConfig, plans: &BTreeMap<Probe, Plan>) -> bool {
     config.first_hook_stamps && matches!(plans.get(&Probe::IpStart), Some(Plan::Use(..)))
 }
-
-/// The scheduler hooks of the reader-wait split (reader_wait.bpf.h).
-const READER_WAIT_PROGS: [&str; 2] = ["reader_wait_switch", "reader_wait_wakeup"];
 
 /// Attach every chosen program; failures are kept per program name.
 fn attach(

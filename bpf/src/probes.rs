@@ -32,15 +32,38 @@ impl Variant {
 }
 
 /// The attach target of `program` (a kernel function or tracepoint), from the model's
-/// table; `None` for a program no probe uses.
+/// table or, for the programs that serve the probes, from [`AUXILIARY`]; `None` for a
+/// program of neither.
 pub(crate) fn target_of(program: &str) -> Option<&'static str> {
-    Probe::ALL.iter().find_map(|p| {
-        variants(*p)
-            .iter()
-            .flat_map(|v| v.targets())
-            .find_map(|(prog, target)| (prog == program).then_some(target))
-    })
+    Probe::ALL
+        .iter()
+        .find_map(|p| {
+            variants(*p)
+                .iter()
+                .flat_map(|v| v.targets())
+                .find_map(|(prog, target)| (prog == program).then_some(target))
+        })
+        .or_else(|| {
+            AUXILIARY
+                .iter()
+                .find_map(|&(prog, target)| (prog == program).then_some(target))
+        })
 }
+
+/// The scheduler hooks of the reader-wait split (reader_wait.bpf.h): loaded where the
+/// kernel has task storage, attached only while capture is armed.
+pub(crate) const READER_WAIT_PROGS: [&str; 2] = ["reader_wait_switch", "reader_wait_wakeup"];
+
+/// The netif_rx stamp of packets that carry a delivery time (first_stamp.bpf.h), for
+/// ip-start.
+pub(crate) const FIRST_STAMP_PROG: &str = "first_hook_stamp";
+
+/// Programs that serve the probes without being one, and their tracepoints.
+pub(crate) const AUXILIARY: [(&str, &str); 3] = [
+    (READER_WAIT_PROGS[0], "sched_switch"),
+    (READER_WAIT_PROGS[1], "sched_wakeup"),
+    (FIRST_STAMP_PROG, "netif_rx"),
+];
 
 /// The program shared by tcp-socket-enqueued and udp-socket-enqueued; which of the two it
 /// records is set in its read-only data.
@@ -151,11 +174,12 @@ mod tests {
     }
 
     #[test]
-    fn every_program_in_the_object_belongs_to_a_probe() {
+    fn every_program_in_the_object_belongs_to_a_probe_or_serves_them() {
         let in_object: BTreeSet<String> = sections().into_keys().collect();
         let in_table: BTreeSet<String> = Probe::ALL
             .iter()
             .flat_map(|p| variants(*p).iter().flat_map(|v| v.programs()))
+            .chain(AUXILIARY.iter().map(|(prog, _)| *prog))
             .map(str::to_owned)
             .collect();
         assert_eq!(in_object, in_table);
@@ -176,6 +200,7 @@ mod tests {
             );
         }
         assert_eq!(target_of("ip_start_tp"), Some("netif_receive_skb"));
+        assert_eq!(target_of("reader_wait_switch"), Some("sched_switch"));
         assert_eq!(
             target_of("tcp_socket_read_fentry"),
             Some("tcp_recv_timestamp")

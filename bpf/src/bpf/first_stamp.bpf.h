@@ -66,7 +66,8 @@ static __always_inline bool from_loopback(const struct sk_buff *skb)
 	return dev && (dev->flags & IFF_LOOPBACK);
 }
 
-SEC("tp_btf/netif_rx")
+/* Sections name only the attach kind; the loader sets the tracepoint (probes.rs). */
+SEC("tp_btf")
 int BPF_PROG(first_hook_stamp, struct sk_buff *skb)
 {
 	__u64 delivery_ns = skb->tstamp, addr = (__u64)(unsigned long)skb;

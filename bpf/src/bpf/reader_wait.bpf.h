@@ -107,7 +107,8 @@ static __always_inline void push_span(struct tt_reader_wait *w, bool runq, __u64
 	span->end_ns = end;
 }
 
-SEC("tp_btf/sched_switch")
+/* Sections name only the attach kind; the loader sets the tracepoint (probes.rs). */
+SEC("tp_btf")
 int BPF_PROG(reader_wait_switch, bool preempt, struct task_struct *prev,
 	     struct task_struct *next)
 {
@@ -142,7 +143,7 @@ int BPF_PROG(reader_wait_switch, bool preempt, struct task_struct *prev,
 	return 0;
 }
 
-SEC("tp_btf/sched_wakeup")
+SEC("tp_btf")
 int BPF_PROG(reader_wait_wakeup, struct task_struct *p)
 {
 	struct tt_reader_wait *w = followed(p);
