@@ -326,15 +326,13 @@ impl<F: FnMut()> Drop for Restore<F> {
     }
 }
 
-/// The verdicts that blame the receiving host's own stack or scheduling.
-const HOST_STACK_VERDICTS: [&str; 6] = [
-    "throttled",
-    "cpu-wait",
-    "reader-busy",
-    "reader-off-cpu",
-    "one-cpu",
-    "softirq",
-];
+/// The verdicts that blame the receiving host's resources or stack: its CPUs, its
+/// scheduler, its cgroup quota, its softirq work. A delayed network makes segments arrive
+/// in bursts, so the service's reader may really be busy with the previous one while the
+/// next waits (a 6.1 guest in CI gave "reader busy: on CPU 100 % of the delay"): the
+/// application verdicts (`reader-busy`, `reader-off-cpu`) are about the reader, not the
+/// host, and are allowed here.
+const HOST_STACK_VERDICTS: [&str; 4] = ["throttled", "cpu-wait", "one-cpu", "softirq"];
 
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
