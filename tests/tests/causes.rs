@@ -58,13 +58,13 @@ struct Run {
     _clients: [LoopingClient; 2],
 }
 
-fn start() -> Run {
-    let scratch = ScratchDir::new("causes").unwrap();
-    let dir = scratch.path().to_owned();
-    let server = EchoServer::spawn(Proto::Tcp).unwrap();
-    let client = LoopingClient::start(server.addr(), Proto::Tcp);
-    let second = EchoServer::spawn(Proto::Tcp).unwrap();
-    let second_client = LoopingClient::start(second.addr(), Proto::Tcp);
+/// The daemon's configuration in `dir`: a 200 ms interval, no metrics or pwru, `services`
+/// by port, and [`DETECTOR`].
+fn write_config(dir: &std::path::Path, services: &[(&str, u16)]) -> PathBuf {
+    let services: String = services
+        .iter()
+        .map(|(name, port)| format!("[[services]]\nname = \"{name}\"\nports = [{port}]\n\n"))
+        .collect();
     let config = dir.join("tailtrap.toml");
     std::fs::write(
         &config,
@@ -83,22 +83,29 @@ enabled = false
 [pwru]
 enabled = false
 
-[[services]]
-name = "{SERVICE}"
-ports = [{port}]
-
-[[services]]
-name = "{SECOND}"
-ports = [{second_port}]
-
-{DETECTOR}
+{services}{DETECTOR}
 "#,
             dir = dir.display(),
-            port = server.addr().port(),
-            second_port = second.addr().port(),
         ),
     )
     .unwrap();
+    config
+}
+
+fn start() -> Run {
+    let scratch = ScratchDir::new("causes").unwrap();
+    let dir = scratch.path().to_owned();
+    let server = EchoServer::spawn(Proto::Tcp).unwrap();
+    let client = LoopingClient::start(server.addr(), Proto::Tcp);
+    let second = EchoServer::spawn(Proto::Tcp).unwrap();
+    let second_client = LoopingClient::start(second.addr(), Proto::Tcp);
+    let config = write_config(
+        &dir,
+        &[
+            (SERVICE, server.addr().port()),
+            (SECOND, second.addr().port()),
+        ],
+    );
     let daemon = Daemon::start(&config, &dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(120));
     daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
@@ -359,35 +366,7 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
     let _client = LoopingClient::start(server.addr(), Proto::Tcp);
     let scratch = ScratchDir::new("causes-netem").unwrap();
     let dir = scratch.path().to_owned();
-    let config = dir.join("tailtrap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-enabled = false
-
-[pwru]
-enabled = false
-
-[[services]]
-name = "pod"
-ports = [{port}]
-
-{DETECTOR}
-"#,
-            dir = dir.display(),
-            port = server.addr().port(),
-        ),
-    )
-    .unwrap();
+    let config = write_config(&dir, &[("pod", server.addr().port())]);
     let daemon = Daemon::start(&config, &dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(120));
     daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
