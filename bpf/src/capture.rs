@@ -574,6 +574,7 @@ fn decode_record(bytes: &[u8]) -> Option<CaptureRecord> {
                     comm: Comm::from_kernel(&r.holder_comm),
                 }),
             }),
+            rx_queue: has(F::TT_CAPTURE_F_RX_QUEUE).then_some(r.rx_queue),
         },
     })
 }
@@ -648,6 +649,36 @@ mod tests {
             unsafe { std::slice::from_raw_parts((&raw const r).cast::<u8>(), RECORD_BYTES) };
         let rec = decode_record(bytes).expect("decodes");
         assert!(!rec.sample.flags.contains(SampleFlags::KSOFTIRQD));
+    }
+
+    /// The RX queue is the sample's only where the kernel recorded one (the flag), queue 0
+    /// included.
+    #[test]
+    fn a_records_rx_queue_is_kept_only_where_the_kernel_recorded_one() {
+        use types::tt_capture_flag as F;
+        let mut r = types::tt_capture_record {
+            probe: Probe::IpStart.id(),
+            family: AF_INET,
+            ifindex: 4,
+            rx_queue: 0,
+            flags: F::TT_CAPTURE_F_RX_QUEUE.0,
+            ..Default::default()
+        };
+        for (flags, queue, want) in [
+            (F::TT_CAPTURE_F_RX_QUEUE.0, 0, Some(0)),
+            (F::TT_CAPTURE_F_RX_QUEUE.0, 3, Some(3)),
+            (F::TT_CAPTURE_F_RX_QUEUE.0, u16::MAX - 1, Some(u16::MAX - 1)),
+            (0, 3, None),
+        ] {
+            r.flags = flags;
+            r.rx_queue = queue;
+            // SAFETY: a repr(C) integer-only type viewed as its bytes.
+            let bytes =
+                unsafe { std::slice::from_raw_parts((&raw const r).cast::<u8>(), RECORD_BYTES) };
+            let rec = decode_record(bytes).expect("decodes");
+            assert_eq!(rec.sample.rx_queue, want, "flags {flags:#x} queue {queue}");
+            assert_eq!(rec.sample.ifindex, 4);
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Why the packets waited: a cause verdict for an incident, decided from figures the daemon
 //! gathers over the incident's window (per-CPU histograms from the probes' maps, the
-//! readers' scheduler statistics, the cgroup's CPU throttling, the softnet counters).
+//! readers' scheduler statistics, the cgroup's CPU throttling, the softnet counters, the
+//! RX queues of the slow packets captured and the devices' own per-queue counters).
 //! Pure: the daemon reads the kernel and /proc, this only decides.
 //!
 //! A wrong verdict is worse than none, so each verdict needs its evidence to be clear and
@@ -42,6 +43,16 @@ const KSOFTIRQD_SHARE: f64 = 0.2;
 /// [`MIN_SOFTIRQ_SAMPLES`] slow samples of the CPU.
 const KSOFTIRQD_SAMPLE_SHARE: f64 = 0.5;
 const MIN_SOFTIRQ_SAMPLES: u64 = 10;
+/// The slow packets captured at the stage's probe are concentrated on an RX queue when at
+/// least [`MIN_SLOW_PACKETS`] of them carry one and the queues named (at most a quarter of
+/// the device's, at least one) hold [`CONCENTRATED_SLOW_SHARE`] of them all. For the
+/// verdict, those queues also carry at most [`CONCENTRATED_ALL_SHARE`] of the device's
+/// packets by its own counters, with packets on at least two of its queues, the slow
+/// packets on them come from at least this many flows...
+const MIN_QUEUE_FLOWS: u64 = 3;
+/// ... and the service's captured packets came in on at least this many other queues of
+/// the device: its traffic is not all hashed or steered to the queues named.
+const MIN_OTHER_SERVICE_QUEUES: usize = 1;
 /// Slow reads with the reader-wait split (scheduler tracepoints) needed before it is used in
 /// place of the readers' schedstat: it covers each slow packet's own wait, not the whole
 /// interval, so it is the better evidence once there are a few.
@@ -63,6 +74,9 @@ pub enum CauseKind {
     Softirq,
     /// The slow packets concentrate on few CPUs while the others are fine.
     OneCpu,
+    /// The slow packets came in on few RX queues of a device whose packets are spread over
+    /// its queues.
+    OneRxQueue,
     /// The figures are mixed or missing: no verdict.
     NoClearCause,
 }
@@ -77,6 +91,7 @@ impl CauseKind {
             CauseKind::ReaderOffCpu => "reader-off-cpu",
             CauseKind::Softirq => "softirq",
             CauseKind::OneCpu => "one-cpu",
+            CauseKind::OneRxQueue => "one-rx-queue",
             CauseKind::NoClearCause => "no-clear-cause",
         }
     }
@@ -109,6 +124,83 @@ pub struct CauseInput {
     pub softirq: Vec<CpuSoftirq>,
     /// The reader-wait split of the slow reads captured (kernels with task storage).
     pub slow_reads: Option<SlowReadWaits>,
+    /// The RX queues the slow packets captured came in on, and their devices' counters.
+    #[serde(default)]
+    pub rx_queues: Option<RxQueueInput>,
+}
+
+/// The RX queues of the incident's slow packets, from its slow-packet samples (the queue
+/// the receiving driver recorded in each skb), and what the devices count per queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RxQueueInput {
+    /// Slow-packet samples at the stage's probe since the opening, with a queue or not.
+    pub slow_samples: u64,
+    /// Those that carry a queue, per (device, queue).
+    pub queues: Vec<RxQueueSlow>,
+    /// The devices they came in on.
+    pub devices: Vec<RxDevice>,
+}
+
+/// Slow-packet samples that came in on one RX queue of one device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RxQueueSlow {
+    /// The device's interface index (in `netns_ino`).
+    pub ifindex: u32,
+    /// Its network namespace's inode.
+    pub netns_ino: u32,
+    /// The RX queue.
+    pub queue: u16,
+    /// Slow packets captured on it.
+    pub slow: u64,
+    /// Distinct flows among them.
+    pub flows: u64,
+}
+
+/// A device the slow packets came in on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RxDevice {
+    /// Its interface index.
+    pub ifindex: u32,
+    /// Its network namespace's inode.
+    pub netns_ino: u32,
+    /// Its name, when it is in the daemon's network namespace.
+    pub name: Option<String>,
+    /// Its RX queues (`/sys/class/net/NAME/queues/rx-*`), when known.
+    pub rx_queues: Option<u32>,
+    /// Packets it received on each RX queue over the window, by its own counters (the
+    /// kernel's per-queue statistics, netdev netlink `qstats`), `(queue, packets)`; `None`
+    /// where the kernel or the driver keeps none.
+    pub queue_packets: Option<Vec<(u16, u64)>>,
+    /// The RX queues any of the service's captured packets came in on since the opening
+    /// (slow or not: every packet over the capture threshold).
+    pub service_queues: Vec<u16>,
+}
+
+/// Slow packets captured concentrated on few RX queues of one device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RxQueueSpread {
+    /// The device: its name, or `ifindex N` when it is in another namespace.
+    pub device: String,
+    /// Its interface index.
+    pub ifindex: u32,
+    /// The queues named, most slow packets first.
+    pub queues: Vec<u16>,
+    /// Their share of the slow packets captured at the stage's probe (those without a
+    /// queue included).
+    pub slow_share: f64,
+    /// Slow packets captured at the stage's probe.
+    pub slow_samples: u64,
+    /// Distinct flows among the slow packets on the queues named.
+    pub flows: u64,
+    /// The queues' share of the device's packets over the window, by its own counters;
+    /// `None` where it keeps none per queue.
+    pub device_share: Option<f64>,
+    /// The device's queues that received packets over the window, by its counters.
+    pub device_queues_with_packets: Option<usize>,
+    /// The device's RX queues, when known.
+    pub device_queues: Option<u32>,
+    /// Other queues of the device the service's captured packets came in on.
+    pub service_other_queues: usize,
 }
 
 /// Where the reading threads were while the slow packets waited for them, summed over the
@@ -263,13 +355,19 @@ pub struct CauseFigures {
     /// stored before it existed).
     #[serde(default)]
     pub slow_reads: Option<SlowReadWaits>,
+    /// RX queues the slow packets captured concentrated on (absent in verdicts stored
+    /// before it existed, and where they did not concentrate).
+    #[serde(default)]
+    pub rx_queue_spread: Option<RxQueueSpread>,
 }
 
 /// Decide the verdict for `input`. Order: the reader's own figures first for a read stage
-/// (throttling, then waiting for a CPU, busy, off CPU), then a concentration on few CPUs, then
-/// softirq pressure for the earlier stages; otherwise no clear cause.
+/// (throttling, then waiting for a CPU, busy, off CPU), then a concentration on few CPUs,
+/// then on few RX queues and softirq pressure for the earlier stages; otherwise no clear
+/// cause.
 pub fn decide(input: &CauseInput) -> Cause {
     let spread = cpu_spread(&input.per_cpu, input.slow_ns);
+    let rx_spread = input.rx_queues.as_ref().and_then(rx_queue_spread);
     // Each slow packet's own wait where enough reads carry it; else the readers' whole
     // interval against the service's read delay.
     let split = input
@@ -301,6 +399,7 @@ pub fn decide(input: &CauseInput) -> Cause {
         throttle: input.throttle.clone(),
         softirq: input.softirq.clone(),
         slow_reads: split.cloned(),
+        rx_queue_spread: rx_spread.clone(),
     };
     let verdict = |kind, summary| Cause {
         kind,
@@ -364,14 +463,169 @@ pub fn decide(input: &CauseInput) -> Cause {
         }
     }
     if let Some(s) = &spread {
-        return verdict(CauseKind::OneCpu, spread_text(s));
+        let mut text = spread_text(s);
+        if let Some(q) = &rx_spread {
+            text.push_str(&format!(
+                "; {:.0} % of the slow packets captured came in on {}",
+                q.slow_share * 100.0,
+                queue_list(q)
+            ));
+        }
+        return verdict(CauseKind::OneCpu, text);
     }
     if !input.read_stage {
+        if let Some(q) = rx_spread.as_ref().filter(|q| names_rx_queue(q)) {
+            return verdict(CauseKind::OneRxQueue, rx_queue_text(q));
+        }
         if let Some(text) = softirq_text(&input.softirq, input.window_ns) {
             return verdict(CauseKind::Softirq, text);
         }
     }
     verdict(CauseKind::NoClearCause, mixed_text(&figures))
+}
+
+/// The RX queues holding most slow packets captured, when few queues of one device hold
+/// most of them. Figures only: whether they name the cause is [`names_rx_queue`]'s call.
+pub fn rx_queue_spread(input: &RxQueueInput) -> Option<RxQueueSpread> {
+    let with_queue: u64 = input.queues.iter().map(|q| q.slow).sum();
+    if with_queue < MIN_SLOW_PACKETS || input.slow_samples == 0 {
+        return None;
+    }
+    // The device with the most slow packets; its queues, most first.
+    let mut per_device: Vec<((u32, u32), u64)> = Vec::new();
+    for q in &input.queues {
+        let key = (q.netns_ino, q.ifindex);
+        match per_device.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += q.slow,
+            None => per_device.push((key, q.slow)),
+        }
+    }
+    per_device.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let &((netns_ino, ifindex), _) = per_device.first()?;
+    let device = input
+        .devices
+        .iter()
+        .find(|d| d.ifindex == ifindex && d.netns_ino == netns_ino);
+    let mut ranked: Vec<&RxQueueSlow> = input
+        .queues
+        .iter()
+        .filter(|q| q.ifindex == ifindex && q.netns_ino == netns_ino)
+        .collect();
+    ranked.sort_by(|a, b| b.slow.cmp(&a.slow).then(a.queue.cmp(&b.queue)));
+    // At most a quarter of the device's queues (at least one) may be named; where their
+    // number is unknown, of the queues seen.
+    let seen: std::collections::BTreeSet<u16> = device
+        .into_iter()
+        .flat_map(|d| {
+            d.service_queues
+                .iter()
+                .copied()
+                .chain(d.queue_packets.iter().flatten().map(|&(q, _)| q))
+        })
+        .chain(ranked.iter().map(|q| q.queue))
+        .collect();
+    let queues_of_device = device
+        .and_then(|d| d.rx_queues)
+        .map_or(seen.len(), |n| n as usize);
+    let most = (queues_of_device / 4).max(1);
+    let (mut named, mut named_slow, mut flows) = (Vec::new(), 0u64, 0u64);
+    for q in ranked.iter().take(most) {
+        named.push(q.queue);
+        named_slow += q.slow;
+        flows += q.flows;
+        if named_slow as f64 >= CONCENTRATED_SLOW_SHARE * input.slow_samples as f64 {
+            break;
+        }
+    }
+    let slow_share = named_slow as f64 / input.slow_samples as f64;
+    if slow_share < CONCENTRATED_SLOW_SHARE {
+        return None;
+    }
+    let counted = device.and_then(|d| d.queue_packets.as_ref());
+    let device_share = counted.and_then(|per_queue| {
+        let all: u64 = per_queue.iter().map(|(_, n)| n).sum();
+        let on_named: u64 = per_queue
+            .iter()
+            .filter(|(q, _)| named.contains(q))
+            .map(|(_, n)| n)
+            .sum();
+        (all > 0).then(|| on_named as f64 / all as f64)
+    });
+    Some(RxQueueSpread {
+        device: device
+            .and_then(|d| d.name.clone())
+            .unwrap_or_else(|| format!("ifindex {ifindex}")),
+        ifindex,
+        queues: named.clone(),
+        slow_share,
+        slow_samples: input.slow_samples,
+        flows,
+        device_share,
+        device_queues_with_packets: counted
+            .map(|per_queue| per_queue.iter().filter(|(_, n)| *n > 0).count()),
+        device_queues: device.and_then(|d| d.rx_queues),
+        service_other_queues: device.map_or(0, |d| {
+            d.service_queues
+                .iter()
+                .filter(|q| !named.contains(q))
+                .count()
+        }),
+    })
+}
+
+/// Whether a concentration on few RX queues names the cause: the device spreads its
+/// packets over its queues (its own counters say so), the named ones carry few of them,
+/// the slow packets on them come from several flows, and the service's packets also come
+/// in on other queues (so its traffic is not simply all hashed or steered there).
+fn names_rx_queue(q: &RxQueueSpread) -> bool {
+    q.device_share
+        .is_some_and(|share| share <= CONCENTRATED_ALL_SHARE)
+        && q.device_queues_with_packets.is_some_and(|n| n >= 2)
+        && q.flows >= MIN_QUEUE_FLOWS
+        && q.service_other_queues >= MIN_OTHER_SERVICE_QUEUES
+}
+
+/// `eth0 rx-3` or `eth0 rx-3, rx-5`.
+fn queue_list(q: &RxQueueSpread) -> String {
+    let queues = q
+        .queues
+        .iter()
+        .map(|n| format!("rx-{n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!("{} {queues}", q.device)
+}
+
+fn rx_queue_text(q: &RxQueueSpread) -> String {
+    let what = if q.queues.len() == 1 {
+        "one RX queue"
+    } else {
+        "few RX queues"
+    };
+    let others = q.service_other_queues;
+    format!(
+        "{what}: {}: {:.0} % of slow packets ({} flows), {:.0} % of {}'s packets; the service's packets also came in on {} other queue{}",
+        queue_list(q),
+        q.slow_share * 100.0,
+        q.flows,
+        q.device_share.unwrap_or(0.0) * 100.0,
+        q.device,
+        others,
+        if others == 1 { "" } else { "s" }
+    )
+}
+
+/// The queue figures when they did not name the cause: what is known, and what is not.
+fn rx_queue_mixed(q: &RxQueueSpread) -> String {
+    let device = match q.device_share {
+        Some(share) => format!("{:.0} % of {}'s packets", share * 100.0, q.device),
+        None => format!("{}'s packets per queue unknown", q.device),
+    };
+    format!(
+        "{:.0} % of the slow packets captured came in on {} ({device})",
+        q.slow_share * 100.0,
+        queue_list(q)
+    )
 }
 
 /// The CPUs holding most slow packets, when few hold most of them and their tail stands out.
@@ -580,6 +834,9 @@ fn mixed_text(f: &CauseFigures) -> String {
             t.throttled_periods, t.periods
         ));
     }
+    if let Some(q) = &f.rx_queue_spread {
+        parts.push(rx_queue_mixed(q));
+    }
     if parts.is_empty() {
         "no clear cause".into()
     } else {
@@ -764,6 +1021,186 @@ mod tests {
         // Throttled in few periods: not the cause.
         input.throttle.as_mut().unwrap().throttled_periods = 2;
         assert_eq!(decide(&input).kind, CauseKind::CpuWait);
+    }
+
+    /// Slow packets at ip-start of a service whose packets come in on eth0's 8 queues:
+    /// `slow` per queue, each from `flows` flows; the device's own counters, when given,
+    /// `packets` per queue; the service's captured packets came in on `service_queues`.
+    fn rx_input(
+        slow: &[(u16, u64)],
+        flows: u64,
+        packets: Option<&[(u16, u64)]>,
+        service_queues: &[u16],
+    ) -> CauseInput {
+        let queues: Vec<RxQueueSlow> = slow
+            .iter()
+            .map(|&(queue, slow)| RxQueueSlow {
+                ifindex: 2,
+                netns_ino: 4026531840,
+                queue,
+                slow,
+                flows,
+            })
+            .collect();
+        CauseInput {
+            window_ns: 5_000 * MS,
+            slow_ns: MS,
+            rx_queues: Some(RxQueueInput {
+                slow_samples: slow.iter().map(|q| q.1).sum(),
+                queues,
+                devices: vec![RxDevice {
+                    ifindex: 2,
+                    netns_ino: 4026531840,
+                    name: Some("eth0".into()),
+                    rx_queues: Some(8),
+                    queue_packets: packets.map(<[_]>::to_vec),
+                    service_queues: service_queues.to_vec(),
+                }],
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// eth0's 8 queues with 1000 packets each over the window.
+    const EVEN: [(u16, u64); 8] = [
+        (0, 1000),
+        (1, 1000),
+        (2, 1000),
+        (3, 1000),
+        (4, 1000),
+        (5, 1000),
+        (6, 1000),
+        (7, 1000),
+    ];
+
+    #[test]
+    fn one_rx_queue_is_named_when_its_slow_packets_stand_out_on_a_spread_device() {
+        let input = rx_input(
+            &[(3, 47), (1, 2), (5, 1)],
+            12,
+            Some(&EVEN),
+            &[0, 1, 3, 5, 6],
+        );
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::OneRxQueue, "{}", c.summary);
+        assert_eq!(
+            c.summary,
+            "one RX queue: eth0 rx-3: 94 % of slow packets (12 flows), 12 % of eth0's packets; \
+             the service's packets also came in on 4 other queues"
+        );
+        let q = c.figures.rx_queue_spread.unwrap();
+        assert_eq!((q.queues, q.slow_samples, q.flows), (vec![3], 50, 12));
+        assert_eq!(q.device_queues_with_packets, Some(8));
+        // Up to a quarter of the device's queues: two of eight.
+        let input = rx_input(&[(3, 30), (6, 20), (1, 5)], 4, Some(&EVEN), &[0, 1, 3, 6]);
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::OneRxQueue, "{}", c.summary);
+        assert!(
+            c.summary
+                .starts_with("few RX queues: eth0 rx-3, rx-6: 91 % of slow packets (8 flows), 25 % of eth0's packets;"),
+            "{}",
+            c.summary
+        );
+        assert_eq!(kind_name(&c), "one-rx-queue");
+    }
+
+    fn kind_name(c: &Cause) -> &'static str {
+        c.kind.name()
+    }
+
+    #[test]
+    fn slow_packets_spread_over_rx_queues_name_none() {
+        // Spread evenly over the eight queues.
+        let slow: Vec<(u16, u64)> = (0..8).map(|q| (q, 10)).collect();
+        let input = rx_input(&slow, 5, Some(&EVEN), &[0, 1, 2, 3, 4, 5, 6, 7]);
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::NoClearCause, "{}", c.summary);
+        assert_eq!(c.figures.rx_queue_spread, None);
+        // Half on one queue, the rest on three others: the two queues a device of eight
+        // may have named hold 70 %, not enough.
+        let input = rx_input(
+            &[(3, 25), (1, 10), (2, 10), (4, 5)],
+            5,
+            Some(&EVEN),
+            &[1, 3],
+        );
+        assert_eq!(decide(&input).figures.rx_queue_spread, None);
+        // Concentrated, but on the queue that carries most of the device's packets.
+        let mut busy = EVEN;
+        busy[3].1 = 20_000;
+        let input = rx_input(&[(3, 50)], 9, Some(&busy), &[0, 3]);
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::NoClearCause, "{}", c.summary);
+        assert_eq!(
+            c.summary,
+            "no clear cause (100 % of the slow packets captured came in on eth0 rx-3 (74 % of eth0's packets))"
+        );
+        // Too few slow packets to say.
+        let input = rx_input(&[(3, 19)], 9, Some(&EVEN), &[0, 3]);
+        assert_eq!(decide(&input).figures.rx_queue_spread, None);
+    }
+
+    #[test]
+    fn a_queue_is_not_named_without_the_devices_counters_several_flows_or_other_queues() {
+        // The device keeps no per-queue counters: the concentration is a figure only.
+        let c = decide(&rx_input(&[(3, 48), (1, 2)], 12, None, &[0, 1, 3]));
+        assert_eq!(c.kind, CauseKind::NoClearCause, "{}", c.summary);
+        assert_eq!(
+            c.summary,
+            "no clear cause (96 % of the slow packets captured came in on eth0 rx-3 (eth0's packets per queue unknown))"
+        );
+        assert_eq!(c.figures.rx_queue_spread.unwrap().device_share, None);
+        // Every slow packet from one flow or two: a flow's own trouble looks the same.
+        let c = decide(&rx_input(&[(3, 50)], 2, Some(&EVEN), &[0, 3]));
+        assert_eq!(c.kind, CauseKind::NoClearCause, "{}", c.summary);
+        // The service's packets came in on that queue only (its flows hash or are steered
+        // there): its own trouble would look the same.
+        let c = decide(&rx_input(&[(3, 50)], 12, Some(&EVEN), &[3]));
+        assert_eq!(c.kind, CauseKind::NoClearCause, "{}", c.summary);
+        // A device whose counters show one queue busy only (no spread to compare with).
+        let one: [(u16, u64); 2] = [(3, 500), (0, 0)];
+        let c = decide(&rx_input(&[(3, 50)], 12, Some(&one), &[0, 3]));
+        assert_eq!(c.kind, CauseKind::NoClearCause, "{}", c.summary);
+        // The read stage: a queue cannot delay a packet already in the socket.
+        let mut input = rx_input(&[(3, 50)], 12, Some(&EVEN), &[0, 3]);
+        input.read_stage = true;
+        assert_eq!(decide(&input).kind, CauseKind::NoClearCause);
+    }
+
+    #[test]
+    fn slow_packets_without_a_queue_name_none() {
+        // The driver recorded no queue (loopback, veth): nothing to say about queues.
+        let mut input = rx_input(&[], 0, Some(&EVEN), &[]);
+        if let Some(q) = input.rx_queues.as_mut() {
+            q.slow_samples = 80;
+        }
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::NoClearCause);
+        assert_eq!(c.summary, "no clear cause");
+        // A few with a queue among many without: not most of the slow packets.
+        let mut input = rx_input(&[(3, 25)], 12, Some(&EVEN), &[0, 3]);
+        if let Some(q) = input.rx_queues.as_mut() {
+            q.slow_samples = 80;
+        }
+        assert_eq!(decide(&input).figures.rx_queue_spread, None);
+        // No queue figures at all (an incident decided before they existed).
+        assert_eq!(decide(&CauseInput::default()).figures.rx_queue_spread, None);
+    }
+
+    #[test]
+    fn one_cpu_names_the_rx_queue_its_slow_packets_came_in_on() {
+        let mut per_cpu = vec![hist(&[(100 * US, 1000)]); 16];
+        per_cpu[3] = hist(&[(100 * US, 20), (40 * MS, 60)]);
+        let mut input = rx_input(&[(3, 58), (1, 2)], 12, None, &[1, 3]);
+        input.per_cpu = per_cpu;
+        let c = decide(&input);
+        assert_eq!(c.kind, CauseKind::OneCpu, "{}", c.summary);
+        assert!(
+            c.summary
+                .ends_with("; 97 % of the slow packets captured came in on eth0 rx-3"),
+            "{}",
+            c.summary
+        );
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //!
 //! A chunk's key is `incident | time of its first sample | sequence number of its first
 //! sample`; its value is a [`SAMPLE_CHUNK_VERSION`] envelope around the samples in time
-//! order, each sample with its skb address and its reader's wait, compressed (envelope
-//! version 5, below). Compressed chunks of samples without the reader's wait (version 4),
-//! uncompressed ones (version 3), chunks of version 2 (samples without the address either)
-//! and records of schema 1 (one such sample each, envelope version 1) are still read; the
-//! samples of the last two have no address, and those of all four no reader's wait. A
+//! order, each sample with its skb address, its reader's wait and its RX queue, compressed
+//! (envelope version 6, below). Compressed chunks of samples without the RX queue (version
+//! 5) or without the reader's wait either (version 4), uncompressed ones (version 3), chunks
+//! of version 2 (samples without the address either) and records of schema 1 (one such
+//! sample each, envelope version 1) are still read; the samples of the last two have no
+//! address, those of the last four no reader's wait, and those of all five no RX queue. A
 //! sample's sequence number is `batch id << 20 | chunk number in the batch << 8 |
 //! index in the chunk`, so the chunk holding a sample is found from the sequence number
 //! alone.
@@ -16,11 +17,12 @@
 use model::Sample;
 
 use crate::codec::{
-    self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V4, SAMPLE_CHUNK_VERSION,
+    self, DecodeError, SAMPLE_CHUNK_V2, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V4, SAMPLE_CHUNK_V5,
+    SAMPLE_CHUNK_VERSION,
 };
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::layout::sample::{SampleV1, SampleV3, SampleV5, SamplesV5};
+use crate::layout::sample::{SampleV1, SampleV3, SampleV5, SampleV6, SamplesV6};
 
 /// Samples per chunk record (a power of two: the low bits of a sequence number).
 pub(crate) const SAMPLES_PER_CHUNK: usize = 256;
@@ -80,15 +82,16 @@ pub(crate) fn encode_batch(batch_id: u64, samples: &[Sample]) -> Result<Vec<Enco
     Ok(chunks)
 }
 
-/// A version 5 chunk: the envelope around `sample count | uncompressed length` (postcard
-/// varints) and the lz4 block of the samples' postcard encoding ([`SampleV5`]s; version 4
-/// chunks, the same of [`SampleV3`]s, are still read). Samples of one incident repeat
+/// A version 6 chunk: the envelope around `sample count | uncompressed length` (postcard
+/// varints) and the lz4 block of the samples' postcard encoding ([`SampleV6`]s; version 5
+/// and 4 chunks, the same of [`SampleV5`]s and [`SampleV3`]s, are still read). Samples of
+/// one incident repeat
 /// their flow, cgroup, process and nearby times: the block is 4-6 times smaller, on disk
 /// and in what sled keeps in memory of recent writes.
 fn encode_compressed(chunk: &[&Sample]) -> Result<Vec<u8>> {
     let kind = "sample chunk";
     let mut raw = Vec::with_capacity(2 + chunk.len() * TYPICAL_SAMPLE_BYTES);
-    raw = postcard::to_extend(&SamplesV5(chunk), raw)
+    raw = postcard::to_extend(&SamplesV6(chunk), raw)
         .map_err(|source| StoreError::Encode { kind, source })?;
     if raw.len() > MAX_CHUNK_BYTES {
         return Err(StoreError::TooLarge {
@@ -107,13 +110,13 @@ fn encode_compressed(chunk: &[&Sample]) -> Result<Vec<u8>> {
     codec::seal(kind, out, MAX_STORED_CHUNK_BYTES)
 }
 
-/// Cap on a stored compressed (version 4 or 5) chunk: the largest block lz4 can make of a
-/// full chunk.
+/// Cap on a stored compressed (version 4, 5 or 6) chunk: the largest block lz4 can make of
+/// a full chunk.
 const MAX_STORED_CHUNK_BYTES: usize =
     codec::HEADER + 20 + (MAX_CHUNK_BYTES / 255) + 16 + MAX_CHUNK_BYTES;
 
-/// The sample count and the decompressed block of a compressed chunk of `version` (4 or
-/// 5). The claimed lengths are checked before anything is allocated for them, so a damaged
+/// The sample count and the decompressed block of a compressed chunk of `version` (4, 5
+/// or 6). The claimed lengths are checked before anything is allocated for them, so a damaged
 /// record whose checksum happens to match cannot ask for more memory than a full chunk.
 fn decompress(version: u8, value: &[u8]) -> Result<(usize, Vec<u8>), DecodeError> {
     let payload = codec::verify_as(version, value)?;
@@ -137,8 +140,8 @@ fn decompress(version: u8, value: &[u8]) -> Result<(usize, Vec<u8>), DecodeError
     Ok((count, raw))
 }
 
-/// The samples of a compressed chunk: version 5 ([`SampleV5`]) or version 4
-/// ([`SampleV3`], no reader's wait).
+/// The samples of a compressed chunk: version 6 ([`SampleV6`]), version 5 ([`SampleV5`], no
+/// RX queue) or version 4 ([`SampleV3`], no reader's wait either).
 fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
     let bad = |e: postcard::Error| DecodeError::Payload(e.to_string());
     let (count, samples) = match value.first() {
@@ -149,11 +152,18 @@ fn decode_compressed(value: &[u8]) -> Result<Vec<Sample>, DecodeError> {
                 thaw(postcard::from_bytes::<Vec<SampleV3<'_>>>(&raw).map_err(bad)?)?,
             )
         }
+        Some(&SAMPLE_CHUNK_V5) => {
+            let (count, raw) = decompress(SAMPLE_CHUNK_V5, value)?;
+            (
+                count,
+                thaw(postcard::from_bytes::<Vec<SampleV5<'_>>>(&raw).map_err(bad)?)?,
+            )
+        }
         _ => {
             let (count, raw) = decompress(SAMPLE_CHUNK_VERSION, value)?;
             (
                 count,
-                thaw(postcard::from_bytes::<Vec<SampleV5<'_>>>(&raw).map_err(bad)?)?,
+                thaw(postcard::from_bytes::<Vec<SampleV6<'_>>>(&raw).map_err(bad)?)?,
             )
         }
     };
@@ -203,6 +213,7 @@ pub(crate) fn is_chunk(value: &[u8]) -> bool {
     matches!(
         value.first(),
         Some(&v) if v == SAMPLE_CHUNK_VERSION
+            || v == SAMPLE_CHUNK_V5
             || v == SAMPLE_CHUNK_V4
             || v == SAMPLE_CHUNK_V3
             || v == SAMPLE_CHUNK_V2
@@ -216,11 +227,12 @@ pub(crate) fn sample_count(value: &[u8]) -> u64 {
         Some(&SAMPLE_CHUNK_V2) => codec::verify_as(SAMPLE_CHUNK_V2, value),
         Some(&SAMPLE_CHUNK_V3) => codec::verify_as(SAMPLE_CHUNK_V3, value),
         Some(&SAMPLE_CHUNK_V4) => codec::verify_as(SAMPLE_CHUNK_V4, value),
+        Some(&SAMPLE_CHUNK_V5) => codec::verify_as(SAMPLE_CHUNK_V5, value),
         _ => codec::verify_as(SAMPLE_CHUNK_VERSION, value),
     };
     if let Ok(payload) = chunk {
         // postcard writes a sequence's length first, as a varint usize; a compressed
-        // chunk's header (versions 4 and 5) starts with the same count.
+        // chunk's header (versions 4 to 6) starts with the same count.
         return postcard::take_from_bytes::<usize>(payload).map_or(0, |(n, _)| n as u64);
     }
     u64::from(codec::verify_as(codec::RECORD_VERSION, value).is_ok())
@@ -231,7 +243,7 @@ mod tests {
     use model::{Comm, CpuHolder, ReaderWait};
 
     use super::*;
-    use crate::layout::sample::samples_v3_bytes;
+    use crate::layout::sample::{sample_bytes_before, samples_v3_bytes, samples_v5_bytes};
 
     fn sample(incident: u64, time_ns: u64) -> Sample {
         model::fixtures::sample(incident, time_ns, time_ns)
@@ -256,19 +268,39 @@ mod tests {
             }),
             _ => None,
         };
+        // Every fourth without an RX queue; queue 0 and the largest among the others.
+        let rx_queue = match time_ns % 4 {
+            0 => Some(0),
+            1 => Some(41),
+            2 => Some(u16::MAX - 1),
+            _ => None,
+        };
         Sample {
             reader_wait,
+            rx_queue,
             ..sample(incident, time_ns)
         }
     }
 
-    /// `samples` without their reader's wait, as layouts before it read them.
-    fn without_wait(samples: &[Sample]) -> Vec<Sample> {
+    /// `samples` without their RX queue, as layouts before it read them.
+    fn without_queue(samples: &[Sample]) -> Vec<Sample> {
         samples
             .iter()
             .map(|s| Sample {
-                reader_wait: None,
+                rx_queue: None,
                 ..s.clone()
+            })
+            .collect()
+    }
+
+    /// `samples` without their reader's wait (nor RX queue), as layouts before it read
+    /// them.
+    fn without_wait(samples: &[Sample]) -> Vec<Sample> {
+        without_queue(samples)
+            .into_iter()
+            .map(|s| Sample {
+                reader_wait: None,
+                ..s
             })
             .collect()
     }
@@ -319,17 +351,33 @@ mod tests {
     }
 
     #[test]
+    fn the_rx_queue_is_stored_and_version_5_chunks_read_none() {
+        let batch: Vec<Sample> = (0..4).map(|t| waited(1, 40 + t)).collect();
+        let got = decode(&encode_v6(&batch)).unwrap();
+        assert_eq!(got, batch);
+        let queues: Vec<Option<u16>> = got.iter().map(|s| s.rx_queue).collect();
+        assert_eq!(queues, [Some(0), Some(41), Some(u16::MAX - 1), None]);
+        // A version 5 chunk of the same samples (as the build before wrote them) reads
+        // every other field as written and no RX queue.
+        let v5 = compressed_v5(&without_queue(&batch));
+        assert_eq!(v5[0], SAMPLE_CHUNK_V5);
+        let old = decode(&v5).unwrap();
+        assert_eq!(old, without_queue(&batch));
+        assert!(old.iter().all(|s| s.rx_queue.is_none()));
+        assert_eq!(old[0].reader_wait, batch[0].reader_wait);
+        assert_eq!(old[3].skb, batch[3].skb);
+    }
+
+    #[test]
     fn counts_of_old_and_damaged_records() {
-        // The layout before the skb address: today's without its last two fields (`None`
-        // each, two trailing 0 bytes).
+        // The layout before the skb address: today's without its last three fields
+        // (`None` each, three trailing 0 bytes).
         let before = Sample {
             skb: None,
             reader_wait: None,
             ..sample(1, 1)
         };
-        let mut payload = postcard::to_allocvec(&SampleV5::from(&before)).unwrap();
-        assert_eq!(payload.pop(), Some(0));
-        assert_eq!(payload.pop(), Some(0));
+        let payload = sample_bytes_before(&before, 3);
         let mut old = vec![codec::RECORD_VERSION];
         let crc = crc32c::crc32c_append(crc32c::crc32c(&old), &payload);
         old.extend_from_slice(&crc.to_be_bytes());
@@ -340,7 +388,7 @@ mod tests {
         let mut unknown = old.clone();
         unknown[0] = 9;
         assert_eq!(decode(&unknown), Err(DecodeError::Version(9)));
-        for make in [encode_v5, compressed_v4] {
+        for make in [encode_v6, compressed_v5, compressed_v4] {
             let mut chunk = make(&[sample(1, 1), sample(1, 2)]);
             assert_eq!(sample_count(&chunk), 2);
             let last = chunk.len() - 1;
@@ -350,8 +398,8 @@ mod tests {
         }
     }
 
-    /// A chunk as this build writes it (version 5).
-    fn encode_v5(samples: &[Sample]) -> Vec<u8> {
+    /// A chunk as this build writes it (version 6).
+    fn encode_v6(samples: &[Sample]) -> Vec<u8> {
         let mut chunks = encode_batch(1, samples).unwrap();
         assert_eq!(chunks.len(), 1);
         chunks.remove(0).value
@@ -371,10 +419,17 @@ mod tests {
         sealed_as(SAMPLE_CHUNK_V4, (samples.len(), raw.len()), &block)
     }
 
-    /// Samples as a version 5 chunk's block holds them, uncompressed.
+    /// A version 5 chunk, as builds before the RX queue wrote them.
+    fn compressed_v5(samples: &[Sample]) -> Vec<u8> {
+        let raw = samples_v5_bytes(samples);
+        let block = lz4_flex::block::compress(&raw);
+        sealed_as(SAMPLE_CHUNK_V5, (samples.len(), raw.len()), &block)
+    }
+
+    /// Samples as a version 6 chunk's block holds them, uncompressed.
     fn plain(samples: &[Sample]) -> Vec<u8> {
         let refs: Vec<&Sample> = samples.iter().collect();
-        postcard::to_allocvec(&SamplesV5(&refs)).unwrap()
+        postcard::to_allocvec(&SamplesV6(&refs)).unwrap()
     }
 
     /// A compressed chunk's envelope of `version` around `header` and `block`, its
@@ -393,24 +448,31 @@ mod tests {
     #[test]
     fn chunks_are_compressed_and_older_ones_still_read() {
         let batch: Vec<Sample> = (0..256).map(|t| waited(1, 1_000_000 + t * 977)).collect();
-        let chunk = encode_v5(&batch);
+        let chunk = encode_v6(&batch);
         assert_eq!(chunk[0], SAMPLE_CHUNK_VERSION);
         assert_eq!(decode(&chunk).unwrap(), batch);
         assert_eq!(sample_count(&chunk), 256);
         assert!(is_chunk(&chunk));
-        // The layouts before the reader's wait read their samples without one.
+        // The layouts before the RX queue read their samples without one, those before the
+        // reader's wait without that either.
         let older = without_wait(&batch);
+        let v5 = compressed_v5(&without_queue(&batch));
         let v4 = compressed_v4(&older);
         let v3 = uncompressed(&older);
+        // The same samples uncompressed.
+        let raw = plain(&batch).len();
         assert!(
-            chunk.len() * 2 < v3.len(),
-            "compressed {} bytes, uncompressed {}",
+            chunk.len() * 2 < raw,
+            "compressed {} bytes, uncompressed {raw}",
             chunk.len(),
-            v3.len()
         );
-        for (v, old) in [(SAMPLE_CHUNK_V4, v4), (SAMPLE_CHUNK_V3, v3)] {
+        for (v, old, want) in [
+            (SAMPLE_CHUNK_V5, v5, without_queue(&batch)),
+            (SAMPLE_CHUNK_V4, v4, older.clone()),
+            (SAMPLE_CHUNK_V3, v3, older.clone()),
+        ] {
             assert_eq!(old[0], v);
-            assert_eq!(decode(&old).unwrap(), older, "version {v}");
+            assert_eq!(decode(&old).unwrap(), want, "version {v}");
             assert_eq!(sample_count(&old), 256, "version {v}");
             assert!(is_chunk(&old), "version {v}");
             assert_eq!(
@@ -430,6 +492,11 @@ mod tests {
         let batch: Vec<Sample> = (0..3).map(|t| waited(1, t)).collect();
         for (version, raw, want) in [
             (SAMPLE_CHUNK_VERSION, plain(&batch), batch.clone()),
+            (
+                SAMPLE_CHUNK_V5,
+                samples_v5_bytes(&without_queue(&batch)),
+                without_queue(&batch),
+            ),
             (
                 SAMPLE_CHUNK_V4,
                 samples_v3_bytes(&without_wait(&batch)),
@@ -503,15 +570,18 @@ mod tests {
             junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
             cut in 0usize..64,
             at in 0usize..4096,
-            v4 in proptest::prelude::any::<bool>(),
+            version in proptest::sample::select(vec![
+                SAMPLE_CHUNK_V4,
+                SAMPLE_CHUNK_V5,
+                SAMPLE_CHUNK_VERSION,
+            ]),
         ) {
-            let version = if v4 { SAMPLE_CHUNK_V4 } else { SAMPLE_CHUNK_VERSION };
             let _ = decode(&sealed_as(version, (count, raw_len), &junk));
             let batch: Vec<Sample> = (0..40).map(|t| waited(1, t)).collect();
-            let raw = if v4 {
-                samples_v3_bytes(&without_wait(&batch))
-            } else {
-                plain(&batch)
+            let raw = match version {
+                SAMPLE_CHUNK_V4 => samples_v3_bytes(&without_wait(&batch)),
+                SAMPLE_CHUNK_V5 => samples_v5_bytes(&without_queue(&batch)),
+                _ => plain(&batch),
             };
             let mut block = lz4_flex::block::compress(&raw);
             block.truncate(block.len().saturating_sub(cut));
@@ -524,17 +594,24 @@ mod tests {
             let _ = decode(&sealed((40, raw.len()), &block));
         }
 
-        /// Any reader's wait is read back as it was written.
+        /// Any reader's wait and RX queue are read back as they were written.
         #[test]
-        fn any_readers_wait_round_trips(
-            waits in proptest::collection::vec(any_reader_wait(), 1..8),
+        fn any_readers_wait_and_rx_queue_round_trip(
+            waits in proptest::collection::vec(
+                (any_reader_wait(), proptest::option::of(proptest::prelude::any::<u16>())),
+                1..8,
+            ),
         ) {
             let batch: Vec<Sample> = waits
                 .into_iter()
                 .enumerate()
-                .map(|(t, reader_wait)| Sample { reader_wait, ..sample(1, t as u64) })
+                .map(|(t, (reader_wait, rx_queue))| Sample {
+                    reader_wait,
+                    rx_queue,
+                    ..sample(1, t as u64)
+                })
                 .collect();
-            let chunk = encode_v5(&batch);
+            let chunk = encode_v6(&batch);
             proptest::prop_assert_eq!(sample_count(&chunk), batch.len() as u64);
             proptest::prop_assert_eq!(decode(&chunk).unwrap(), batch);
         }

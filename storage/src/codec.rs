@@ -16,11 +16,13 @@ pub(crate) const RECORD_VERSION: u8 = 1;
 /// still read.
 pub(crate) const INCIDENT_RECORD_VERSION: u8 = 2;
 /// Version of the samples tree's records: a chunk of samples per record, each with its skb
-/// address and its reader's wait (`SampleV5`), lz4-compressed. Version 4 chunks (the same
-/// without the reader's wait), version 3 chunks (those uncompressed), version 2 chunks
-/// (samples without the address either) and version 1 records (one such sample each) are
-/// still read.
-pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 5;
+/// address, its reader's wait and its RX queue (`SampleV6`), lz4-compressed. Version 5
+/// chunks (the same without the RX queue), version 4 chunks (without the reader's wait
+/// either), version 3 chunks (those uncompressed), version 2 chunks (samples without the
+/// address either) and version 1 records (one such sample each) are still read.
+pub(crate) const SAMPLE_CHUNK_VERSION: u8 = 6;
+/// Sample chunks written before samples carried their RX queue (`SampleV5`, compressed).
+pub(crate) const SAMPLE_CHUNK_V5: u8 = 5;
 /// Sample chunks written before samples carried their reader's wait (`SampleV3`,
 /// compressed).
 pub(crate) const SAMPLE_CHUNK_V4: u8 = 4;
@@ -110,6 +112,7 @@ pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
         // version-2 sample chunk's.
         Some(&v)
             if v == SAMPLE_CHUNK_VERSION
+                || v == SAMPLE_CHUNK_V5
                 || v == SAMPLE_CHUNK_V4
                 || v == SAMPLE_CHUNK_V3
                 || v == SAMPLE_CHUNK_V2
@@ -203,7 +206,12 @@ mod tests {
         assert_eq!(decode_as::<u32>(SAMPLE_CHUNK_VERSION, &chunk), Ok(7));
         // Every sample chunk version still read passes the envelope check (rotation copies
         // what passes it, `db check` counts the rest).
-        for v in [SAMPLE_CHUNK_V4, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V2] {
+        for v in [
+            SAMPLE_CHUNK_V5,
+            SAMPLE_CHUNK_V4,
+            SAMPLE_CHUNK_V3,
+            SAMPLE_CHUNK_V2,
+        ] {
             let old = encode_as(v, "test", &7u32, 1024, 16).unwrap();
             assert_eq!(verify(&old), verify(&plain), "version {v}");
         }

@@ -19,10 +19,10 @@ use model::{
 
 use crate::codec::{
     self, INCIDENT_RECORD_VERSION, RECORD_VERSION, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V4,
-    SAMPLE_CHUNK_VERSION,
+    SAMPLE_CHUNK_V5, SAMPLE_CHUNK_VERSION,
 };
 use crate::history::{decode_record, Chunk, Stored, HISTORY_CHUNK_VERSION};
-use crate::layout::sample::{samples_v3_bytes, SampleV5};
+use crate::layout::sample::{sample_bytes_before, samples_v3_bytes, samples_v5_bytes};
 use crate::layout::Record;
 use crate::store::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
 use crate::{
@@ -134,7 +134,7 @@ fn moved_aside() -> Vec<String> {
 
 /// Three samples of one incident in time order whose fields differ from each other and
 /// from their defaults between them: the reader's wait with the CPU's holder, without
-/// one, and none.
+/// one, and none; RX queue 0, none, and the highest the kernel can record.
 fn samples() -> Vec<Sample> {
     let mut a = model::fixtures::sample(4242, 3, T + 100);
     a.comm = Comm::try_from("nginx: worker").unwrap_or_default();
@@ -147,6 +147,7 @@ fn samples() -> Vec<Sample> {
             comm: Comm::try_from("stress-ng-cpu").unwrap_or_default(),
         }),
     });
+    a.rx_queue = Some(0);
     let b = Sample {
         time_ns: T + 200,
         incident: 4242,
@@ -175,6 +176,7 @@ fn samples() -> Vec<Sample> {
             off_cpu_ns: u64::MAX,
             cpu_holder: None,
         }),
+        rx_queue: None,
     };
     let c = Sample {
         time_ns: T + 300,
@@ -205,13 +207,25 @@ fn samples() -> Vec<Sample> {
         flags: SampleFlags::empty(),
         skb: Some(u64::MAX),
         reader_wait: None,
+        rx_queue: Some(u16::MAX - 1),
     };
     vec![a, b, c]
 }
 
+/// [`samples`] as the layout before the RX queue reads them (chunk version 5).
+fn samples_without_queue() -> Vec<Sample> {
+    samples()
+        .into_iter()
+        .map(|s| Sample {
+            rx_queue: None,
+            ..s
+        })
+        .collect()
+}
+
 /// [`samples`] as layouts before the reader's wait read them (chunk versions 3 and 4).
 fn samples_without_wait() -> Vec<Sample> {
-    samples()
+    samples_without_queue()
         .into_iter()
         .map(|s| Sample {
             reader_wait: None,
@@ -290,9 +304,10 @@ fn encode_history_chunk() -> Vec<u8> {
 
 /// Layouts no longer written, made as the builds that wrote them did: an incident without
 /// its cause is today's encoding without its last byte (`None`), a sample without its
-/// address today's without its last two (`None`, `None`: no address, no reader's wait), a
-/// version 3 chunk today's samples without their last byte, uncompressed, a version 4
-/// chunk the same compressed, a version 1 history record one histogram.
+/// address today's without its last three (`None` each: no address, no reader's wait, no
+/// RX queue), a version 3 chunk today's samples without their last two, uncompressed, a
+/// version 4 chunk the same compressed, a version 5 chunk today's samples without their
+/// last byte, compressed, a version 1 history record one histogram.
 /// An incident before causes: today's encoding of it without a cause, less its last byte
 /// (`None`), in a version 1 envelope.
 fn encode_incident_v1() -> Vec<u8> {
@@ -301,12 +316,9 @@ fn encode_incident_v1() -> Vec<u8> {
     envelope(RECORD_VERSION, &payload)
 }
 
-/// A sample of the layout before the skb address: today's without its last two fields.
+/// A sample of the layout before the skb address: today's without its last three fields.
 fn sample_v1_bytes(s: &Sample) -> Vec<u8> {
-    let mut one = postcard::to_allocvec(&SampleV5::from(s)).unwrap();
-    assert_eq!(one.pop(), Some(0));
-    assert_eq!(one.pop(), Some(0));
-    one
+    sample_bytes_before(s, 3)
 }
 
 fn encode_sample_v1() -> Vec<u8> {
@@ -337,6 +349,16 @@ fn encode_sample_chunk_v4() -> Vec<u8> {
     let mut payload = postcard::to_allocvec(&(all.len(), raw.len())).unwrap();
     payload.extend(lz4_flex::block::compress(&raw));
     envelope(SAMPLE_CHUNK_V4, &payload)
+}
+
+/// A version 5 chunk: [`samples_without_queue`] lz4-compressed behind the sample count and
+/// their length, each sample today's without its last field.
+fn encode_sample_chunk_v5() -> Vec<u8> {
+    let all = samples_without_queue();
+    let raw = samples_v5_bytes(&all);
+    let mut payload = postcard::to_allocvec(&(all.len(), raw.len())).unwrap();
+    payload.extend(lz4_flex::block::compress(&raw));
+    envelope(SAMPLE_CHUNK_V5, &payload)
 }
 
 fn encode_history_v1() -> Vec<u8> {
@@ -372,7 +394,8 @@ fn files() -> Vec<(&'static str, Make)> {
         ("sample-chunk-v2.bin", encode_sample_chunk_v2),
         ("sample-chunk-v3.bin", encode_sample_chunk_v3),
         ("sample-chunk-v4.bin", encode_sample_chunk_v4),
-        ("sample-chunk-v5.bin", encode_sample_chunk),
+        ("sample-chunk-v5.bin", encode_sample_chunk_v5),
+        ("sample-chunk-v6.bin", encode_sample_chunk),
         ("history-point-v1.bin", encode_history_v1),
         ("history-chunk-v2.bin", encode_history_chunk),
     ]
@@ -445,9 +468,18 @@ fn golden_records_decode_to_their_values() {
     assert_eq!(v4[0], SAMPLE_CHUNK_V4);
     assert_eq!(chunk::decode(&v4), Ok(samples_without_wait()));
     let v5 = golden("sample-chunk-v5.bin");
-    assert_eq!(v5[0], SAMPLE_CHUNK_VERSION);
+    assert_eq!(v5[0], SAMPLE_CHUNK_V5);
     let got = chunk::decode(&v5).unwrap();
+    assert_eq!(got, samples_without_queue());
+    assert!(got.iter().all(|s| s.rx_queue.is_none()), "{got:?}");
+    let v6 = golden("sample-chunk-v6.bin");
+    assert_eq!(v6[0], SAMPLE_CHUNK_VERSION);
+    let got = chunk::decode(&v6).unwrap();
     assert_eq!(got, samples());
+    // The RX queue, field by field: queue 0, none, the highest.
+    assert_eq!(got[0].rx_queue, Some(0));
+    assert_eq!(got[1].rx_queue, None);
+    assert_eq!(got[2].rx_queue, Some(u16::MAX - 1));
     // The reader's wait, field by field: with the CPU's holder, without, none.
     let wait = got[0].reader_wait.unwrap();
     assert_eq!(wait.runq_ns, 1_234_567);
@@ -466,6 +498,7 @@ fn golden_records_decode_to_their_values() {
         ("sample-chunk-v3.bin", 3),
         ("sample-chunk-v4.bin", 3),
         ("sample-chunk-v5.bin", 3),
+        ("sample-chunk-v6.bin", 3),
     ] {
         assert_eq!(chunk::sample_count(&golden(name)), n, "{name}");
         assert_eq!(chunk::is_chunk(&golden(name)), n == 3, "{name}");
@@ -484,7 +517,7 @@ fn golden_records_decode_to_their_values() {
 
 // ---- encoding: the layouts written today are the golden bytes ----------------------------
 
-/// A compressed (version 4 or 5) chunk's header and its samples' bytes, decompressed:
+/// A compressed (version 4, 5 or 6) chunk's header and its samples' bytes, decompressed:
 /// lz4's choice of matches may change with the library without changing what a chunk
 /// holds.
 fn chunk_plain(value: &[u8]) -> (usize, usize, Vec<u8>) {
@@ -499,7 +532,10 @@ fn todays_encoding_of_the_fixed_values_is_the_golden_bytes() {
     for (name, make) in files() {
         let want = golden(name);
         let got = make();
-        if name == "sample-chunk-v4.bin" || name == "sample-chunk-v5.bin" {
+        if matches!(
+            name,
+            "sample-chunk-v4.bin" | "sample-chunk-v5.bin" | "sample-chunk-v6.bin"
+        ) {
             assert_eq!(got[0], want[0], "{name}");
             assert_eq!(chunk_plain(&got), chunk_plain(&want), "{name}");
         } else {

@@ -171,7 +171,7 @@ pub struct Incident {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IncidentCause {
     /// Machine name of the verdict, kebab-case: "cpu-wait", "throttled", "reader-off-cpu",
-    /// "reader-busy", "softirq", "one-cpu", "no-clear-cause" (free text to storage: the agent owns the list).
+    /// "reader-busy", "softirq", "one-cpu", "one-rx-queue", "no-clear-cause" (free text to storage: the agent owns the list).
     pub kind: String,
     /// The operator's sentence with its figures, e.g. "one CPU: cpu 1 has 94 % of slow packets ...".
     pub summary: String,

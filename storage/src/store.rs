@@ -34,7 +34,9 @@ use crate::windows;
 /// incident records stay readable (no cause) until the incident is next written.
 /// 7: samples carry their reader's wait (chunk version 5); version-4 and older chunks stay
 /// readable (no reader's wait).
-pub const SCHEMA_VERSION: u32 = 7;
+/// 8: samples carry the RX queue they came in on (chunk version 6); version-5 and older
+/// chunks stay readable (no RX queue).
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
@@ -1225,8 +1227,8 @@ impl Store {
                     from = v,
                     to = SCHEMA_VERSION,
                     "database schema upgraded: new samples are stored in compressed chunks \
-                     with their skb address and reader's wait, history in chunks, incidents \
-                     with their cause; older records stay as they are and readable"
+                     with their skb address, reader's wait and RX queue, history in chunks, \
+                     incidents with their cause; older records stay as they are and readable"
                 );
                 self.meta_put(META_SCHEMA, &SCHEMA_VERSION)
             }
@@ -1370,10 +1372,10 @@ const ENGINE_STUCK: &str = "storage engine still shutting down after an I/O fail
 /// sled 0.34 frees replaced log buffers (512 KiB each) and node versions through
 /// crossbeam-epoch's default collector: each thread keeps what it retired in a bag of its
 /// own, handed to the collector only once 64 have piled up. The store's threads write a
-/// few times a minute, so such a bag can hold buffers for a long time: a soak's daemon held
-/// 24 of them (12.6 MiB of written samples) at minute 51, through three engine reopens,
-/// and gave 12.8 MiB back at once at minute 73. Handing the bag on after each write and
-/// flush is meant to keep that memory to what is in use (docs/reliability.md, RSS).
+/// few times a minute, so such a bag can hold many buffers for a long time, through engine
+/// reopens (a soak's figures: docs/reliability.md, "The daemon still grows: sled's log
+/// buffers"). Handing the bag on after each write and flush is meant to keep that memory
+/// to what is in use.
 pub(crate) fn release_retired_memory() {
     crossbeam_epoch::pin().flush();
 }

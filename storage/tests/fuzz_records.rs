@@ -29,7 +29,7 @@ fn config(default: u32) -> Config {
 }
 
 /// Every kind of record: incidents (one open, one closed), sample chunks (samples with and
-/// without the reader's wait), pwru lines, history at every level, a baseline.
+/// without the reader's wait and the RX queue), pwru lines, history at every level, a baseline.
 fn fill(path: &Path) {
     let s = Store::open(path, StoreConfig::default()).unwrap();
     let open = s.open_incident(&new_incident("web", T0)).unwrap();
@@ -46,6 +46,7 @@ fn fill(path: &Path) {
                         comm: Comm::from_kernel(b"stress-ng\0"),
                     }),
                 }),
+                rx_queue: (i % 3 == 0).then_some((i % 8) as u16),
                 ..sample(inc, i, T0 + i)
             })
             .collect();

@@ -187,8 +187,8 @@ fn undecodable_records_are_skipped_counted_and_reported() {
 }
 
 /// A sample in the layout before the skb address: the live sample's postcard encoding
-/// (which has the stored layout's fields, in its order) without its last two fields
-/// (`skb: None` and `reader_wait: None` encode as one trailing 0 byte each).
+/// (which has the stored layout's fields, in its order) without its last three fields
+/// (`skb`, `reader_wait` and `rx_queue` `None` encode as one trailing 0 byte each).
 fn old_layout(s: &model::Sample) -> Vec<u8> {
     let mut bytes = v3_layout(&model::Sample {
         skb: None,
@@ -199,13 +199,16 @@ fn old_layout(s: &model::Sample) -> Vec<u8> {
 }
 
 /// A sample in the layout of version 3 and 4 chunks (with the skb address, before the
-/// reader's wait): the live sample's encoding without its last field.
+/// reader's wait and the RX queue): the live sample's encoding without its last two
+/// fields.
 fn v3_layout(s: &model::Sample) -> Vec<u8> {
     let mut bytes = postcard::to_allocvec(&model::Sample {
         reader_wait: None,
+        rx_queue: None,
         ..s.clone()
     })
     .unwrap();
+    assert_eq!(bytes.pop(), Some(0));
     assert_eq!(bytes.pop(), Some(0));
     bytes
 }

@@ -217,6 +217,7 @@ fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
             flags: SampleFlags::SUBSAMPLED | SampleFlags::HOL_SUSPECT,
             skb: None,
             reader_wait: None,
+            rx_queue: None,
         },
         Sample {
             time_ns: t + 1,
@@ -247,6 +248,7 @@ fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
             flags: SampleFlags::PRE_TRIGGER | SampleFlags::SUBSAMPLED,
             skb: Some(u64::MAX),
             reader_wait: None,
+            rx_queue: None,
         },
         Sample {
             time_ns: t + 2,
@@ -277,6 +279,7 @@ fn odd_samples(incident: u64, t: u64) -> Vec<Sample> {
             flags: SampleFlags::empty(),
             skb: Some(0xffff_8880_1234_5600),
             reader_wait: None,
+            rx_queue: None,
         },
     ]
 }
@@ -441,10 +444,12 @@ fn write_older_layouts(dir: &Path) {
     let samples = db.open_tree("samples").unwrap();
     let [one, v2, v3] = cache_samples();
     // The live sample's encoding has the stored layouts' fields in their order; the
-    // layouts below end before its reader's wait (the last field, `None`: one 0 byte).
+    // layouts below end before its reader's wait and its RX queue (the last two fields,
+    // `None` each: one 0 byte).
     let before_wait = |s: &Sample| {
-        assert_eq!(s.reader_wait, None);
+        assert_eq!((s.reader_wait, s.rx_queue), (None, None));
         let mut bytes = postcard::to_allocvec(s).unwrap();
+        assert_eq!(bytes.pop(), Some(0));
         assert_eq!(bytes.pop(), Some(0));
         bytes
     };
@@ -647,6 +652,7 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     assert_eq!(s.incident(4).unwrap(), Some(four.clone()));
     assert_eq!(all_samples(&s, 4), new);
     check_reader_waits(&all_samples(&s, 4));
+    check_rx_queues(&all_samples(&s, 4));
     assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line.clone()]);
     assert_eq!(s.verdict(4).unwrap(), Some(verdict.clone()));
     let total = (before + new.len()) as u64;
@@ -667,11 +673,11 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     assert_eq!(fine(&s), []);
     assert_clean(&s, total);
     drop(s);
-    // Today's samples went into a version 5 chunk; the earlier builds' records, through
+    // Today's samples went into a version 6 chunk; the earlier builds' records, through
     // the rotation, stay as they were written.
     assert_eq!(
         sample_record_versions(&dir),
-        vec![(1, 4), (1, 4), (3, 1), (3, 2), (3, 3), (4, 5)]
+        vec![(1, 4), (1, 4), (3, 1), (3, 2), (3, 3), (4, 6)]
     );
 
     // And what was written reads back after a restart.
@@ -682,6 +688,7 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
     assert_eq!(s.incident(4).unwrap(), Some(four));
     assert_eq!(all_samples(&s, 4), new);
     check_reader_waits(&all_samples(&s, 4));
+    check_rx_queues(&all_samples(&s, 4));
     assert_eq!(s.pwru_records(4, None, 10).unwrap(), vec![line]);
     assert_eq!(s.verdict(4).unwrap(), Some(verdict));
     assert_clean(&s, total);
@@ -689,7 +696,8 @@ fn a_database_of_the_earlier_build_opens_reads_writes_and_checks_clean() {
 
 /// Samples today's build writes into the upgraded database (incident 4): the shared
 /// fixture's, the first two with the reader's wait (with the CPU's holder, without one),
-/// the rest without.
+/// the rest without; the first and the third with an RX queue (3, and 0), the rest
+/// without.
 fn new_samples() -> Vec<Sample> {
     let mut new: Vec<Sample> = (0..10)
         .map(|i| model::fixtures::sample(4, i, T0 + 200 * SEC + i))
@@ -707,7 +715,112 @@ fn new_samples() -> Vec<Sample> {
         off_cpu_ns: u64::MAX,
         cpu_holder: None,
     });
+    new[0].rx_queue = Some(3);
+    new[2].rx_queue = Some(0);
     new
+}
+
+/// [`new_samples`]' RX queues as read back.
+fn check_rx_queues(got: &[Sample]) {
+    let queues: Vec<Option<u16>> = got.iter().map(|s| s.rx_queue).collect();
+    let mut want = vec![None; 10];
+    want[0] = Some(3);
+    want[2] = Some(0);
+    assert_eq!(queues, want);
+}
+
+/// Samples of a version 5 chunk (as the build before the RX queue wrote them) for incident
+/// 3: the reader's wait with and without the CPU's holder, and none.
+fn v5_samples() -> Vec<Sample> {
+    let mut out: Vec<Sample> = (0..3)
+        .map(|i| model::fixtures::sample(3, 20 + i, T0 + 2 * SEC + 500 + i))
+        .collect();
+    out[0].reader_wait = Some(ReaderWait {
+        runq_ns: 7_000,
+        off_cpu_ns: 11_000_000,
+        cpu_holder: Some(CpuHolder {
+            pid: 99,
+            comm: Comm::try_from("hog").unwrap(),
+        }),
+    });
+    out[1].reader_wait = Some(ReaderWait {
+        runq_ns: 1,
+        off_cpu_ns: 0,
+        cpu_holder: None,
+    });
+    out
+}
+
+/// `samples` as a version 5 chunk record: the live encoding of each (its fields in the
+/// stored layouts' order) without its RX queue (the last field, `None`: one 0 byte),
+/// lz4-compressed behind the count and the length.
+fn v5_chunk(samples: &[Sample]) -> Vec<u8> {
+    let mut raw = postcard::to_allocvec(&samples.len()).unwrap();
+    for s in samples {
+        assert_eq!(s.rx_queue, None);
+        let mut one = postcard::to_allocvec(s).unwrap();
+        assert_eq!(one.pop(), Some(0));
+        raw.extend(one);
+    }
+    let mut payload = postcard::to_allocvec(&(samples.len(), raw.len())).unwrap();
+    payload.extend(lz4_flex::block::compress(&raw));
+    envelope(5, &payload)
+}
+
+/// A database holding a version 5 chunk (samples with their reader's wait, before the RX
+/// queue) beside today's version 6 ones: the old chunk reads field by field with no RX
+/// queue, today's with theirs, through a rotation and a restart, and `db check` is clean.
+#[test]
+fn a_version_5_chunk_reads_with_no_rx_queue_beside_version_6_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("db");
+    copy_dir(&golden_dir(), &dir);
+    let old = v5_samples();
+    {
+        let db = open_raw(&dir);
+        db.open_tree("samples")
+            .unwrap()
+            .insert(sample_key(&old[0], 10 << 20), v5_chunk(&old))
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let before = web_samples().len() + cache_samples().concat().len() + old.len();
+    let s = Store::open(&dir, StoreConfig::default()).unwrap();
+    let mut four = s
+        .open_incident(&new_incident("web", vec![Probe::TcpStart], T0 + 200 * SEC))
+        .unwrap();
+    let new = new_samples();
+    s.put_samples(&new).unwrap();
+    s.close_incident(&mut four, T0 + 210 * SEC).unwrap();
+    s.flush().unwrap();
+    let total = (before + new.len()) as u64;
+    let check = |s: &Store| {
+        let got: Vec<Sample> = all_samples(s, 3)
+            .into_iter()
+            .filter(|x| x.time_ns >= old[0].time_ns)
+            .collect();
+        assert_eq!(got, old);
+        assert!(got.iter().all(|x| x.rx_queue.is_none()), "{got:?}");
+        let w = got[0].reader_wait.unwrap();
+        assert_eq!((w.runq_ns, w.off_cpu_ns), (7_000, 11_000_000));
+        let holder = w.cpu_holder.unwrap();
+        assert_eq!((holder.pid, holder.comm.as_str()), (99, "hog"));
+        assert_eq!(got[1].reader_wait.unwrap().cpu_holder, None);
+        assert_eq!(got[2].reader_wait, None);
+        assert_eq!(all_samples(s, 4), new);
+        check_rx_queues(&all_samples(s, 4));
+        assert_clean(s, total);
+    };
+    check(&s);
+    s.rotate().unwrap();
+    check(&s);
+    drop(s);
+    assert_eq!(
+        sample_record_versions(&dir),
+        vec![(1, 4), (1, 4), (3, 1), (3, 2), (3, 3), (3, 5), (4, 6)]
+    );
+    let s = Store::open(&dir, StoreConfig::default()).unwrap();
+    check(&s);
 }
 
 /// The envelope version of each samples record on disk, by incident in key order (the

@@ -333,3 +333,247 @@ fn thread_comms(pid: u32) -> Vec<String> {
     );
     comms.into_iter().map(|c| c.trim_end().to_owned()).collect()
 }
+
+/// A multi-queue TUN device (`IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE`) in the host's
+/// namespace, one file per queue: a packet written to queue `k`'s file enters the stack as
+/// received on RX queue `k` (the driver records it in the skb). Addressed `10.201.N.1/24`;
+/// the device goes away with its last file.
+struct MultiQueueTun {
+    name: String,
+    queues: Vec<std::fs::File>,
+    local: Ipv4Addr,
+    peer: Ipv4Addr,
+    ifindex: u32,
+}
+
+impl MultiQueueTun {
+    /// `None` when the kernel has no TUN driver (no `/dev/net/tun`).
+    fn create(queues: usize) -> Option<MultiQueueTun> {
+        use std::os::fd::AsRawFd;
+        const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+        const IFF_TUN: libc::c_short = 0x0001;
+        const IFF_MULTI_QUEUE: libc::c_short = 0x0100;
+        const IFF_NO_PI: libc::c_short = 0x1000;
+        let name = format!("ttq{}", std::process::id() % 100_000);
+        let mut files = Vec::new();
+        for _ in 0..queues {
+            let file = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/net/tun")
+            {
+                Ok(f) => f,
+                Err(e) if files.is_empty() => {
+                    eprintln!("no TUN device here (/dev/net/tun: {e})");
+                    return None;
+                }
+                Err(e) => panic!("/dev/net/tun: {e}"),
+            };
+            // struct ifreq: the name, then the flags (a short) in the union.
+            let mut ifreq = [0u8; 40];
+            ifreq[..name.len()].copy_from_slice(name.as_bytes());
+            let flags = IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE;
+            ifreq[16..18].copy_from_slice(&flags.to_ne_bytes());
+            // SAFETY: TUNSETIFF reads and writes a struct ifreq, 40 bytes on x86-64.
+            let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, ifreq.as_mut_ptr()) };
+            assert_eq!(
+                r,
+                0,
+                "TUNSETIFF {name}: {}",
+                std::io::Error::last_os_error()
+            );
+            files.push(file);
+        }
+        let net = std::process::id() % 250 + 1;
+        let local = Ipv4Addr::new(10, 201, net as u8, 1);
+        let peer = Ipv4Addr::new(10, 201, net as u8, 2);
+        ip(&["addr", "add", &format!("{local}/24"), "dev", &name]);
+        ip(&["link", "set", &name, "up"]);
+        let ifindex = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        Some(MultiQueueTun {
+            name,
+            queues: files,
+            local,
+            peer,
+            ifindex,
+        })
+    }
+
+    /// A UDP datagram from the peer (`sport`) to the local address (`dport`), written to
+    /// queue `queue`: it comes in on that RX queue.
+    fn send_udp(&mut self, queue: usize, sport: u16, dport: u16) {
+        use std::io::Write;
+        let payload = [0x5au8; 32];
+        let udp_len = 8 + payload.len();
+        let total = 20 + udp_len;
+        let mut p = Vec::with_capacity(total);
+        p.extend_from_slice(&[
+            0x45,
+            0,
+            (total >> 8) as u8,
+            total as u8,
+            0,
+            0,
+            0x40,
+            0,
+            64,
+            17,
+        ]);
+        p.extend_from_slice(&[0, 0]); // header checksum, below
+        p.extend_from_slice(&self.peer.octets());
+        p.extend_from_slice(&self.local.octets());
+        let sum = p
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum::<u32>();
+        let sum = (sum & 0xffff) + (sum >> 16);
+        let sum = !((sum & 0xffff) + (sum >> 16)) as u16;
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        p.extend_from_slice(&sport.to_be_bytes());
+        p.extend_from_slice(&dport.to_be_bytes());
+        p.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        p.extend_from_slice(&[0, 0]); // no UDP checksum (IPv4 allows it)
+        p.extend_from_slice(&payload);
+        self.queues[queue].write_all(&p).unwrap();
+    }
+}
+
+impl Drop for MultiQueueTun {
+    fn drop(&mut self) {
+        // Closing the queues' files removes the (non-persistent) device.
+        self.queues.clear();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.name])
+            .output();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Records carry the RX queue the receiving driver recorded in the skb: a multi-queue TUN
+/// device records the queue each packet was written to (drivers/net/tun.c,
+/// `skb_record_rx_queue`), at every probe of the packet's path, the read included; the
+/// loopback device records none.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn records_carry_the_rx_queue_the_driver_recorded() {
+    use std::net::UdpSocket;
+    const QUEUES: usize = 4;
+    const PER_QUEUE: u16 = 5;
+    let Some(mut tun) = MultiQueueTun::create(QUEUES) else {
+        return;
+    };
+    // One socket per queue: queue k's packets go to on_tun[k]'s port (an unconnected
+    // socket's records have the local end only).
+    let on_tun: Vec<UdpSocket> = (0..QUEUES)
+        .map(|_| UdpSocket::bind((tun.local, 0)).unwrap())
+        .collect();
+    let tun_ports: Vec<u16> = on_tun
+        .iter()
+        .map(|s| s.local_addr().unwrap().port())
+        .collect();
+    let on_lo = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let lo_port = on_lo.local_addr().unwrap().port();
+    let mut ports = tun_ports.clone();
+    ports.push(lo_port);
+    let config = ProbeConfig {
+        services: vec![service("rxq", None, &ports)],
+        ..ProbeConfig::default()
+    };
+    let mut set = load(&config);
+    let slot = set.service_slot("rxq").unwrap().unwrap();
+    let mut control = CaptureControl::new(&mut set, &CaptureLimits::default()).unwrap();
+    let reader = CaptureReader::start(&mut set).unwrap();
+    // 1 ns: every packet of the service at every probe is recorded.
+    let all: Vec<(Probe, u64)> = Probe::ALL.iter().map(|&p| (p, 1)).collect();
+    control.arm(&mut set, slot, &all).unwrap();
+
+    for (k, &port) in tun_ports.iter().enumerate() {
+        for _ in 0..PER_QUEUE {
+            tun.send_udp(k, 40_000 + k as u16, port);
+        }
+    }
+    let sender = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    for _ in 0..PER_QUEUE {
+        sender
+            .send_to(b"over loopback", on_lo.local_addr().unwrap())
+            .unwrap();
+    }
+    let mut buf = [0u8; 256];
+    for sock in on_tun.iter().chain([&on_lo]) {
+        sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        for _ in 0..PER_QUEUE {
+            sock.recv_from(&mut buf).expect("a datagram");
+        }
+    }
+    let records = drain(&reader, Duration::from_millis(500));
+    control.disarm_all(&mut set).unwrap();
+
+    let tun_records: Vec<&CaptureRecord> = records
+        .iter()
+        .filter(|r| tun_ports.contains(&r.sample.flow.dport))
+        .collect();
+    let lo_records: Vec<&CaptureRecord> = records
+        .iter()
+        .filter(|r| r.sample.flow.dport == lo_port)
+        .collect();
+    let probes = |rs: &[&CaptureRecord]| {
+        let mut p: Vec<Probe> = rs.iter().map(|r| r.sample.probe).collect();
+        p.sort_by_key(|p| p.id());
+        p.dedup();
+        p
+    };
+    eprintln!(
+        "{} records from the TUN device at {:?}, {} over loopback at {:?}",
+        tun_records.len(),
+        probes(&tun_records),
+        lo_records.len(),
+        probes(&lo_records)
+    );
+    assert!(
+        probes(&tun_records).contains(&Probe::IpStart),
+        "no ip-start record of the TUN packets: {records:#?}"
+    );
+    assert!(
+        !lo_records.is_empty(),
+        "no record over loopback: {records:#?}"
+    );
+    for r in &lo_records {
+        assert_eq!(r.sample.rx_queue, None, "loopback records no queue: {r:?}");
+    }
+    let mut seen = [0usize; QUEUES];
+    for r in &tun_records {
+        let s = &r.sample;
+        let k = tun_ports.iter().position(|&p| p == s.flow.dport).unwrap();
+        if s.socket_queue.is_none() {
+            // From the packet's headers (the probes before the socket).
+            assert_eq!(s.flow.src, std::net::IpAddr::V4(tun.peer), "{s:?}");
+            assert_eq!(s.flow.sport, 40_000 + k as u16, "{s:?}");
+        }
+        // Where the probe has the skb; the packet's own queue, queue 0 included.
+        if s.skb.is_some() {
+            assert_eq!(s.rx_queue, Some(k as u16), "written to queue {k}: {s:?}");
+            assert_eq!(s.ifindex, tun.ifindex, "{s:?}");
+            seen[k] += 1;
+        }
+    }
+    assert!(
+        seen.iter().all(|&n| n > 0),
+        "records with an skb per queue {seen:?}: {tun_records:#?}"
+    );
+}

@@ -47,5 +47,6 @@ pub fn sample(incident: u64, i: u64, time_ns: u64) -> Sample {
         },
         skb: Some(0xffff_8880_0400_0000 + (i << 8)),
         reader_wait: None,
+        rx_queue: None,
     }
 }

@@ -53,6 +53,11 @@ pub struct Sample {
     /// socket-read samples of armed capture only, on kernels with task storage (5.11+),
     /// and only once the thread was followed for the whole wait.
     pub reader_wait: Option<ReaderWait>,
+    /// The RX queue of `ifindex` the packet came in on, as the receiving driver recorded it
+    /// in the skb (`skb_record_rx_queue`); `None` where none was recorded (loopback, most
+    /// virtual devices), where the probe has no skb, and in samples stored before it was
+    /// recorded.
+    pub rx_queue: Option<u16>,
 }
 
 /// Where the reading thread was between the packet's arrival and its read. What is

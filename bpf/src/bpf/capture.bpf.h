@@ -177,6 +177,15 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 	/* The address itself, as pwru prints it: the exact key for joining its events. */
 	r->skb_addr = (__u64)(unsigned long)skb;
 	r->ifindex = skb ? skb->skb_iif : 0;
+	/* skb_rx_queue_recorded() / skb_get_rx_queue(): read here, for a slow SKB only. */
+	if (skb) {
+		__u16 mapping = BPF_CORE_READ(skb, queue_mapping);
+
+		if (mapping) {
+			r->rx_queue = mapping - 1;
+			flags |= TT_CAPTURE_F_RX_QUEUE;
+		}
+	}
 	if (s->process_context) {
 		r->pid = bpf_get_current_pid_tgid() >> 32;
 		bpf_get_current_comm(r->comm, sizeof(r->comm));
@@ -203,6 +212,11 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		const __u8 *head = skb->head;
 
 		r->netns_ino = skb->dev ? skb->dev->nd_net.net->ns.inum : 0;
+		/* The netif_receive_skb tracepoint (ip-start on tp_btf) fires before the core
+		 * sets skb_iif: the device receiving it is skb->dev then. Not at the socket
+		 * probes, where UDP reuses the field as scratch space (dev_scratch). */
+		if (!r->ifindex && skb->dev)
+			r->ifindex = skb->dev->ifindex;
 		/* At ip-start skb->data is the IP header; later the network header offset is set. */
 		if (s->probe == TT_PROBE_IP_START)
 			tuple_from_packet(r, skb->data);

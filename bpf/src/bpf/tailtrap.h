@@ -7,11 +7,11 @@
 #ifndef TAILTRAP_H
 #define TAILTRAP_H
 
-/* The log-linear bucket scheme of detector::hist (272 buckets, 8 per power of two). */
+/* The log-linear bucket scheme of model::hist (272 buckets, 8 per power of two). */
 #define TT_NUM_BUCKETS 272
 #define TT_MAX_BUCKET (TT_NUM_BUCKETS - 1)
 
-/* Probe ids: the numbering of detector::Probe::id(). */
+/* Probe ids: the numbering of model::Probe::id(). */
 enum tt_probe {
 	TT_PROBE_IP_START = 0,
 	TT_PROBE_TCP_START = 1,
@@ -95,6 +95,8 @@ enum tt_capture_flag {
 	TT_CAPTURE_F_READER_WAIT = 128,
 	/* holder_pid and holder_comm are set. */
 	TT_CAPTURE_F_CPU_HOLDER = 256,
+	/* The skb carries a recorded RX queue: rx_queue is set. */
+	TT_CAPTURE_F_RX_QUEUE = 512,
 };
 
 /* Thresholds of one (service slot, probe); 0 means that kind of capture is off. */
@@ -126,7 +128,10 @@ struct tt_capture_record {
 	__u16 dport;
 	__u8 family; /* AF_INET, AF_INET6, or 0 when unknown */
 	__u8 ip_proto;
-	__u8 pad[2];
+	/* The RX queue the receiving driver recorded in the skb (skb_record_rx_queue:
+	 * queue_mapping is the queue + 1, 0 when none was recorded), with
+	 * TT_CAPTURE_F_RX_QUEUE. */
+	__u16 rx_queue;
 	__u8 saddr[16];
 	__u8 daddr[16];
 	__u8 comm[16];

@@ -12,7 +12,7 @@ use super::incident::{
     CaptureStateV1, CaptureStatusV1, IncidentCauseV1, IncidentCountersV1, IncidentStateV1,
     IncidentV2, IncidentVerdictV1, PwruRecordV1, PwruStateV1, PwruStatusV1, VerdictV1,
 };
-use super::sample::{CpuHolderV1, ReaderWaitV1, SampleV5};
+use super::sample::{CpuHolderV1, ReaderWaitV1, SampleV6};
 
 /// Records the field or variant names serde asks for, then stops the deserialization.
 struct Names<'a>(&'a mut Option<&'static [&'static str]>);
@@ -84,7 +84,7 @@ fn live_stored_types_have_the_fields_of_their_frozen_layouts() {
     use crate::verdict::{IncidentVerdict, Verdict};
     use model::{CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SocketQueue, Transport};
     let pairs = [
-        pair!(Sample, SampleV5<'static>),
+        pair!(Sample, SampleV6<'static>),
         pair!(ReaderWait, ReaderWaitV1<'static>),
         pair!(CpuHolder, CpuHolderV1<'static>),
         pair!(Flow, FlowV1),

@@ -13,7 +13,7 @@
 //! - [`common`]: the leaf types several records share (probe, flow, socket queue, histogram).
 //! - [`incident`]: incident records (envelope versions 1 and 2), pwru records and verdicts
 //!   (envelope version 1).
-//! - [`sample`]: samples of one-sample records (version 1) and chunks (versions 2 to 5).
+//! - [`sample`]: samples of one-sample records (version 1) and chunks (versions 2 to 6).
 //!
 //! Tests: `fingerprint` checks that each live type still has its layout's fields, by
 //! name and order; `golden_tests` decodes a golden file of every layout and checks that

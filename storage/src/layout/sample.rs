@@ -51,6 +51,7 @@ impl TryFrom<SampleV1<'_>> for Sample {
             flags: SampleFlags::from_bits_truncate(s.flags),
             skb: None,
             reader_wait: None,
+            rx_queue: None,
         })
     }
 }
@@ -99,12 +100,13 @@ impl TryFrom<SampleV3<'_>> for Sample {
             flags: SampleFlags::from_bits_truncate(s.flags),
             skb: s.skb,
             reader_wait: None,
+            rx_queue: None,
         })
     }
 }
 
 /// A sample with how its reader waited: the samples of version 5 chunks (the lz4 block's
-/// content). [`SampleV3`]'s fields, then the reader's wait.
+/// content). [`SampleV3`]'s fields, then the reader's wait. Only read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SampleV5<'a> {
     time_ns: u64,
@@ -144,51 +146,6 @@ pub(crate) struct CpuHolderV1<'a> {
     comm: &'a str,
 }
 
-impl<'a> From<&'a Sample> for SampleV5<'a> {
-    fn from(s: &'a Sample) -> SampleV5<'a> {
-        // Destructured: a field added to the live sample is a compile error here until it
-        // has a place in a new layout.
-        let Sample {
-            time_ns,
-            incident,
-            probe,
-            latency_ns,
-            flow,
-            cgroup_id,
-            pid,
-            comm,
-            cpu,
-            ifindex,
-            netns_ino,
-            skb_len,
-            socket_queue,
-            tcp_seq,
-            flags,
-            skb,
-            reader_wait,
-        } = s;
-        SampleV5 {
-            time_ns: *time_ns,
-            incident: *incident,
-            probe: (*probe).into(),
-            latency_ns: *latency_ns,
-            flow: (*flow).into(),
-            cgroup_id: *cgroup_id,
-            pid: *pid,
-            comm: comm.as_str(),
-            cpu: *cpu,
-            ifindex: *ifindex,
-            netns_ino: *netns_ino,
-            skb_len: *skb_len,
-            socket_queue: socket_queue.map(Into::into),
-            tcp_seq: *tcp_seq,
-            flags: flags.bits(),
-            skb: *skb,
-            reader_wait: reader_wait.as_ref().map(Into::into),
-        }
-    }
-}
-
 impl TryFrom<SampleV5<'_>> for Sample {
     type Error = String;
     fn try_from(s: SampleV5<'_>) -> Result<Sample, String> {
@@ -210,6 +167,106 @@ impl TryFrom<SampleV5<'_>> for Sample {
             flags: SampleFlags::from_bits_truncate(s.flags),
             skb: s.skb,
             reader_wait: s.reader_wait.map(ReaderWait::try_from).transpose()?,
+            rx_queue: None,
+        })
+    }
+}
+
+/// A sample with the RX queue it came in on: the samples of version 6 chunks (the lz4
+/// block's content). [`SampleV5`]'s fields, then the RX queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SampleV6<'a> {
+    time_ns: u64,
+    incident: u64,
+    probe: ProbeV1,
+    latency_ns: u64,
+    flow: FlowV1,
+    cgroup_id: u64,
+    pid: Option<u32>,
+    comm: &'a str,
+    cpu: u32,
+    ifindex: u32,
+    netns_ino: u32,
+    skb_len: u32,
+    socket_queue: Option<SocketQueueV1>,
+    tcp_seq: Option<u32>,
+    /// [`SampleFlags`]' bits.
+    flags: u32,
+    skb: Option<u64>,
+    #[serde(borrow)]
+    reader_wait: Option<ReaderWaitV1<'a>>,
+    rx_queue: Option<u16>,
+}
+
+impl<'a> From<&'a Sample> for SampleV6<'a> {
+    fn from(s: &'a Sample) -> SampleV6<'a> {
+        // Destructured: a field added to the live sample is a compile error here until it
+        // has a place in a new layout.
+        let Sample {
+            time_ns,
+            incident,
+            probe,
+            latency_ns,
+            flow,
+            cgroup_id,
+            pid,
+            comm,
+            cpu,
+            ifindex,
+            netns_ino,
+            skb_len,
+            socket_queue,
+            tcp_seq,
+            flags,
+            skb,
+            reader_wait,
+            rx_queue,
+        } = s;
+        SampleV6 {
+            time_ns: *time_ns,
+            incident: *incident,
+            probe: (*probe).into(),
+            latency_ns: *latency_ns,
+            flow: (*flow).into(),
+            cgroup_id: *cgroup_id,
+            pid: *pid,
+            comm: comm.as_str(),
+            cpu: *cpu,
+            ifindex: *ifindex,
+            netns_ino: *netns_ino,
+            skb_len: *skb_len,
+            socket_queue: socket_queue.map(Into::into),
+            tcp_seq: *tcp_seq,
+            flags: flags.bits(),
+            skb: *skb,
+            reader_wait: reader_wait.as_ref().map(Into::into),
+            rx_queue: *rx_queue,
+        }
+    }
+}
+
+impl TryFrom<SampleV6<'_>> for Sample {
+    type Error = String;
+    fn try_from(s: SampleV6<'_>) -> Result<Sample, String> {
+        Ok(Sample {
+            time_ns: s.time_ns,
+            incident: s.incident,
+            probe: s.probe.into(),
+            latency_ns: s.latency_ns,
+            flow: s.flow.into(),
+            cgroup_id: s.cgroup_id,
+            pid: s.pid,
+            comm: Comm::try_from(s.comm).map_err(|e| e.to_string())?,
+            cpu: s.cpu,
+            ifindex: s.ifindex,
+            netns_ino: s.netns_ino,
+            skb_len: s.skb_len,
+            socket_queue: s.socket_queue.map(Into::into),
+            tcp_seq: s.tcp_seq,
+            flags: SampleFlags::from_bits_truncate(s.flags),
+            skb: s.skb,
+            reader_wait: s.reader_wait.map(ReaderWait::try_from).transpose()?,
+            rx_queue: s.rx_queue,
         })
     }
 }
@@ -260,30 +317,55 @@ impl TryFrom<CpuHolderV1<'_>> for CpuHolder {
     }
 }
 
-/// Samples written as a sequence of [`SampleV5`] without collecting them first.
-pub(crate) struct SamplesV5<'a>(pub(crate) &'a [&'a Sample]);
+/// Samples written as a sequence of [`SampleV6`] without collecting them first.
+pub(crate) struct SamplesV6<'a>(pub(crate) &'a [&'a Sample]);
 
-impl Serialize for SamplesV5<'_> {
+impl Serialize for SamplesV6<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|&x| SampleV5::from(x)))
+        s.collect_seq(self.0.iter().map(|&x| SampleV6::from(x)))
     }
 }
 
-/// Samples as the layout of version 3 and 4 chunks holds them (a sequence of [`SampleV3`]),
-/// as builds before the reader's wait wrote them: each [`SampleV5`] without its last field
-/// (`None`, one 0 byte). For tests that make the records of those builds; `samples` must
-/// have no reader's wait.
+/// One sample as a layout before [`SampleV6`] holds it: [`SampleV6`]'s encoding without
+/// its last `dropped` fields (each `None`, one 0 byte): 1 for [`SampleV5`] (no RX queue),
+/// 2 for [`SampleV3`] (no reader's wait either), 3 for [`SampleV1`] (no skb address
+/// either). For tests that make the records of earlier builds; the fields dropped must be
+/// `None`.
 #[cfg(test)]
-pub(crate) fn samples_v3_bytes(samples: &[Sample]) -> Vec<u8> {
+pub(crate) fn sample_bytes_before(s: &Sample, dropped: usize) -> Vec<u8> {
+    let mut one = postcard::to_allocvec(&SampleV6::from(s)).expect("a sample encodes");
+    for field in ["rx_queue", "reader_wait", "skb"].iter().take(dropped) {
+        assert_eq!(
+            one.pop(),
+            Some(0),
+            "{field} of a layout that has none: {s:?}"
+        );
+    }
+    one
+}
+
+/// Samples as a layout before [`SampleV6`] holds them in a chunk: their count, then each
+/// as [`sample_bytes_before`] makes it.
+#[cfg(test)]
+fn samples_bytes_before(samples: &[Sample], dropped: usize) -> Vec<u8> {
     let mut out = postcard::to_allocvec(&samples.len()).expect("a length encodes");
     for s in samples {
-        assert_eq!(
-            s.reader_wait, None,
-            "the version 3 layout has no reader's wait"
-        );
-        let mut one = postcard::to_allocvec(&SampleV5::from(s)).expect("a sample encodes");
-        assert_eq!(one.pop(), Some(0));
-        out.extend(one);
+        out.extend(sample_bytes_before(s, dropped));
     }
     out
+}
+
+/// Samples as the layout of version 5 chunks holds them (a sequence of [`SampleV5`]), as
+/// builds before the RX queue wrote them. `samples` must have no RX queue.
+#[cfg(test)]
+pub(crate) fn samples_v5_bytes(samples: &[Sample]) -> Vec<u8> {
+    samples_bytes_before(samples, 1)
+}
+
+/// Samples as the layout of version 3 and 4 chunks holds them (a sequence of [`SampleV3`]),
+/// as builds before the reader's wait wrote them. `samples` must have neither a reader's
+/// wait nor an RX queue.
+#[cfg(test)]
+pub(crate) fn samples_v3_bytes(samples: &[Sample]) -> Vec<u8> {
+    samples_bytes_before(samples, 2)
 }
