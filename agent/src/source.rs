@@ -4,26 +4,30 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use storage::{IncidentPage, IncidentVerdict, PwruRecord, SamplePage, Store};
+use storage::{IncidentVerdict, PwruRecord, SamplePage, Store};
 
 use crate::api::client::Client;
 use crate::api::query::{
     self, HistoryParams, IncidentsParams, MarkParams, PwruParams, SamplesParams,
 };
-use crate::api::{HistoryAnswer, IncidentView, StatusReport};
+use crate::api::{HistoryAnswer, IncidentList, IncidentView, StatusReport};
 
-/// Options shared by the retrieval commands: how to find the daemon and its database.
-#[derive(clap::Args, Debug, Clone)]
+/// How to find the daemon and its database: global options of every command line
+/// (`crate::cli::Global`), taken by the retrieval commands.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct Target {
-    /// Configuration naming the API socket and the database (default:
-    /// /etc/tailtrap/tailtrap.toml, or the built-in defaults when it does not exist).
-    #[arg(long, global = true)]
+    /// Configuration file: the daemon's (`run`); where the read commands find the API
+    /// socket and the database; `[probes]` for `hist`, `[detector]` for `replay`; the file
+    /// `config check` checks (default: /etc/tailtrap/tailtrap.toml, or the built-in
+    /// defaults when it does not exist; `hist` and `replay`: the built-in defaults).
+    #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The daemon's API socket (overrides the configuration).
-    #[arg(long, global = true)]
+    /// The daemon's API socket, for the read commands (overrides the configuration).
+    #[arg(long, global = true, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// The database directory, read when no daemon answers (overrides the configuration).
-    #[arg(long, global = true)]
+    /// The database directory, read when no daemon answers, and by `db check` (overrides
+    /// the configuration).
+    #[arg(long, global = true, value_name = "PATH")]
     db: Option<PathBuf>,
 }
 
@@ -49,6 +53,20 @@ impl Target {
     /// The configuration file given with `--config`, if any.
     pub fn config_path(&self) -> Option<&std::path::Path> {
         self.config.as_deref()
+    }
+
+    /// The database directory given with `--db`, if any.
+    pub fn db_path(&self) -> Option<&std::path::Path> {
+        self.db.as_deref()
+    }
+
+    /// Whether `--config`, `--socket` and `--db` were given.
+    pub fn given(&self) -> (bool, bool, bool) {
+        (
+            self.config.is_some(),
+            self.socket.is_some(),
+            self.db.is_some(),
+        )
     }
 }
 
@@ -96,7 +114,7 @@ impl Source {
     }
 
     /// A page of incidents.
-    pub async fn incidents(&self, p: &IncidentsParams) -> anyhow::Result<IncidentPage> {
+    pub async fn incidents(&self, p: &IncidentsParams) -> anyhow::Result<IncidentList> {
         match self {
             Source::Api(c) => c.get("/v1/incidents", p).await,
             Source::Db(s) => Ok(query::incidents(s, p)?),

@@ -105,7 +105,8 @@ impl Store {
                     break;
                 }
                 if ended_ns(inc).is_some() && self.incident_exists(inc.id)? {
-                    tracing::info!(
+                    // Routine at the budget: the daemon says when incidents went.
+                    tracing::debug!(
                         incident = inc.id,
                         "over the size budget: deleting the oldest closed incident"
                     );
@@ -118,7 +119,7 @@ impl Store {
                 break;
             };
             let cut = oldest.saturating_add(history_trim_step(oldest, now_ns));
-            tracing::info!(
+            tracing::debug!(
                 before_ns = cut,
                 "over the size budget: deleting the oldest history"
             );
@@ -126,14 +127,15 @@ impl Store {
                 rep.history_points += self.trim_history(level as u8, cut, true, &mut rep)?;
             }
         }
-        // No reopen forced here: in a 50 min soak each pass's reopen raised RSS by 5-10 MiB
-        // for good (a fresh engine's allocations, the old one's memory not handed back),
-        // more than the leaves the pass paged in. What it deleted counts toward
-        // `cache_bytes` like any write.
+        // No reopen forced here: a reopen after each pass raised RSS for good (a fresh
+        // engine's allocations, the old one's memory not handed back), by more than the
+        // leaves the pass paged in (docs/reliability.md, "The soak said the same, louder").
+        // What it deleted counts toward `cache_bytes` like any write.
         self.maybe_recycle();
         rep.still_over_budget = self.over_budget();
+        // At every pass while it lasts (30 s apart): the daemon says when it begins and ends.
         if rep.still_over_budget {
-            tracing::warn!(
+            tracing::debug!(
                 live_bytes = self.live_bytes(),
                 budget = cfg.max_bytes,
                 "live data over the size budget with only open incidents and baselines left"

@@ -228,11 +228,9 @@ cooldown = "1s"
     let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
     assert!(how.contains("daemon's API"), "{how}");
     assert_eq!(view["incident"]["service"], "slow");
-    let stage: Value =
-        serde_json::from_str(view["incident"]["stages_json"].as_str().unwrap()).unwrap();
+    let stage = &view["incident"]["stages"];
     assert_eq!(stage["verdict"], "application read delay", "{stage}");
-    let evidence: Value =
-        serde_json::from_str(view["incident"]["evidence_json"].as_str().unwrap()).unwrap();
+    let evidence = &view["incident"]["evidence"];
     assert_eq!(evidence["headline"]["probe"], read_probe);
     assert!(
         evidence["headline"]["observed"]["value_ns"]
@@ -346,7 +344,7 @@ cooldown = "1s"
         let quiet_id = id_of(&quiet_incident);
         eprintln!(
             "the quiet service had incident {quiet_id} (machine noise): probes {}, evidence {}",
-            quiet_incident["probes"], quiet_incident["evidence_json"]
+            quiet_incident["probes"], quiet_incident["evidence"]
         );
         let foreign: Vec<Value> = samples_of(&config, quiet_id)
             .into_iter()
@@ -369,7 +367,9 @@ cooldown = "1s"
     let export = cli(&config, &["export", &id.to_string()]);
     assert!(export.status.success());
     let doc: Value = serde_json::from_slice(&export.stdout).unwrap();
+    assert_eq!(doc["format"], "tailtrap-incident/2");
     assert_eq!(doc["incident"]["id"], id);
+    assert!(doc["incident"]["evidence"]["headline"].is_object(), "{doc}");
     assert_eq!(doc["pwru"].as_array().unwrap().len() as u64, stored);
 
     // ... and through a restarted daemon, which stops cleanly on SIGTERM.
@@ -378,6 +378,30 @@ cooldown = "1s"
     let (view, how) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
     assert!(how.contains("daemon's API"), "{how}");
     assert_eq!(view["incident"]["pwru"]["lines_stored"], stored);
+    // The global options anywhere: before the command, and between it and its subcommand.
+    for args in [
+        &[
+            "--config",
+            &config.display().to_string(),
+            "incidents",
+            "show",
+            &id.to_string(),
+            "--json",
+        ][..],
+        &[
+            "incidents",
+            "--json",
+            "--config",
+            &config.display().to_string(),
+            "show",
+            &id.to_string(),
+        ],
+    ] {
+        let out = Command::new(tailtrap_bin()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let same: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(same, view, "{args:?}");
+    }
     let log = daemon.log();
     assert!(
         log.contains("baselines restored") && !log.contains("baselines=0"),
@@ -392,5 +416,134 @@ cooldown = "1s"
     assert!(
         !dir.join("api.sock").exists(),
         "the socket file outlived the daemon"
+    );
+}
+
+/// Without root or a daemon: the CLI reads a database with its global options anywhere on
+/// the command line (the same answer in every order), and its answers carry the stored
+/// evidence and stage attribution as JSON, not as JSON text.
+#[test]
+fn the_cli_takes_its_global_options_anywhere_and_answers_json_all_the_way_down() {
+    let scratch = ScratchDir::new("cli-global").unwrap();
+    let dir = scratch.path();
+    let db = dir.join("db");
+    {
+        let store = storage::Store::open(&db, storage::StoreConfig::default()).unwrap();
+        store
+            .open_incident(&storage::NewIncident {
+                service: "web".into(),
+                probes: vec![model::Probe::TcpSocketRead],
+                opened_ns: 1_700_000_000_000_000_000,
+                evidence_json: r#"{"headline":{"probe":"tcp-socket-read","ratio":3.5}}"#.into(),
+                stages_json: r#"{"verdict":"application read delay"}"#.into(),
+            })
+            .unwrap();
+    }
+    // An empty file: the built-in defaults, whatever /etc/tailtrap holds.
+    let config = dir.join("tailtrap.toml");
+    std::fs::write(&config, "").unwrap();
+    let (config, db) = (config.display().to_string(), db.display().to_string());
+    let socket = dir.join("no-daemon.sock").display().to_string();
+    let run = |args: &[&str]| -> Value {
+        let out = Command::new(tailtrap_bin()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out:?}"))
+    };
+
+    let show = [
+        &[
+            "--config",
+            &config,
+            "--db",
+            &db,
+            "--socket",
+            &socket,
+            "--json",
+            "incidents",
+            "show",
+            "1",
+        ][..],
+        &[
+            "incidents",
+            "--config",
+            &config,
+            "--json",
+            "show",
+            "--db",
+            &db,
+            "1",
+            "--socket",
+            &socket,
+        ],
+        &[
+            "incidents",
+            "show",
+            "1",
+            "--socket",
+            &socket,
+            "--db",
+            &db,
+            "--json",
+            "--config",
+            &config,
+        ],
+    ]
+    .map(run);
+    assert_eq!(show[1], show[0]);
+    assert_eq!(show[2], show[0]);
+    let list = [
+        &[
+            "--json",
+            "--db",
+            &db,
+            "incidents",
+            "--socket",
+            &socket,
+            "--config",
+            &config,
+        ][..],
+        &[
+            "incidents",
+            "--json",
+            "--db",
+            &db,
+            "--socket",
+            &socket,
+            "--config",
+            &config,
+        ],
+    ]
+    .map(run);
+    assert_eq!(list[1], list[0]);
+    let export = run(&[
+        "--db", &db, "--socket", &socket, "--config", &config, "export", "1",
+    ]);
+    assert_eq!(export["format"], "tailtrap-incident/2");
+
+    for incident in [
+        &show[0]["incident"],
+        &list[0]["incidents"][0],
+        &export["incident"],
+    ] {
+        assert_eq!(incident["evidence"]["headline"]["ratio"], 3.5, "{incident}");
+        assert_eq!(
+            incident["stages"]["verdict"], "application read delay",
+            "{incident}"
+        );
+        assert!(incident.get("evidence_json").is_none(), "{incident}");
+        assert!(incident.get("stages_json").is_none(), "{incident}");
+    }
+
+    // A global option the command has no use for is refused by name.
+    let out = Command::new(tailtrap_bin())
+        .args(["--socket", &socket, "config", "check", &config])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--socket means nothing to `tailtrap config check`"),
+        "{stderr}"
     );
 }

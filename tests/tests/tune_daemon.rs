@@ -115,8 +115,7 @@ ports = [{port}]
     std::thread::sleep(Duration::from_secs(5));
     drop(traffic);
     let recorded = incidents(&config);
-    let evidence: Value =
-        serde_json::from_str(incident["evidence_json"].as_str().unwrap()).unwrap();
+    let evidence = incident["evidence"].clone();
     let ratio = evidence["headline"]["ratio"].as_f64().unwrap();
 
     // history (through the API) -> replay: the same incidents, opened within one interval.

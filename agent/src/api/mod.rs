@@ -17,7 +17,11 @@ use std::path::PathBuf;
 use capture::pwru::Prerequisites;
 use model::Probe;
 use serde::{Deserialize, Serialize};
-use storage::{Incident, IncidentVerdict, SampleSummary};
+use serde_json::Value;
+use storage::{
+    CaptureStatus, Incident, IncidentBundle, IncidentCause, IncidentCounters, IncidentPage,
+    IncidentState, IncidentVerdict, PwruRecord, PwruStatus, SampleSummary,
+};
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +57,10 @@ pub struct StatusReport {
     /// Incidents closed since start with a cause verdict, per (service, cause).
     #[serde(default)]
     pub incident_causes: Vec<CauseCount>,
+    /// Small shifts noticed since start (below `incident_ratio`, not yet lasting
+    /// `notice_for`): per service, how many and the latest. Not incidents, never alerted.
+    #[serde(default)]
+    pub notices: Vec<NoticeCount>,
     /// Incidents exported over OTLP (`None`: `[otlp]` is off).
     #[serde(default)]
     pub otlp: Option<crate::otlp::OtlpReport>,
@@ -67,6 +75,32 @@ pub struct OpenedCount {
     pub stage: String,
     /// Incidents.
     pub count: u64,
+}
+
+/// One small shift the detector noticed and let be (docs/detector.md, "Notices").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NoticeRow {
+    /// Service.
+    pub service: String,
+    /// When it met the opening rules (Unix ns).
+    pub noticed_ns: u64,
+    /// The strongest shift then: probe, quantile and ratio to the baseline.
+    pub probe: String,
+    /// Quantile, e.g. 0.99.
+    pub quantile: f64,
+    /// Observed / baseline at that quantile.
+    pub ratio: f64,
+    /// Stage verdict, when the path had data to compare.
+    pub stage: Option<String>,
+}
+
+/// Notices of one service since the daemon started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NoticeCount {
+    /// How many.
+    pub count: u64,
+    /// The latest.
+    pub latest: NoticeRow,
 }
 
 /// How many incidents of a service closed with a cause verdict since the daemon started.
@@ -400,11 +434,156 @@ impl From<storage::StoreStats> for StoreReport {
     }
 }
 
+/// JSON text stored with a record (the store keeps it opaque) as the JSON it holds, for
+/// the answers: `null` for none (an empty text), and the text as a JSON string when it
+/// does not parse (never so for what this daemon writes).
+pub fn stored_json(text: &str) -> Value {
+    if text.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+/// An incident as every answer carries it (`GET /v1/incidents`, `/v1/incidents/{id}`, the
+/// export, `tailtrap incidents --json`): the stored record, with what the store keeps as
+/// JSON text (`evidence_json`, `stages_json`, the cause's `figures_json`) given as JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncidentAnswer {
+    /// Stored id.
+    pub id: u64,
+    /// The service it concerns.
+    pub service: String,
+    /// The probes whose tail moved.
+    pub probes: Vec<Probe>,
+    /// When it opened, ns since the epoch.
+    pub opened_ns: u64,
+    /// When it closed (or when an interrupted one was last known open).
+    pub closed_ns: Option<u64>,
+    /// Where it stands.
+    pub state: IncidentState,
+    /// The detector's incident (a host-wide incident's own evidence: its members), stored
+    /// as `evidence_json`.
+    pub evidence: Value,
+    /// The stage attribution (`null` without one), stored as `stages_json`.
+    pub stages: Value,
+    /// In-kernel capture status.
+    pub capture: CaptureStatus,
+    /// pwru session status.
+    pub pwru: PwruStatus,
+    /// Other counters.
+    pub counters: IncidentCounters,
+    /// Why the packets waited (`None`: not decided yet).
+    pub cause: Option<CauseAnswer>,
+}
+
+/// An incident's cause verdict as the answers carry it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CauseAnswer {
+    /// `cpu-wait`, `throttled`, ..., `no-clear-cause` (docs/detector.md).
+    pub kind: String,
+    /// The operator's sentence with its figures.
+    pub summary: String,
+    /// The figures the verdict was drawn from, stored as `figures_json`.
+    pub figures: Value,
+    /// When it was last decided, ns since the epoch.
+    pub decided_ns: u64,
+}
+
+impl From<IncidentCause> for CauseAnswer {
+    fn from(c: IncidentCause) -> Self {
+        CauseAnswer {
+            figures: stored_json(&c.figures_json),
+            kind: c.kind,
+            summary: c.summary,
+            decided_ns: c.decided_ns,
+        }
+    }
+}
+
+impl From<Incident> for IncidentAnswer {
+    fn from(i: Incident) -> Self {
+        IncidentAnswer {
+            evidence: stored_json(&i.evidence_json),
+            stages: stored_json(&i.stages_json),
+            id: i.id,
+            service: i.service,
+            probes: i.probes,
+            opened_ns: i.opened_ns,
+            closed_ns: i.closed_ns,
+            state: i.state,
+            capture: i.capture,
+            pwru: i.pwru,
+            counters: i.counters,
+            cause: i.cause.map(CauseAnswer::from),
+        }
+    }
+}
+
+/// `GET /v1/incidents`: a page of incidents, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncidentList {
+    /// The incidents, newest first.
+    pub incidents: Vec<IncidentAnswer>,
+    /// Pass as `before_id` for the next page; `None` on the last.
+    pub next_before_id: Option<u64>,
+    /// Operators' verdicts on the incidents of this page that have one, by incident id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub verdicts: BTreeMap<u64, IncidentVerdict>,
+}
+
+impl From<IncidentPage> for IncidentList {
+    fn from(p: IncidentPage) -> Self {
+        IncidentList {
+            incidents: p.incidents.into_iter().map(IncidentAnswer::from).collect(),
+            next_before_id: p.next_before_id,
+            verdicts: p.verdicts,
+        }
+    }
+}
+
+/// `GET /v1/incidents/{id}/export` and `tailtrap export`: one incident with everything
+/// stored about it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExportAnswer {
+    /// Format marker for readers of the file: [`ExportAnswer::FORMAT`].
+    pub format: &'static str,
+    /// The incident.
+    pub incident: IncidentAnswer,
+    /// The operator's verdict, if one was given (`tailtrap incidents mark`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<IncidentVerdict>,
+    /// Summary of all its samples.
+    pub summary: SampleSummary,
+    /// All its samples, in time order.
+    pub samples: Vec<model::Sample>,
+    /// All its pwru records, in order.
+    pub pwru: Vec<PwruRecord>,
+}
+
+impl ExportAnswer {
+    /// The export's format: `/2` since the incident's evidence, stages and cause figures
+    /// are JSON rather than JSON text (`evidence_json`, ... in `/1`).
+    pub const FORMAT: &'static str = "tailtrap-incident/2";
+}
+
+impl From<IncidentBundle> for ExportAnswer {
+    fn from(b: IncidentBundle) -> Self {
+        ExportAnswer {
+            format: Self::FORMAT,
+            incident: b.incident.into(),
+            verdict: b.verdict,
+            summary: b.summary,
+            samples: b.samples,
+            pwru: b.pwru,
+        }
+    }
+}
+
 /// `GET /v1/incidents/{id}`: the incident and the summary of its samples.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IncidentView {
     /// The stored incident.
-    pub incident: Incident,
+    pub incident: IncidentAnswer,
     /// Its samples, summarised.
     pub summary: SampleSummary,
     /// The operator's verdict, if one was given (`tailtrap incidents mark`).
@@ -442,4 +621,60 @@ pub struct ProbeHistory {
 pub struct ApiError {
     /// What went wrong, for humans.
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(evidence: &str, stages: &str, figures: Option<&str>) -> Incident {
+        Incident {
+            id: 7,
+            service: "web".into(),
+            probes: vec![Probe::TcpSocketRead],
+            opened_ns: 1,
+            closed_ns: None,
+            state: IncidentState::Open,
+            evidence_json: evidence.into(),
+            stages_json: stages.into(),
+            capture: CaptureStatus::default(),
+            pwru: PwruStatus::default(),
+            counters: IncidentCounters::default(),
+            cause: figures.map(|f| IncidentCause {
+                kind: "one-cpu".into(),
+                summary: "one CPU".into(),
+                figures_json: f.into(),
+                decided_ns: 2,
+            }),
+        }
+    }
+
+    /// The stored JSON texts become JSON values under names without `_json`; an empty
+    /// text is `null`, and text that is not JSON stays a string rather than being lost.
+    #[test]
+    fn an_incident_answer_carries_json_not_json_text() {
+        let a = IncidentAnswer::from(stored(
+            r#"{"headline":{"ratio":3.5}}"#,
+            r#""application read delay""#,
+            Some(r#"{"cpu":1,"share":0.94}"#),
+        ));
+        let v = serde_json::to_value(&a).unwrap();
+        assert_eq!(v["evidence"]["headline"]["ratio"], 3.5, "{v}");
+        assert_eq!(v["stages"], "application read delay", "{v}");
+        assert_eq!(v["cause"]["figures"]["share"], 0.94, "{v}");
+        assert_eq!(v["cause"]["kind"], "one-cpu", "{v}");
+        let text = v.to_string();
+        assert!(!text.contains("_json"), "{text}");
+        // What the answer carries reads back as it was written.
+        assert_eq!(serde_json::from_value::<IncidentAnswer>(v).unwrap(), a);
+
+        let a = IncidentAnswer::from(stored("", "null", None));
+        assert_eq!(
+            (a.evidence, a.stages, a.cause),
+            (Value::Null, Value::Null, None)
+        );
+        let a = IncidentAnswer::from(stored("{truncated", "", Some("")));
+        assert_eq!(a.evidence, Value::String("{truncated".into()));
+        assert_eq!(a.cause.map(|c| c.figures), Some(Value::Null));
+    }
 }

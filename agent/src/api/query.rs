@@ -4,15 +4,15 @@
 use model::Probe;
 use serde::{Deserialize, Serialize};
 use storage::{
-    FlowFilter, IncidentPage, IncidentQuery, IncidentState, PwruRecord, SampleCursor, SampleFilter,
-    SamplePage, Store, StoreError,
+    FlowFilter, IncidentQuery, IncidentState, PwruRecord, SampleCursor, SampleFilter, SamplePage,
+    Store, StoreError,
 };
 
 use std::time::Duration;
 
 use storage::{IncidentVerdict, Verdict};
 
-use super::{HistoryAnswer, IncidentView, ProbeHistory};
+use super::{ExportAnswer, HistoryAnswer, IncidentList, IncidentView, ProbeHistory};
 
 /// Parameters of `GET /v1/incidents` (all optional).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,15 +100,15 @@ impl From<StoreError> for QueryError {
 }
 
 /// A page of incidents, newest first.
-pub fn incidents(store: &Store, p: &IncidentsParams) -> Result<IncidentPage, QueryError> {
-    Ok(store.incidents(&IncidentQuery {
+pub fn incidents(store: &Store, p: &IncidentsParams) -> Result<IncidentList, QueryError> {
+    Ok(IncidentList::from(store.incidents(&IncidentQuery {
         since_ns: p.since_ns,
         until_ns: None,
         service: p.service.clone(),
         state: p.state,
         before_id: p.before_id,
         limit: p.limit,
-    })?)
+    })?))
 }
 
 /// One incident with its sample summary.
@@ -117,7 +117,7 @@ pub fn incident(store: &Store, id: u64) -> Result<IncidentView, QueryError> {
     let summary = store.sample_summary(id, &SampleFilter::default())?;
     let verdict = store.verdict(id)?;
     Ok(IncidentView {
-        incident,
+        incident: incident.into(),
         summary,
         verdict,
     })
@@ -175,7 +175,7 @@ pub fn pwru(store: &Store, id: u64, p: &PwruParams) -> Result<Vec<PwruRecord>, Q
 
 /// Everything about one incident as one JSON document.
 pub fn export(store: &Store, id: u64) -> Result<Vec<u8>, QueryError> {
-    let bundle = store.export_incident(id)?;
+    let bundle = ExportAnswer::from(store.export_incident(id)?);
     serde_json::to_vec_pretty(&bundle)
         .map_err(|e| QueryError::Store(StoreError::Engine(format!("encoding the export: {e}"))))
 }

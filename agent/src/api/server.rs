@@ -343,7 +343,8 @@ mod tests {
     use super::*;
     use crate::api::client::Client;
     use crate::api::query::IncidentsParams;
-    use storage::{IncidentPage, NewIncident, StoreConfig};
+    use crate::api::{IncidentAnswer, IncidentList};
+    use storage::{NewIncident, StoreConfig};
 
     #[tokio::test]
     async fn answers_queries_and_json_errors_over_the_socket() {
@@ -354,8 +355,8 @@ mod tests {
                 service: "web".into(),
                 probes: vec![model::Probe::TcpSocketRead],
                 opened_ns: 1_700_000_000_000_000_000,
-                evidence_json: "{}".into(),
-                stages_json: "null".into(),
+                evidence_json: r#"{"headline":{"ratio":3.5}}"#.into(),
+                stages_json: r#"{"verdict":"softirq"}"#.into(),
             })
             .unwrap();
         let path = dir.path().join("run/api.sock");
@@ -374,16 +375,36 @@ mod tests {
         let server = tokio::spawn(serve(socket, state));
 
         let client = Client::connect(&path).await.unwrap().unwrap();
-        let page: IncidentPage = client
+        let page: IncidentList = client
             .get("/v1/incidents", &IncidentsParams::default())
             .await
             .unwrap();
-        assert_eq!(page.incidents, vec![opened.clone()]);
+        assert_eq!(page.incidents, vec![IncidentAnswer::from(opened.clone())]);
         let view: crate::api::IncidentView = client
             .get(&format!("/v1/incidents/{}", opened.id), &())
             .await
             .unwrap();
         assert_eq!(view.summary.count, 0);
+        // JSON all the way down: the stored JSON texts are JSON in every answer.
+        let list: serde_json::Value = client.get("/v1/incidents", &()).await.unwrap();
+        let one: serde_json::Value = client
+            .get(&format!("/v1/incidents/{}", opened.id), &())
+            .await
+            .unwrap();
+        let export: serde_json::Value = serde_json::from_slice(
+            &client
+                .get_raw(&format!("/v1/incidents/{}/export", opened.id), &())
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(export["format"], "tailtrap-incident/2");
+        for incident in [&list["incidents"][0], &one["incident"], &export["incident"]] {
+            assert_eq!(incident["evidence"]["headline"]["ratio"], 3.5, "{incident}");
+            assert_eq!(incident["stages"]["verdict"], "softirq", "{incident}");
+            assert!(incident.get("evidence_json").is_none(), "{incident}");
+            assert!(incident.get("stages_json").is_none(), "{incident}");
+        }
 
         let err = |r: anyhow::Result<serde_json::Value>| r.unwrap_err().to_string();
         let e = err(client.get("/v1/incidents/99", &()).await);

@@ -7,7 +7,7 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 
 /// Arguments of `tailtrap completions`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 #[command(
     after_help = "Installed by the Debian package for bash, zsh and fish. By hand, e.g.:
   tailtrap completions bash > /etc/bash_completion.d/tailtrap

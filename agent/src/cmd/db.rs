@@ -1,6 +1,6 @@
 //! `tailtrap db ...`: look at the local database directly (when no daemon holds it).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -9,12 +9,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use storage::{CheckReport, Store};
 
 use crate::output::{fmt_bytes, print_json, table};
-
-/// Where the daemon keeps its database unless configured otherwise.
-pub const DEFAULT_DB: &str = "/var/lib/tailtrap/db";
+use crate::source::Target;
 
 /// Database subcommands.
-#[derive(clap::Subcommand)]
+#[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Check the database: records per tree, undecodable records, size on disk.
     /// Exits 1 when undecodable records were found (queries skip them).
@@ -22,29 +20,29 @@ pub enum Command {
 }
 
 /// Arguments of `tailtrap db check`.
-#[derive(clap::Args)]
-pub struct CheckArgs {
-    /// Database directory.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_DB)]
-    db: PathBuf,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
-}
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {}
 
 /// Run a `tailtrap db` subcommand.
-pub fn run(cmd: Command) -> anyhow::Result<ExitCode> {
+pub fn run(cmd: Command, target: &Target, json: bool) -> anyhow::Result<ExitCode> {
     match cmd {
-        Command::Check(args) => check(&args),
+        Command::Check(CheckArgs {}) => {
+            // `--db`, else the configuration's (`--config`, else the default file).
+            let db = match target.db_path() {
+                Some(db) => db.to_owned(),
+                None => crate::config::load(target.config_path())?.daemon.db,
+            };
+            check(&db, json)
+        }
     }
 }
 
-fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+fn check(db: &Path, json: bool) -> anyhow::Result<ExitCode> {
     // A locked database yields the store's own message, which names the holder and says to
     // query through the daemon.
-    let (store, copy) = Store::open_existing_or_copy(&args.db)?;
+    let (store, copy) = Store::open_existing_or_copy(db)?;
     if let Some(copy) = copy {
-        crate::source::say_copy(&args.db, &copy);
+        crate::source::say_copy(db, &copy);
     }
     // indicatif draws nothing when stderr is not a terminal.
     let bar = ProgressBar::new_spinner();
@@ -55,10 +53,10 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     bar.enable_steady_tick(Duration::from_millis(120));
     let report = store
         .check(|n| bar.set_message(n.to_string()))
-        .with_context(|| format!("checking {}", args.db.display()))?;
+        .with_context(|| format!("checking {}", db.display()))?;
     bar.finish_and_clear();
 
-    if args.json {
+    if json {
         print_json(&report)?;
     } else {
         print_report(&report);

@@ -6,18 +6,16 @@ use std::process::ExitCode;
 use crate::source::{block_on, Source, Target};
 
 /// Arguments of `tailtrap export`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// The incident id.
     id: u64,
-    #[command(flatten)]
-    target: Target,
 }
 
 /// Run `tailtrap export`: the JSON document goes to stdout.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args, target: &Target, verbose: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         let doc = source.export(args.id).await?;
         let mut out = std::io::stdout().lock();
         out.write_all(&doc)?;

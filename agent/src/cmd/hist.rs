@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +13,7 @@ use model::{Histogram, Probe};
 use serde::Serialize;
 
 use crate::output::{fmt_ns, table};
+use crate::source::Target;
 
 /// Quantiles shown per row.
 const QUANTILES: [(f64, &str); 4] = [(0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p99.9")];
@@ -24,7 +24,7 @@ const BAR_LAST_LOG2: i32 = 30;
 const BAR_LEVELS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
 /// Arguments of `tailtrap hist`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// Length of one interval (e.g. `1s`, `500ms`).
     #[arg(long, default_value = "1s", value_parser = parse_interval)]
@@ -32,12 +32,6 @@ pub struct Args {
     /// Stop after this many intervals (default: run until Ctrl-C).
     #[arg(long)]
     count: Option<u64>,
-    /// Print one JSON object per interval instead of tables.
-    #[arg(long)]
-    json: bool,
-    /// Config file with `[probes]` and `[[services]]` (default: built-in defaults).
-    #[arg(long)]
-    config: Option<PathBuf>,
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
@@ -49,8 +43,8 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 }
 
 /// Run `tailtrap hist`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = match &args.config {
+pub fn run(args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCode> {
+    let config = match target.config_path() {
         Some(path) => crate::config::load_probe_config(path)?,
         None => bpf::ProbeConfig::default(),
     };
@@ -65,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut probes = loaded.context("cannot start the probes")?;
 
     let mut out = std::io::stdout().lock();
-    if !args.json {
+    if !json {
         print_attachments(&mut out, probes.attachments())?;
     }
     // Once, on stderr: the stand-ins hold for the whole run, and stdout stays one table (or
@@ -84,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let rows = interval_rows(&snapshot, &mut prev);
         let elapsed = now.duration_since(prev_time);
         prev_time = now;
-        if args.json {
+        if json {
             let line = IntervalJson {
                 time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                 interval_s: elapsed.as_secs_f64(),

@@ -40,7 +40,7 @@ pub struct Range {
 }
 
 /// Arguments of `tailtrap history`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     range: Range,
@@ -50,14 +50,9 @@ pub struct Args {
     /// A table of quantiles over time buckets instead of the replay-format lines.
     #[arg(long)]
     summary: bool,
-    /// The summary as JSON (implies `--summary`).
-    #[arg(long)]
-    json: bool,
     /// Time buckets of the summary.
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=1000))]
     buckets: u32,
-    #[command(flatten)]
-    target: Target,
 }
 
 /// `1s`, `10s`, `1m`: a positive span.
@@ -299,12 +294,12 @@ pub fn no_history(h: &SparseHistory) -> anyhow::Error {
 }
 
 /// Run `tailtrap history`.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         let params = args.range.params(args.probe, DEFAULT_SPAN);
         let h = read(&source, &params).await?;
-        if args.json {
+        if json {
             print_json(&summarise(&h, args.buckets))?;
         } else if args.summary {
             print_summary(&summarise(&h, args.buckets));

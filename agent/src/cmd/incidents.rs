@@ -6,13 +6,13 @@ use std::time::SystemTime;
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
 use storage::{
-    CaptureState, Incident, IncidentState, IncidentVerdict, PwruState, PwruStatus, SampleSummary,
-    Verdict,
+    CaptureState, IncidentState, IncidentVerdict, PwruState, PwruStatus, SampleSummary, Verdict,
 };
 
 use crate::api::query::{IncidentsParams, MarkParams, SamplesParams};
-use crate::api::IncidentView;
+use crate::api::{IncidentAnswer as Incident, IncidentView};
 use crate::cmd::samples;
 use crate::output::{fmt_ns, fmt_span, fmt_time, headline, print_json, quantile_name, table};
 use crate::source::{block_on, Source, Target};
@@ -21,7 +21,7 @@ use crate::source::{block_on, Source, Target};
 // The listing's options are refused with `show`/`mark` in `run` rather than by clap's
 // `args_conflicts_with_subcommands`, which also refused the global `--config`, `--socket`
 // and `--db` before the subcommand.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(subcommand)]
     show: Option<Show>,
@@ -38,14 +38,9 @@ pub struct Args {
     /// At most this many (newest first) [default: 100].
     #[arg(long)]
     limit: Option<usize>,
-    /// JSON instead of a table.
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(flatten)]
-    target: Target,
 }
 
-#[derive(clap::Subcommand)]
+#[derive(clap::Subcommand, Debug)]
 enum Show {
     /// One incident: evidence, stage attribution, sample summary, capture and pwru status.
     Show {
@@ -79,7 +74,7 @@ pub fn parse_since(s: &str) -> Result<u64, String> {
 }
 
 /// Run `tailtrap incidents`.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
     if args.show.is_some() {
         let listing = [
             ("--since", args.since.is_some()),
@@ -95,11 +90,11 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         }
     }
     block_on(async move {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         match args.show {
             Some(Show::Mark { id, verdict, note }) => {
                 let v = source.mark(id, &MarkParams { verdict, note }).await?;
-                if args.json {
+                if json {
                     print_json(&v)?;
                 } else {
                     println!("incident {id} marked {}", v.verdict);
@@ -121,7 +116,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                     .await?
                     .samples;
                 let (joined, note) = samples::timelines(&source, id, &samples).await?;
-                if args.json {
+                if json {
                     let mut v = serde_json::to_value(&view)?;
                     let slowest: Vec<serde_json::Value> =
                         samples::slowest_joined(&samples, &joined)
@@ -163,7 +158,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                     limit: args.limit.unwrap_or(100),
                 };
                 let page = source.incidents(&params).await?;
-                if args.json {
+                if json {
                     print_json(&page)?;
                 } else {
                     print_list(&page.incidents, &page.verdicts);
@@ -179,7 +174,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
 
 /// The detector's incident as stored with the record.
 fn detail(i: &Incident) -> Option<detector::Incident> {
-    serde_json::from_str(&i.evidence_json).ok()
+    detector::Incident::deserialize(&i.evidence).ok()
 }
 
 fn lasted(i: &Incident) -> String {
@@ -205,7 +200,7 @@ fn host_wide(i: &Incident) -> Option<crate::daemon::host_wide::HostWideEvidence>
     if i.service != crate::daemon::host_wide::HOST_WIDE {
         return None;
     }
-    serde_json::from_str(&i.evidence_json).ok()
+    crate::daemon::host_wide::HostWideEvidence::deserialize(&i.evidence).ok()
 }
 
 fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>) {

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::CommandFactory;
 
 /// Arguments of `tailtrap man`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// Write every page into this directory instead of tailtrap(1) to stdout.
     #[arg(long, value_name = "DIR")]

@@ -10,25 +10,19 @@ use crate::output::{print_json, table};
 use crate::source::{block_on, Source, Target};
 
 /// Arguments of `tailtrap pwru`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// The incident id.
     id: u64,
     /// At most this many lines, in output order.
     #[arg(long, default_value_t = 1000)]
     limit: usize,
-    /// JSON (the stored records, each with pwru's parsed fields and raw line) instead of
-    /// tables.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    target: Target,
 }
 
 /// Run `tailtrap pwru`.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         let view = source.incident(args.id).await?;
         let lines = source
             .pwru(
@@ -39,7 +33,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 },
             )
             .await?;
-        if args.json {
+        if json {
             let lines: Vec<serde_json::Value> = lines.iter().map(line_json).collect();
             print_json(&serde_json::json!({
                 "status": view.incident.pwru,

@@ -14,17 +14,18 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::output::{fmt_ns, table};
+use crate::source::Target;
 
 /// Arguments of `tailtrap replay`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// The series: JSON Lines, one interval of one (service, probe) per line; `-` reads stdin.
     file: PathBuf,
-    /// Take detector settings from the `[detector]` table of this config file.
-    #[arg(long, value_name = "FILE")]
+    /// The global `--config`: detector settings from its `[detector]` table.
+    #[arg(skip)]
     config: Option<PathBuf>,
-    /// One JSON object per incident instead of a table.
-    #[arg(long)]
+    /// The global `--json`: one JSON object per incident instead of a table.
+    #[arg(skip)]
     json: bool,
     /// Count bad lines and go on (reported at the end) instead of stopping at the first.
     #[arg(long)]
@@ -62,7 +63,9 @@ impl<'a> From<&'a Incident> for IncidentLine<'a> {
 }
 
 /// Run `tailtrap replay`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(mut args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCode> {
+    args.config = target.config_path().map(Into::into);
+    args.json = json;
     let config = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -93,6 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     progress.finish_and_clear();
     let Replayed {
         incidents,
+        notices,
         lines,
         bad,
         first_bad,
@@ -110,6 +114,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         writeln!(out, "{}", incident_table(&incidents))?;
     }
+    if !args.json && notices > 0 {
+        writeln!(
+            out,
+            "{notices} smaller shift(s) noticed, not incidents (below incident_ratio, \
+             shorter than notice_for)"
+        )?;
+    }
     out.flush()?;
     if bad > 0 {
         eprintln!(
@@ -123,6 +134,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// What a replay found.
 struct Replayed {
     incidents: Vec<Incident>,
+    /// Small shifts noticed and let be (below `incident_ratio`, shorter than `notice_for`).
+    notices: usize,
     /// Non-blank lines read.
     lines: u64,
     /// Lines skipped as bad (only with `skip_bad`).
@@ -159,9 +172,12 @@ fn replay(
             first_bad.get_or_insert(msg);
         }
     }
+    replayer.end();
+    let notices = replayer.notices().len();
     let (incidents, _) = replayer.finish();
     Ok(Replayed {
         incidents,
+        notices,
         lines,
         bad,
         first_bad,

@@ -1,19 +1,16 @@
 //! `tailtrap run`: the daemon (see `crate::daemon`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Arguments of `tailtrap run`.
-#[derive(clap::Args)]
-pub struct Args {
-    /// Configuration file (default: /etc/tailtrap/tailtrap.toml, or the built-in defaults
-    /// when it does not exist).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
+use crate::source::Target;
+
+/// Arguments of `tailtrap run`: only the global `--config` (default:
+/// /etc/tailtrap/tailtrap.toml, or the built-in defaults when it does not exist).
+#[derive(clap::Args, Debug)]
+pub struct Args {}
 
 /// Run the daemon until SIGTERM or SIGINT.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    crate::daemon::run(args.config)?;
+pub fn run(_args: Args, target: &Target) -> anyhow::Result<ExitCode> {
+    crate::daemon::run(target.config_path().map(Into::into))?;
     Ok(ExitCode::SUCCESS)
 }

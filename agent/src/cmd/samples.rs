@@ -15,7 +15,7 @@ use crate::output::{fmt_ns, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
 /// Arguments of `tailtrap samples`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// The incident id.
     id: u64,
@@ -39,11 +39,6 @@ pub struct Args {
     /// pwru session).
     #[arg(long)]
     with_timeline: bool,
-    /// JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    target: Target,
 }
 
 fn parse_probe(s: &str) -> Result<Probe, String> {
@@ -59,9 +54,9 @@ fn check_flow(s: &str) -> Result<String, String> {
 }
 
 /// Run `tailtrap samples`.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         let params = SamplesParams {
             probe: args.probe,
             flow: args.flow,
@@ -93,7 +88,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 .collect();
             (page.samples, joined) = kept.into_iter().unzip();
         }
-        if args.json {
+        if json {
             let mut v = serde_json::to_value(&page)?;
             if let Some(samples) = v.get_mut("samples").and_then(|s| s.as_array_mut()) {
                 for (s, t) in samples.iter_mut().zip(&joined) {
@@ -120,6 +115,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
             "flow",
             "process",
             "cpu",
+            "rx queue",
             "queue",
             "reader wait",
             "flags",
@@ -145,6 +141,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                 s.flow.to_string(),
                 process,
                 s.cpu.to_string(),
+                rx_queue_text(s),
                 queue,
                 reader_wait_text(s),
                 s.flags.names().collect::<Vec<_>>().join(","),
@@ -159,6 +156,13 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         print_slowest_timelines(&page.samples, &joined, |i| format!("sample #{}", i + 1));
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `if 4 rx-3`: the device (its index in the sample's namespace) and the RX queue the
+/// packet came in on; `-` where the driver recorded none.
+fn rx_queue_text(s: &model::Sample) -> String {
+    s.rx_queue
+        .map_or_else(|| "-".into(), |q| format!("if {} rx-{q}", s.ifindex))
 }
 
 /// `runq 81 %, off 4 %, cpu held by sh [88]`: where the reader was while the packet
@@ -383,5 +387,26 @@ fn clock_remark(offset: Option<ClockOffset>) -> &'static str {
         }
         Some(ClockOffset::Now(_)) => "",
         None => " The clocks could not be read: no timelines.",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rx_queue_column_names_the_device_and_queue_or_shows_none() {
+        let mut s = model::fixtures::sample(1, 0, 1_000);
+        assert_eq!(rx_queue_text(&s), "-");
+        s.rx_queue = Some(0);
+        s.ifindex = 4;
+        assert_eq!(rx_queue_text(&s), "if 4 rx-0");
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["rx_queue"], 0);
+        s.rx_queue = None;
+        assert_eq!(
+            serde_json::to_value(&s).unwrap()["rx_queue"],
+            serde_json::Value::Null
+        );
     }
 }

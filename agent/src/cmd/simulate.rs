@@ -11,7 +11,7 @@ use detector::scenario::Scenario;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Arguments of `tailtrap simulate`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// The scenario (TOML; see docs/detector.md and detector/scenarios/).
     scenario: PathBuf,

@@ -12,22 +12,16 @@ use crate::output::{fmt_bytes, fmt_ns, fmt_span, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 use model::unix_ns;
 
-/// Arguments of `tailtrap status`.
-#[derive(clap::Args)]
-pub struct Args {
-    /// JSON instead of tables.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    target: Target,
-}
+/// Arguments of `tailtrap status`: only the global options.
+#[derive(clap::Args, Debug)]
+pub struct Args {}
 
 /// Run `tailtrap status`.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
+pub fn run(_args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
     block_on(async move {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         match source.status().await? {
-            Some(report) if args.json => print_json(&report)?,
+            Some(report) if json => print_json(&report)?,
             Some(report) => print_report(&report),
             None => {
                 // No daemon: what the database says is still open.
@@ -37,7 +31,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
                         ..IncidentsParams::default()
                     })
                     .await?;
-                if args.json {
+                if json {
                     print_json(&serde_json::json!({
                         "daemon_running": false,
                         "open_incidents": open.incidents,
@@ -223,6 +217,26 @@ fn print_report(r: &StatusReport) {
                 fmt_time(i.opened_ns),
                 i.headline.clone(),
                 i.stage.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        println!("{t}");
+    }
+    if !r.notices.is_empty() {
+        let mut t = table([
+            "noticed (not incidents)",
+            "count",
+            "latest",
+            "shift",
+            "stage",
+        ]);
+        for n in &r.notices {
+            let l = &n.latest;
+            t.add_row([
+                l.service.clone(),
+                n.count.to_string(),
+                fmt_time(l.noticed_ns),
+                format!("{} p{} x{:.2}", l.probe, l.quantile * 100.0, l.ratio),
+                l.stage.clone().unwrap_or_else(|| "-".into()),
             ]);
         }
         println!("{t}");

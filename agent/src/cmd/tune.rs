@@ -15,7 +15,7 @@ use detector::{DetectorConfig, Thresholds};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::config::{key_segment, Validate};
 use serde::Serialize;
-use storage::{Incident, IncidentState, IncidentVerdict, Verdict};
+use storage::{IncidentState, IncidentVerdict, Verdict};
 
 use crate::api::query::IncidentsParams;
 use crate::cmd::history::{self, Range, SparseHistory};
@@ -27,7 +27,7 @@ use crate::source::{block_on, Source, Target};
 pub const MAX_CANDIDATES: usize = 64;
 
 /// Arguments of `tailtrap tune`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     range: Range,
@@ -46,11 +46,6 @@ pub struct Args {
     /// candidate) to paste into the configuration.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "-1", allow_negative_numbers = true)]
     emit: Option<i64>,
-    /// JSON instead of tables.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    target: Target,
 }
 
 /// Default range: a week back (read at the resolution whose retention reaches it).
@@ -460,8 +455,8 @@ struct ShownIncident {
 const BASELINE: &str = "fresh: learnt from the first point of the range, with the warm-up of the settings tried (the saved baseline is not used: it was learnt after this history and would let the replay see the future)";
 
 /// Run `tailtrap tune`.
-pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
-    let config = crate::config::load(args.target.config_path())?;
+pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Result<ExitCode> {
+    let config = crate::config::load(target.config_path())?;
     let service = args.range.service.clone();
     let cands = candidates(&config.detector, &service, &args.set, &args.sweep)?;
     if let Some(n) = args.show.filter(|&n| n >= cands.len()) {
@@ -489,7 +484,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
     };
     let interval = config.daemon.interval;
     let (h, recorded_page) = block_on(async {
-        let source = Source::open(&args.target, verbose).await?;
+        let source = Source::open(target, verbose).await?;
         let params = args.range.params(None, DEFAULT_SPAN);
         let page = source
             .incidents(&IncidentsParams {
@@ -583,7 +578,7 @@ pub fn run(args: Args, verbose: bool) -> anyhow::Result<ExitCode> {
         shown,
         emitted,
     };
-    if args.json {
+    if json {
         print_json(&report)?;
     } else if let Some(block) = &report.emitted {
         // Only the block, so it can be redirected into a file as it is.
@@ -614,7 +609,7 @@ fn evaluate(
 
 /// The recorded incidents opened within the replayed range, oldest first.
 fn recorded_in(
-    incidents: &[Incident],
+    incidents: &[crate::api::IncidentAnswer],
     verdicts: &BTreeMap<u64, IncidentVerdict>,
     first_ns: u64,
     end_ns: u64,

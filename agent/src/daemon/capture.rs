@@ -97,6 +97,9 @@ pub(super) struct CaptureController {
     slots: HashMap<String, u32>,
     /// Keys whose flight-recorder threshold is set.
     flight_set: HashSet<(String, Probe)>,
+    /// Keys whose flight-recorder threshold the kernel refused at the last try: said once
+    /// when that begins and once when it is set again, not at every interval's retry.
+    flight_failing: HashSet<(String, Probe)>,
 }
 
 enum State {
@@ -143,6 +146,7 @@ impl CaptureController {
             cfg: cfg.clone(),
             slots: HashMap::new(),
             flight_set: HashSet::new(),
+            flight_failing: HashSet::new(),
         }
     }
 
@@ -306,10 +310,20 @@ impl CaptureController {
             };
             match kernel.set_flight(slot, &[(probe, ns)]) {
                 Ok(()) => {
+                    if self.flight_failing.remove(&key) {
+                        tracing::info!(%service, %probe, "flight recorder threshold set again");
+                    }
                     self.flight_set.insert(key);
                 }
+                Err(e) if self.flight_failing.insert(key) => tracing::warn!(
+                    %service,
+                    %probe,
+                    error = %e,
+                    "flight recorder threshold not set (tried again each interval, said again \
+                     when set)"
+                ),
                 Err(e) => {
-                    tracing::warn!(%service, %probe, error = %e, "flight recorder threshold not set")
+                    tracing::debug!(%service, %probe, error = %e, "flight recorder threshold not set")
                 }
             }
         }
@@ -330,6 +344,7 @@ impl CaptureController {
                 .map(|(_, p)| (*p, 0))
                 .collect();
             self.flight_set.retain(|(s, _)| s != service);
+            self.flight_failing.retain(|(s, _)| s != service);
             if matches!(self.state, State::Active(_)) && !off.is_empty() {
                 if let Err(e) = kernel.set_flight(slot, &off) {
                     tracing::warn!(%service, error = %e, "flight recorder threshold not cleared");

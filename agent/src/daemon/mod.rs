@@ -17,6 +17,7 @@ mod kernel;
 mod live;
 mod pwru;
 mod reload;
+mod standing;
 #[cfg(test)]
 mod tests;
 mod wakeup;

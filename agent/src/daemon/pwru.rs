@@ -2,6 +2,7 @@
 //! come; its outcome goes back to the interval loop, the only writer of incident records.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -200,7 +201,8 @@ impl PwruStarter for PwruSessions {
                 });
             let request = match checked {
                 Ok(FunctionChoice { request, summary }) => {
-                    tracing::info!(incident, %summary, "pwru functions chosen");
+                    // Kept with the incident (`tailtrap incidents show`).
+                    tracing::debug!(incident, %summary, "pwru functions chosen");
                     let chosen = SessionNews::Chosen { incident, summary };
                     if news.send(chosen).await.is_err() {
                         return;
@@ -429,11 +431,26 @@ pub(super) struct FunctionChoice {
 /// complete when it is not. `Err` with why when none is left.
 pub(super) fn choose_functions(request: SessionRequest) -> Result<FunctionChoice, String> {
     let names = request.filter_funcs().names().to_vec();
+    // A kernel whose functions cannot be read stays so: said at the first session, and
+    // when they can be read again, not at every incident's session.
+    static UNCHECKED: AtomicBool = AtomicBool::new(false);
     let kernel = match kernel_functions(&names) {
-        Ok(k) => k,
+        Ok(k) => {
+            if UNCHECKED.swap(false, Ordering::Relaxed) {
+                tracing::info!("pwru's functions are checked against the kernel again");
+            }
+            k
+        }
         // Without BTF pwru cannot run at all; its own error will say so.
         Err(e) => {
-            tracing::warn!(error = %e, "cannot check pwru's functions against the kernel");
+            if UNCHECKED.swap(true, Ordering::Relaxed) {
+                tracing::debug!(error = %e, "cannot check pwru's functions against the kernel");
+            } else {
+                tracing::warn!(
+                    error = %e,
+                    "cannot check pwru's functions against the kernel (said again when it can)"
+                );
+            }
             let summary = format!("functions unchecked ({e})");
             return Ok(FunctionChoice { request, summary });
         }

@@ -12,7 +12,7 @@
 //! The fsync that makes an opened or closed incident durable runs on a fourth thread,
 //! asked for without waiting ([`FlushSoon`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -20,6 +20,8 @@ use std::time::SystemTime;
 
 use model::{Histogram, Probe, Sample};
 use storage::{HistoryPoint, Store};
+
+use super::standing::Standing;
 
 use model::unix_ns;
 
@@ -180,6 +182,8 @@ pub(super) struct Writer {
     sample_thread: Option<JoinHandle<()>>,
     written: Receiver<SamplesWritten>,
     dropped_samples: AtomicU64,
+    /// The last baselines were not queued (the writer behind): said once until they are.
+    baselines_behind: AtomicBool,
 }
 
 impl Writer {
@@ -257,6 +261,7 @@ impl Writer {
             sample_thread,
             written,
             dropped_samples: AtomicU64::new(0),
+            baselines_behind: AtomicBool::new(false),
         }
     }
 
@@ -354,8 +359,18 @@ impl Writer {
     /// Queue the baselines for saving; skipped when the writer is behind (the next
     /// period saves them).
     pub(super) fn baselines(&self, baselines: Vec<(String, Probe, Vec<u8>)>) {
+        // A standing condition (a slow disk): said when it begins and when it ends.
         if !self.send(Job::Baselines(baselines)) {
-            tracing::warn!("the storage writer is behind: baselines not saved this time");
+            if !self.baselines_behind.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the storage writer is behind: baselines not saved this time (said again \
+                     when they are)"
+                );
+            } else {
+                tracing::debug!("the storage writer is still behind: baselines not saved");
+            }
+        } else if self.baselines_behind.swap(false, Ordering::Relaxed) {
+            tracing::info!("the storage writer caught up: baselines queued for saving again");
         }
     }
 
@@ -427,6 +442,8 @@ fn sample_loop(
     written: &mpsc::Sender<SamplesWritten>,
     flush: &FlushSoon,
 ) {
+    // Failing writes (a full disk) are a standing condition: said when they begin and end.
+    let mut failing = Standing::default();
     for job in rx {
         match job {
             SampleJob::Batch {
@@ -434,13 +451,22 @@ fn sample_loop(
                 pre_trigger,
             } => {
                 let result = store.put_samples(&samples);
-                if let Err(e) = &result {
+                match &result {
                     // While the engine is down the store has said so once.
-                    if store.engine_failed() {
+                    Err(e) if store.engine_failed() => {
                         tracing::debug!(samples = samples.len(), error = %e, "samples not stored");
-                    } else {
-                        tracing::warn!(samples = samples.len(), error = %e, "samples not stored");
                     }
+                    Err(e) if failing.begins() => tracing::warn!(
+                        samples = samples.len(),
+                        error = %e,
+                        "samples not stored (the next failures at debug; said when samples are \
+                         stored again)"
+                    ),
+                    Err(e) => {
+                        tracing::debug!(samples = samples.len(), error = %e, "samples not stored");
+                    }
+                    Ok(()) if failing.ends() => tracing::info!("samples are stored again"),
+                    Ok(()) => {}
                 }
                 // The loop is gone only at shutdown, after this thread was joined.
                 let _ = written.send(SamplesWritten::of(&samples, pre_trigger, result.is_ok()));
@@ -489,6 +515,7 @@ pub(super) fn store_record(store: &Store, record: &storage::Incident, new: bool)
 fn write_loop(store: &Store, rx: Receiver<Job>) {
     // Services whose history could not be stored, warned about once.
     let mut warned: Vec<String> = Vec::new();
+    let mut baselines_failing = Standing::default();
     for job in rx {
         // A failed engine is tried again here (at most every 10 s), so the store recovers
         // once the disk takes writes, not only at the next incident's flush.
@@ -505,7 +532,7 @@ fn write_loop(store: &Store, rx: Receiver<Job>) {
                 }
                 warned.retain(|s| !services.contains(s));
             }
-            Job::Baselines(baselines) => save_baselines(store, &baselines),
+            Job::Baselines(baselines) => save_baselines(store, &baselines, &mut baselines_failing),
             #[cfg(test)]
             Job::Barrier(done) => {
                 let _ = done.send(());
@@ -548,9 +575,9 @@ fn warn_history(warned: &mut Vec<String>, service: &str, e: &storage::StoreError
     }
 }
 
-fn save_baselines(store: &Store, baselines: &[(String, Probe, Vec<u8>)]) {
+fn save_baselines(store: &Store, baselines: &[(String, Probe, Vec<u8>)], failing: &mut Standing) {
     // Saved every minute: while the engine is down (the store has said so once), each
-    // failed save is not news.
+    // failed save is not news; nor is each failure of a lasting one (a full disk).
     let known = store.engine_failed();
     let failed = baselines
         .iter()
@@ -558,39 +585,79 @@ fn save_baselines(store: &Store, baselines: &[(String, Probe, Vec<u8>)]) {
         .count();
     if failed > 0 && known {
         tracing::debug!(failed, "baselines not saved: the storage engine is down");
-    } else if failed > 0 {
+    } else if failed > 0 && failing.begins() {
         tracing::warn!(
             failed,
             total = baselines.len(),
-            "some baselines could not be saved"
+            "some baselines could not be saved (said again when they are)"
         );
+    } else if failed > 0 {
+        tracing::debug!(failed, total = baselines.len(), "baselines not saved");
+    } else if failing.ends() {
+        tracing::info!(saved = baselines.len(), "baselines are saved again");
     } else {
         tracing::debug!(saved = baselines.len(), "baselines saved");
     }
 }
 
 fn retention_loop(store: &Store, rx: Receiver<SystemTime>) {
+    let mut over_budget = Standing::default();
     for now in rx {
-        match store.enforce_retention(unix_ns(now)) {
-            Ok(r) if r.incidents + r.samples + r.pwru + r.history_points > 0 => tracing::info!(
-                incidents = r.incidents,
-                samples = r.samples,
-                pwru = r.pwru,
-                history_points = r.history_points,
-                "retention removed old records"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "retention failed"),
+        retention_pass(store, now, &mut over_budget);
+    }
+}
+
+/// One retention pass, and rotation when due. Expiry and trimming to the budget are
+/// routine (debug) unless they removed incidents; live data left over the budget (only open
+/// incidents and baselines left) is a standing condition, said when it begins and ends.
+fn retention_pass(store: &Store, now: SystemTime, over_budget: &mut Standing) {
+    match store.enforce_retention(unix_ns(now)) {
+        Ok(r) => {
+            if r.incidents > 0 {
+                tracing::info!(
+                    incidents = r.incidents,
+                    samples = r.samples,
+                    pwru = r.pwru,
+                    history_points = r.history_points,
+                    "retention removed old records"
+                );
+            } else if r.samples + r.pwru + r.history_points > 0 {
+                tracing::debug!(
+                    samples = r.samples,
+                    pwru = r.pwru,
+                    history_points = r.history_points,
+                    "retention removed old records"
+                );
+            }
+            let figures = || (store.stats().live_bytes, store.config().max_bytes);
+            if !r.still_over_budget {
+                if over_budget.ends() {
+                    let (live_bytes, budget) = figures();
+                    tracing::info!(live_bytes, budget, "live data back under the size budget");
+                }
+            } else if over_budget.begins() {
+                let (live_bytes, budget) = figures();
+                tracing::warn!(
+                    live_bytes,
+                    budget,
+                    "live data over the size budget with only open incidents and baselines \
+                     left (said again when it is back under)"
+                );
+            } else {
+                let (live_bytes, budget) = figures();
+                tracing::debug!(live_bytes, budget, "live data still over the size budget");
+            }
         }
-        match store.maybe_rotate() {
-            Ok(Some(r)) => tracing::info!(
-                size_before = r.size_before,
-                size_after = r.size_after,
-                "database rotated"
-            ),
-            Ok(None) => {}
-            Err(e) => tracing::error!(error = %e, "database rotation failed"),
-        }
+        Err(e) => tracing::error!(error = %e, "retention failed"),
+    }
+    match store.maybe_rotate() {
+        Ok(Some(r)) => tracing::info!(
+            size_before = r.size_before,
+            size_after = r.size_after,
+            "database rotated"
+        ),
+        Ok(None) => {}
+        Err(e) => tracing::error!(error = %e, "database rotation failed"),
     }
 }
 
@@ -609,6 +676,71 @@ mod tests {
                 stages_json: "null".into(),
             })
             .unwrap()
+    }
+
+    /// Live data left over the budget by open incidents is said once as it begins (not at
+    /// every pass, 30 s apart while it lasts) and once as it ends.
+    #[test]
+    fn a_store_left_over_its_budget_is_said_once_when_it_begins_and_once_when_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            max_bytes: 1 << 20,
+            ..StoreConfig::default()
+        };
+        let store = Store::open(dir.path().join("db"), config).unwrap();
+        let mut open = opened(&store);
+        for batch in 0..100u64 {
+            let samples: Vec<Sample> = (batch * 1000..(batch + 1) * 1000)
+                .map(|i| model::fixtures::sample(open.id, i, open.opened_ns + i))
+                .collect();
+            store.put_samples(&samples).unwrap();
+            if store.over_budget() {
+                break;
+            }
+        }
+        assert!(store.over_budget());
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_100);
+        let mut over = Standing::default();
+        let while_open = super::super::standing::logged(|| {
+            for _ in 0..3 {
+                retention_pass(&store, at, &mut over);
+            }
+        });
+        let warned = |text: &str| {
+            text.lines()
+                .filter(|l| l.contains("WARN") && l.contains("over the size budget"))
+                .count()
+        };
+        assert_eq!(warned(&while_open), 1, "{while_open}");
+        assert_eq!(
+            while_open
+                .lines()
+                .filter(|l| l.contains("DEBUG") && l.contains("still over the size budget"))
+                .count(),
+            2,
+            "{while_open}"
+        );
+        assert!(!while_open.contains(" INFO "), "{while_open}");
+
+        // Closed, the incident is trimmed away: the end is said once, with what went.
+        let closed_ns = open.opened_ns + 1;
+        store.close_incident(&mut open, closed_ns).unwrap();
+        let closed = super::super::standing::logged(|| {
+            for _ in 0..2 {
+                retention_pass(&store, at, &mut over);
+            }
+        });
+        assert_eq!(warned(&closed), 0, "{closed}");
+        let infos: Vec<&str> = closed.lines().filter(|l| l.contains("INFO")).collect();
+        assert_eq!(infos.len(), 2, "{closed}");
+        assert!(
+            infos[0].contains("retention removed old records incidents=1"),
+            "{closed}"
+        );
+        assert!(
+            infos[1].contains("live data back under the size budget"),
+            "{closed}"
+        );
     }
 
     #[test]

@@ -374,7 +374,8 @@ impl SessionManager {
         let status = supervise(&binary, &self.inner.config, id, &request, &stop, lines).await;
         drop(guard);
         match status.state {
-            SessionState::Ok => tracing::info!(
+            // The daemon logs each session's end with its incident.
+            SessionState::Ok => tracing::debug!(
                 service = %status.service, lines = status.lines_captured, reason = %status.reason,
                 "pwru session ok"
             ),
