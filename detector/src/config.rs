@@ -50,6 +50,18 @@ pub struct Thresholds {
     /// Smallest absolute growth of a quantile that counts as a shift.
     #[serde(with = "humantime_serde")]
     pub min_delta: Duration,
+    /// A shift whose strongest ratio stays below this is a notice, not an incident, until it
+    /// has lasted `notice_for` (>= 1; at or below `min_ratio` every shift is an incident).
+    /// Real hosts have short 1.3-2x tail wobbles that nobody should be paged for.
+    #[serde(deserialize_with = "de::ratio")]
+    pub incident_ratio: f64,
+    /// ... or whose growth stays below this (tens of microseconds more at p90 is a wobble
+    /// on a busy host, not a cause of slow requests).
+    #[serde(with = "humantime_serde")]
+    pub incident_delta: Duration,
+    /// How long a notice-sized shift must last to become an incident (0: at once).
+    #[serde(with = "humantime_serde")]
+    pub notice_for: Duration,
     /// Shortest evaluation window (the most recent intervals).
     #[serde(
         serialize_with = "humantime_serde::serialize",
@@ -124,6 +136,9 @@ impl Default for Thresholds {
             quantiles: vec![0.5, 0.9, 0.99, 0.999, 0.9999],
             min_ratio: 1.25,
             min_delta: Duration::from_micros(20),
+            incident_ratio: 2.0,
+            incident_delta: Duration::from_micros(200),
+            notice_for: Duration::from_secs(60),
             window: Duration::from_secs(5),
             max_window: Duration::from_secs(60),
             min_samples: 500,

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 use crate::baseline::{Baseline, BaselineError, Cumulative};
 use crate::config::{DetectorConfig, Slo, Thresholds};
 use crate::event::{
-    attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident, StageAttribution,
+    attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident, Notice,
+    StageAttribution,
 };
 use crate::stats::{binomial_upper_tail, holm, upper_tail_exceeds};
 use crate::window::{Reach, Snapshot, Window};
@@ -68,15 +69,46 @@ struct KeyState {
 /// evidence, given its thresholds (which the caller keeps).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Machine {
-    /// Recent window evaluations, newest last: (window start, hot).
-    recent: Vec<(SystemTime, bool)>,
+    /// Recent window evaluations, newest last: (window start, how hot).
+    recent: Vec<(SystemTime, Heat)>,
     cool_streak: u32,
     incident: Option<Incident>,
+    /// The small shift being noticed (never while an incident is open).
+    notice: Option<Notice>,
     /// Headline ratio of the last event, to rate-limit updates.
     reported_ratio: f64,
     cooldown_until: Option<SystemTime>,
     /// Headline ratio of the incident whose close started the cooldown, at its strongest.
     cooldown_ratio: f64,
+}
+
+/// How hot one window evaluation was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heat {
+    Cool,
+    /// Hot, but every shift is below `incident_ratio` or `incident_delta`.
+    Notice,
+    /// Hot at incident size (or over a static ceiling).
+    Incident,
+}
+
+impl Heat {
+    fn of(t: &Thresholds, hot: &[Evidence]) -> Heat {
+        if hot.is_empty() {
+            Heat::Cool
+        } else if t.notice_for.is_zero()
+            || hot.iter().any(|e| {
+                e.kind == EvidenceKind::Slo
+                    || (e.ratio >= t.incident_ratio
+                        && e.observed.value_ns - e.baseline.value_ns
+                            >= t.incident_delta.as_nanos() as f64)
+            })
+        {
+            Heat::Incident
+        } else {
+            Heat::Notice
+        }
+    }
 }
 
 /// One test of one (service, probe, quantile) in the current interval.
@@ -349,7 +381,7 @@ impl Machine {
     /// Whether the baselines must not learn this interval: an incident is open, or the
     /// newest window was hot (a shift must not teach the baseline before it opens).
     pub(crate) fn frozen(&self) -> bool {
-        self.incident.is_some() || self.recent.last().is_some_and(|&(_, h)| h)
+        self.incident.is_some() || self.recent.last().is_some_and(|&(_, h)| h != Heat::Cool)
     }
 
     /// Advance the state machine by one window evaluation. `stage` attributes a headline
@@ -365,7 +397,7 @@ impl Machine {
         stage: &dyn Fn(&Evidence) -> Option<StageAttribution>,
     ) -> Option<Event> {
         let window_start = hot.iter().map(|e| e.window_start).min().unwrap_or(ts);
-        self.recent.push((window_start, !hot.is_empty()));
+        self.recent.push((window_start, Heat::of(t, &hot)));
         let keep = t.open_window as usize;
         if self.recent.len() > keep {
             let excess = self.recent.len() - keep;
@@ -416,21 +448,60 @@ impl Machine {
             return None;
         }
 
-        let headline = strongest(&hot)?;
+        let Some(headline) = strongest(&hot) else {
+            // A notice ends like an incident would close; it sends nothing.
+            if self.notice.is_some() && !holding {
+                self.cool_streak += 1;
+                if self.cool_streak >= t.close_after {
+                    self.notice = None;
+                    self.cool_streak = 0;
+                }
+            } else {
+                self.cool_streak = 0;
+            }
+            return None;
+        };
+        self.cool_streak = 0;
         if self.cooldown_until.is_some_and(|c| ts < c)
             && headline.ratio < self.cooldown_ratio * COOLDOWN_BREAKTHROUGH
         {
             return None;
         }
-        let hot_windows = self.recent.iter().filter(|&&(_, h)| h).count();
-        if hot_windows < t.open_after as usize {
-            return None;
-        }
-        let first_hot_at = self
-            .recent
-            .iter()
-            .find(|&&(_, h)| h)
-            .map_or(window_start, |&(s, _)| s);
+        let windows = |at_least: Heat| {
+            self.recent
+                .iter()
+                .filter(move |&&(_, h)| h == at_least || h == Heat::Incident)
+        };
+        // Opening time and headline follow the incident-sized shift, not the wobble that
+        // may have come before it; a small shift that persists opens from its own start.
+        let first_hot_at = if windows(Heat::Incident).count() >= t.open_after as usize {
+            windows(Heat::Incident)
+                .next()
+                .map_or(window_start, |&(s, _)| s)
+        } else if let Some(n) = self
+            .notice
+            .as_ref()
+            .filter(|n| ts.duration_since(n.first_hot_at).unwrap_or_default() >= t.notice_for)
+        {
+            n.first_hot_at
+        } else {
+            if self.notice.is_some() || windows(Heat::Notice).count() < t.open_after as usize {
+                return None;
+            }
+            let first_hot_at = windows(Heat::Notice)
+                .next()
+                .map_or(window_start, |&(s, _)| s);
+            let notice = Notice {
+                service: name.to_string(),
+                first_hot_at,
+                noticed_at: ts,
+                stage: stage(&headline),
+                headline,
+            };
+            self.notice = Some(notice.clone());
+            return Some(Event::Noticed(notice));
+        };
+        self.notice = None;
         let inc = Incident {
             service: name.to_string(),
             probes: hot.iter().map(|e| e.probe).collect(),
@@ -444,7 +515,6 @@ impl Machine {
             evidence: hot,
         };
         self.reported_ratio = inc.headline.ratio;
-        self.cool_streak = 0;
         self.incident = Some(inc.clone());
         Some(Event::Opened(inc))
     }
@@ -770,6 +840,9 @@ mod tests {
                 open_window: 3,
                 close_after: 2,
                 cooldown: Duration::from_secs(5),
+                // These shifts are 100s of µs: judged by their ratio alone (the absolute
+                // bar has its own test).
+                incident_delta: Duration::ZERO,
                 ..Thresholds::default()
             },
             ..DetectorConfig::default()
@@ -923,6 +996,112 @@ mod tests {
         );
     }
 
+    /// Issue 32, item 7: a 1.5x wobble (below incident_ratio 2) is a notice, sent once and
+    /// ended silently; if it lasts notice_for it becomes an incident from its own start.
+    #[test]
+    fn a_small_short_shift_is_a_notice_and_a_lasting_one_an_incident() {
+        let mut cfg = config();
+        cfg.defaults.notice_for = Duration::from_secs(10);
+        let mut d = Detector::new(cfg);
+        let (normal, wobble) = (uniform(100_000), uniform(150_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        let ev: Vec<Event> = (21..=25)
+            .flat_map(|s| tick(&mut d, s, "web", &wobble))
+            .collect();
+        let [Event::Noticed(n)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((n.noticed_at, n.first_hot_at), (t(22), t(20)));
+        assert!(n.headline.ratio < 2.0, "{:?}", n.headline);
+        assert!(d.open_incidents().is_empty());
+        // It ends after close_after cool windows, with nothing sent ...
+        let ev: Vec<Event> = (26..=30)
+            .flat_map(|s| tick(&mut d, s, "web", &normal))
+            .collect();
+        assert!(ev.is_empty(), "{ev:?}");
+        // ... no cooldown: the next wobble is noticed again, and lasting 10 s it opens.
+        let ev: Vec<Event> = (31..=45)
+            .flat_map(|s| tick(&mut d, s, "web", &wobble))
+            .collect();
+        let [Event::Noticed(n), Event::Opened(inc)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(
+            inc.first_hot_at, n.first_hot_at,
+            "opens from the shift's start"
+        );
+        assert_eq!(
+            inc.opened_at,
+            t(40),
+            "notice_for after {:?}",
+            n.first_hot_at
+        );
+    }
+
+    /// Issue 32, item 7: a wobble, then a real fault: the incident opens as the fault
+    /// fills open_after windows, and its opening and headline are the fault's.
+    #[test]
+    fn an_incident_after_a_notice_opens_at_the_larger_shift() {
+        let mut d = Detector::new(config());
+        let (normal, wobble, fault) = (uniform(100_000), uniform(150_000), uniform(1_000_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        let ev: Vec<Event> = (21..=25)
+            .flat_map(|s| tick(&mut d, s, "web", &wobble))
+            .collect();
+        assert!(matches!(ev.as_slice(), [Event::Noticed(_)]), "{ev:?}");
+        assert!(tick(&mut d, 26, "web", &fault).is_empty(), "one window");
+        let ev = tick(&mut d, 27, "web", &fault);
+        let [Event::Opened(inc)] = ev.as_slice() else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(
+            inc.first_hot_at,
+            t(25),
+            "the fault's first window, not the wobble's"
+        );
+        assert!(inc.headline.ratio > 5.0, "{:?}", inc.headline);
+    }
+
+    /// A x3 shift that adds 200 µs is a notice under a 500 µs `incident_delta`; a x3 shift
+    /// adding 2 ms is an incident.
+    #[test]
+    fn a_shift_adding_little_time_is_a_notice_whatever_its_ratio() {
+        let run = |base: u64| {
+            let mut cfg = config();
+            cfg.defaults.incident_delta = Duration::from_micros(500);
+            let mut d = Detector::new(cfg);
+            for s in 1..=20 {
+                tick(&mut d, s, "web", &uniform(base));
+            }
+            (21..=22)
+                .flat_map(|s| tick(&mut d, s, "web", &uniform(3 * base)))
+                .collect::<Vec<_>>()
+        };
+        let ev = run(100_000);
+        assert!(matches!(ev.as_slice(), [Event::Noticed(_)]), "{ev:?}");
+        let ev = run(1_000_000);
+        assert!(matches!(ev.as_slice(), [Event::Opened(_)]), "{ev:?}");
+    }
+
+    /// `notice_for = 0` turns the notice tier off.
+    #[test]
+    fn without_the_notice_tier_a_small_shift_opens_at_once() {
+        let mut cfg = config();
+        cfg.defaults.notice_for = Duration::ZERO;
+        let mut d = Detector::new(cfg);
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &uniform(100_000));
+        }
+        let ev: Vec<Event> = (21..=22)
+            .flat_map(|s| tick(&mut d, s, "web", &uniform(150_000)))
+            .collect();
+        assert!(matches!(ev.as_slice(), [Event::Opened(_)]), "{ev:?}");
+    }
+
     #[test]
     fn forget_drops_a_gone_service_unless_an_incident_is_open() {
         let mut d = Detector::new(config());
@@ -1020,7 +1199,7 @@ mod tests {
             d.observe(t(s), "web", Probe::TcpSocketRead, web);
             d.observe(t(s), "db", Probe::TcpSocketRead, &normal);
             for ev in d.end_interval(t(s)) {
-                assert_eq!(ev.incident().service, "web");
+                assert_eq!(ev.incident().map(|i| i.service.as_str()), Some("web"));
             }
         }
         assert_eq!(d.open_incidents().len(), 1);
@@ -1104,7 +1283,9 @@ mod tests {
         );
         // serde_json's float parsing is not bit-exact, so compare what is not a float.
         let back: Event = serde_json::from_str(&json).unwrap();
-        let (a, b) = (back.incident(), ev[0].incident());
+        let (Some(a), Some(b)) = (back.incident(), ev[0].incident()) else {
+            panic!("{back:?}")
+        };
         assert!(matches!(back, Event::Opened(_)));
         assert_eq!(
             (

@@ -16,15 +16,37 @@ pub enum Event {
     Updated(Incident),
     /// Enough consecutive cool windows; `closed_at` is set.
     Closed(Incident),
+    /// A shift met the opening rules but is below `incident_ratio` and has not lasted
+    /// `notice_for`: shown in status, /metrics and the log, never alerted on. Sent once per
+    /// shift; if it grows or persists, an Opened event follows.
+    Noticed(Notice),
 }
 
 impl Event {
-    /// The incident as of this event.
-    pub fn incident(&self) -> &Incident {
+    /// The incident as of this event (`None` for a notice).
+    pub fn incident(&self) -> Option<&Incident> {
         match self {
-            Event::Opened(i) | Event::Updated(i) | Event::Closed(i) => i,
+            Event::Opened(i) | Event::Updated(i) | Event::Closed(i) => Some(i),
+            Event::Noticed(_) => None,
         }
     }
+}
+
+/// A small shift, seen and let be (see [`Event::Noticed`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notice {
+    /// The service.
+    pub service: String,
+    /// Start of the first hot window of the shift.
+    #[serde(with = "humantime_serde")]
+    pub first_hot_at: SystemTime,
+    /// End of the interval that met the opening rules.
+    #[serde(with = "humantime_serde")]
+    pub noticed_at: SystemTime,
+    /// The strongest shift at that point.
+    pub headline: Evidence,
+    /// Which stage grew, at the headline's quantile.
+    pub stage: Option<StageAttribution>,
 }
 
 /// One incident: a service whose tail latency moved. At most one is open per service, so

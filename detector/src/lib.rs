@@ -23,5 +23,5 @@ mod window;
 pub use baseline::BaselineError;
 pub use config::{DetectorConfig, Thresholds, DEFAULTS_TOML};
 pub use engine::Detector;
-pub use event::{Event, Incident, IncidentKey};
+pub use event::{Event, Incident, IncidentKey, Notice};
 pub use scenario::ScenarioError;

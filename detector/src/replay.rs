@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::Detector;
-use crate::event::{Event, Incident};
+use crate::event::{Event, Incident, Notice};
 use model::hist::Histogram;
 use model::Probe;
 
@@ -181,6 +181,7 @@ pub struct Replayer {
     /// Probes seen per service in the current interval (bit `probe.id()`).
     seen: HashMap<String, u8>,
     incidents: Vec<Incident>,
+    notices: Vec<Notice>,
 }
 
 impl Replayer {
@@ -191,6 +192,7 @@ impl Replayer {
             current: None,
             seen: HashMap::new(),
             incidents: Vec::new(),
+            notices: Vec::new(),
         }
     }
 
@@ -249,13 +251,24 @@ impl Replayer {
         Ok(())
     }
 
-    /// End the last interval. Returns every incident in opening order (those still open have
-    /// no `closed_at`) and the detector, e.g. to save its baselines.
-    pub fn finish(mut self) -> (Vec<Incident>, Detector) {
+    /// The small shifts noticed so far (not incidents; see [`Event::Noticed`]), in order.
+    /// The last interval's count only once it has ended: call [`Replayer::end`] first.
+    pub fn notices(&self) -> &[Notice] {
+        &self.notices
+    }
+
+    /// End the last interval (idempotent): its events are absorbed.
+    pub fn end(&mut self) {
         if let Some(cur) = self.current.take() {
             let events = self.detector.end_interval(cur);
             self.absorb(events);
         }
+    }
+
+    /// End the last interval. Returns every incident in opening order (those still open have
+    /// no `closed_at`) and the detector, e.g. to save its baselines.
+    pub fn finish(mut self) -> (Vec<Incident>, Detector) {
+        self.end();
         (self.incidents, self.detector)
     }
 
@@ -263,6 +276,7 @@ impl Replayer {
         for ev in events {
             match ev {
                 Event::Opened(inc) => self.incidents.push(inc),
+                Event::Noticed(n) => self.notices.push(n),
                 Event::Updated(inc) | Event::Closed(inc) => {
                     if let Some(slot) = self
                         .incidents

@@ -544,6 +544,7 @@ fn learn(group: &mut BaseGroup, keys: &BTreeMap<Probe, WindowKey>, how: Learning
 fn absorb(incidents: &mut Vec<Incident>, ev: Event) {
     match ev {
         Event::Opened(inc) => incidents.push(inc),
+        Event::Noticed(_) => {}
         Event::Updated(inc) | Event::Closed(inc) => {
             if let Some(slot) = incidents
                 .iter_mut()

@@ -19,8 +19,9 @@ use super::kernel::Kernel;
 use super::live::LoopStatus;
 use super::lock;
 use super::pwru::{self, Finished, PwruStarter, QueueVerdict, SessionNews, SessionQueue};
+use super::standing::Standing;
 use super::writer::{SamplesWritten, Writer};
-use crate::api::{KernelCounters, LatencyRow};
+use crate::api::{KernelCounters, LatencyRow, NoticeRow};
 use crate::config::Config;
 use crate::metrics::Cumulative;
 use model::unix_ns;
@@ -130,6 +131,8 @@ pub(super) struct DaemonCore<K, P> {
     intervals: u64,
     last_baseline_save: Instant,
     last_retention: Instant,
+    /// The sample writer refusing batches (logged when it starts and ends).
+    samples_behind: Standing,
 }
 
 /// Interval histograms from cumulative ones.
@@ -173,6 +176,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             intervals: 0,
             last_baseline_save: now,
             last_retention: now,
+            samples_behind: Standing::default(),
         }
     }
 
@@ -262,6 +266,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             match event {
                 Event::Opened(inc) => self.opened(inc, now),
                 Event::Updated(inc) => self.incidents.updated(inc),
+                Event::Noticed(notice) => self.noticed(notice),
                 Event::Closed(inc) => {
                     if let Some(id) = self.incidents.id_of(&inc.key()) {
                         let cause =
@@ -371,6 +376,28 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
     }
 
+    /// A small shift: logged and counted for status and /metrics, nothing armed or stored.
+    fn noticed(&mut self, n: detector::Notice) {
+        let h = &n.headline;
+        let stage = n.stage.as_ref().map(|s| s.verdict.clone());
+        tracing::info!(
+            service = %n.service,
+            probe = h.probe.name(),
+            quantile = h.quantile,
+            ratio = format!("{:.2}", h.ratio),
+            stage = stage.as_deref().unwrap_or("-"),
+            "shift noticed: not an incident unless it reaches incident_ratio and incident_delta or lasts notice_for"
+        );
+        lock(&self.status).count_notice(NoticeRow {
+            service: n.service.clone(),
+            noticed_ns: unix_ns(n.noticed_at),
+            probe: h.probe.name().to_owned(),
+            quantile: h.quantile,
+            ratio: h.ratio,
+            stage,
+        });
+    }
+
     /// An incident opened: store it, arm capture for its hot probes, store the flight
     /// recorder's samples as pre-trigger, and ask for pwru on the flows they show.
     fn opened(&mut self, inc: detector::Incident, now: Now) {
@@ -411,7 +438,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
                 (status, armed.pre_trigger)
             }
             Err(why) => {
-                tracing::warn!(incident = id, service = %inc.service, reason = %why, "capture not armed");
+                // Capture off or unavailable on this kernel is a standing fact shown in
+                // status, not news for every incident.
+                if matches!(why, super::capture::ArmError::Unavailable(_)) {
+                    tracing::debug!(incident = id, service = %inc.service, reason = %why, "capture not armed");
+                } else {
+                    tracing::warn!(incident = id, service = %inc.service, reason = %why, "capture not armed");
+                }
                 let status = CaptureStatus {
                     state: CaptureState::NotArmed,
                     message: why.to_string(),
@@ -502,7 +535,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         match SessionRequest::for_incident(&self.config.pwru, &scope) {
             Ok(request) => {
                 let filter = request.filter().expression();
-                tracing::info!(incident = id, %filter, "pwru session requested");
+                tracing::debug!(incident = id, %filter, "pwru session requested");
                 self.pwru_queue.requested(id, flows);
                 self.incidents.update(id, |r| {
                     r.pwru.state = PwruState::Running;
@@ -562,13 +595,22 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         };
         lock(&self.status).pwru_finished(done.status.state.name());
         let status = pwru::status_of(&done.status, done.stored);
-        tracing::info!(
-            incident = done.incident,
-            state = %done.status.state,
-            lines = done.stored,
-            reason = %done.status.reason,
-            "pwru session ended"
-        );
+        // Unmet prerequisites are a standing condition, logged by the pwru check itself.
+        if done.status.state == capture::pwru::SessionState::Unavailable {
+            tracing::debug!(
+                incident = done.incident,
+                reason = %done.status.reason,
+                "pwru session ended"
+            );
+        } else {
+            tracing::info!(
+                incident = done.incident,
+                state = %done.status.state,
+                lines = done.stored,
+                reason = %done.status.reason,
+                "pwru session ended"
+            );
+        }
         self.incidents.update(done.incident, |record| {
             // Keep the kernel check's choice of functions (`pwru_chosen`) with the outcome.
             let functions = record
@@ -657,8 +699,14 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
         let n = samples.len();
         if let Some(dropped) = self.writer.samples(samples, pre_trigger) {
-            tracing::warn!(samples = n, "the sample writer is behind: samples dropped");
+            if self.samples_behind.begins() {
+                tracing::warn!(samples = n, "the sample writer is behind: samples dropped");
+            } else {
+                tracing::debug!(samples = n, "the sample writer is behind: samples dropped");
+            }
             self.count_samples(dropped);
+        } else if self.samples_behind.ends() {
+            tracing::info!("the sample writer caught up");
         }
     }
 

@@ -13,8 +13,8 @@ use super::lock;
 
 use crate::api::{
     CaptureReport, CauseCount, DaemonInfo, KernelCounters, LatencyRow, MissingFeatureRow,
-    OpenIncident, OpenedCount, ProbeRow, ProcessStats, ProgCost, PwruReport, ReloadOutcome,
-    StatusReport, StoreReport,
+    NoticeCount, NoticeRow, OpenIncident, OpenedCount, ProbeRow, ProcessStats, ProgCost,
+    PwruReport, ReloadOutcome, StatusReport, StoreReport,
 };
 use crate::config::Config;
 
@@ -60,6 +60,8 @@ pub(super) struct LoopStatus {
     opened: BTreeMap<(String, String), u64>,
     /// Incidents closed since start by (service, cause verdict).
     causes: BTreeMap<(String, String), u64>,
+    /// Small shifts noticed since start, per service: how many and the latest.
+    notices: BTreeMap<String, (u64, NoticeRow)>,
     /// pwru sessions ended since start by final state.
     pwru_sessions: BTreeMap<String, u64>,
     /// Intervals of history the storage writer dropped while behind.
@@ -90,6 +92,7 @@ impl Default for LoopStatus {
             worst_wakeup_ns: 0,
             opened: BTreeMap::new(),
             causes: BTreeMap::new(),
+            notices: BTreeMap::new(),
             pwru_sessions: BTreeMap::new(),
             dropped_history_intervals: 0,
             dropped_samples: 0,
@@ -102,6 +105,16 @@ impl LoopStatus {
     pub(super) fn count_opened(&mut self, service: &str, stage: Option<String>) {
         let stage = stage.unwrap_or_else(|| "unknown".into());
         *self.opened.entry((service.to_owned(), stage)).or_default() += 1;
+    }
+
+    /// A small shift of `service` was noticed (not an incident).
+    pub(super) fn count_notice(&mut self, latest: NoticeRow) {
+        let entry = self
+            .notices
+            .entry(latest.service.clone())
+            .or_insert_with(|| (0, latest.clone()));
+        entry.0 += 1;
+        entry.1 = latest;
     }
 
     /// An incident of `service` closed with this cause verdict.
@@ -264,6 +277,14 @@ impl Live {
                     service: service.clone(),
                     cause: cause.clone(),
                     count,
+                })
+                .collect(),
+            notices: status
+                .notices
+                .values()
+                .map(|(count, latest)| NoticeCount {
+                    count: *count,
+                    latest: latest.clone(),
                 })
                 .collect(),
             otlp: self.otlp.as_ref().map(crate::otlp::Outbox::report),

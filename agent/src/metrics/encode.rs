@@ -350,6 +350,19 @@ impl Collector for View {
             }),
         )?;
 
+        values(
+            &mut enc,
+            family(
+                "tailtrap_notices",
+                "Small shifts noticed since the daemon started (below incident_ratio, not \
+                 incidents), per service",
+                Counter,
+            ),
+            r.notices
+                .iter()
+                .map(|n| (vec![("service", n.latest.service.as_str())], n.count as f64)),
+        )?;
+
         // Probes.
         let methods: Vec<(&str, &str)> = r
             .probes

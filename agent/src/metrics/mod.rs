@@ -287,6 +287,17 @@ mod tests {
                 cause: "one-cpu".into(),
                 count: 2,
             }],
+            notices: vec![crate::api::NoticeCount {
+                count: 4,
+                latest: crate::api::NoticeRow {
+                    service: "web".into(),
+                    noticed_ns: 5,
+                    probe: "tcp-socket-read".into(),
+                    quantile: 0.99,
+                    ratio: 1.5,
+                    stage: None,
+                },
+            }],
             otlp: Some(crate::otlp::OtlpReport {
                 queued: 2,
                 capacity: 4096,
@@ -333,6 +344,8 @@ mod tests {
             "tailtrap_incidents_opened_total{service=\"web\",stage=\"application read delay\"} 3",
             "# TYPE tailtrap_incident_causes_total counter",
             "tailtrap_incident_causes_total{service=\"web\",cause=\"one-cpu\"} 2",
+            "# TYPE tailtrap_notices_total counter",
+            "tailtrap_notices_total{service=\"web\"} 4",
             "tailtrap_probe_info{probe=\"tcp-socket-read\",method=\"tp_btf\",detail=\"skb_copy_datagram_iovec\"} 1",
             "tailtrap_kernel_hol_excluded_total 5",
             "tailtrap_capture_armed{service=\"web\"} 1",
