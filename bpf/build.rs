@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use libbpf_cargo::SkeletonBuilder;
 
 const BPF_DIR: &str = "src/bpf";
-const SOURCES: [&str; 18] = [
+const SOURCES: [&str; 17] = [
     "tailtrap.h",
     "bucket.h",
     "counter.bpf.h",
@@ -25,48 +25,25 @@ const SOURCES: [&str; 18] = [
     "first_stamp.bpf.h",
     "vmlinux.h",
     "probes.bpf.c",
-    "floor.bpf.c",
     "features.bpf.c",
 ];
 
-/// libbpf-cargo's name for the target architecture in `__TARGET_ARCH_*`.
-fn target_arch() -> String {
-    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| env::consts::ARCH.into());
-    match arch.as_str() {
-        "x86_64" => "x86".into(),
-        "aarch64" => "arm64".into(),
-        "powerpc64" => "powerpc".into(),
-        "s390x" => "s390".into(),
-        "riscv64" => "riscv".into(),
-        "loongarch64" => "loongarch".into(),
-        "sparc64" => "sparc".into(),
-        "mips64" => "mips".into(),
-        _ => arch,
-    }
-}
+#[path = "clang_args.rs"]
+mod clang_args;
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
 
-    // The -D is passed here although libbpf-cargo would add the same one, so that
-    // tests/bpf_headers.rs can compile each header with exactly these flags (read from
+    // tests/bpf_headers.rs compiles each header with exactly these flags (read from
     // OUT_DIR; relative paths, like cargo, from the package directory).
-    let clang_args = [
-        "-I".to_owned(),
-        BPF_DIR.to_owned(),
-        format!("-D__TARGET_ARCH_{}", target_arch()),
-        // cpu v3: 32-bit jumps and ALU (5.1+). Its atomics with a result (5.12+) must not
-        // appear: 5.10's verifier refuses a program holding one even on a dead path.
-        "-mcpu=v3".to_owned(),
-        "-Wall".to_owned(),
-        "-Werror".to_owned(),
-    ];
+    let clang_args = clang_args::clang_args(BPF_DIR);
     fs::write(out.join("bpf_clang_args.txt"), clang_args.join("\n"))
         .expect("writing bpf_clang_args.txt to OUT_DIR");
 
-    // probes: the product; features: what the kernel offers, loaded before it; floor:
-    // empty programs for the probe-cost benchmark.
-    for name in ["probes", "features", "floor"] {
+    // probes: the product; features: what the kernel offers, loaded before it. (floor.bpf.c,
+    // the probe-cost bench's reference programs, is built by the bpf-reference crate in
+    // reference/, a dev-dependency: never for the product.)
+    for name in ["probes", "features"] {
         SkeletonBuilder::new()
             .source(format!("{BPF_DIR}/{name}.bpf.c"))
             .clang_args(&clang_args)

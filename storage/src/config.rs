@@ -64,9 +64,9 @@ pub struct StoreConfig {
 }
 
 /// Passes over whole trees read at least this much between two engine reopens: each
-/// reopen costs 10-50 ms. Opening the storage bench's 1 GiB database (681 MB live) took
-/// 6.7-9.9 s in 1 MiB windows, 3.2-4.0 s in 2 MiB and 2.1 s in 4 MiB ones, for a peak
-/// RSS of 12, 13 and 15 MiB that lasts only as long as the pass.
+/// reopen costs tens of ms, so smaller windows made opening a large database several
+/// times slower for a peak memory barely lower, and only for as long as the pass
+/// (docs/reliability.md, "Long passes: bounded by windows").
 const PASS_WINDOW_MIN_BYTES: u64 = 4 << 20;
 
 impl StoreConfig {
@@ -103,11 +103,11 @@ impl Default for StoreConfig {
             max_bytes: 1 << 30,
             max_amplification: 4.0,
             rotate_min_bytes: 256 << 20,
-            // The trade-off (docs/reliability.md "Per-thread caches", "A smaller engine"):
-            // RSS swings by about this much between reopens, and each reopen stalls the
-            // engine's writers 15-50 ms. In 2 h soaks side by side, 512 KiB gave the lowest
-            // mean RSS (24.4 MiB against 25.0 at 1 MiB and 24.7 at 256 KiB), with reopens
-            // every 47 s at no measurable CPU; 256 KiB only reopened more often.
+            // The trade-off: RSS swings by about this much between reopens, and each
+            // reopen stalls the engine's writers for tens of ms. In soaks side by side
+            // 512 KiB gave the lowest mean RSS at no measurable CPU, and 256 KiB only
+            // reopened more often (docs/reliability.md, "Per-thread caches", "A smaller
+            // engine").
             cache_bytes: 512 << 10,
             min_free_bytes: 128 << 20,
         }
@@ -177,7 +177,8 @@ impl Validate for StoreConfig {
             bad("max_bytes", "must be at least 1 MiB".into());
         }
         // Each `cache_bytes` written reopens the engine: a tiny value would reopen it at
-        // every write (at 256 KiB the soak's daemon already reopened it every 33 s).
+        // every write, and 256 KiB already reopened it more often than 512 KiB for no
+        // memory saved (docs/reliability.md, "A smaller engine").
         if self.cache_bytes < 256 << 10 {
             bad("cache_bytes", "must be at least 256 KiB".into());
         }

@@ -1,8 +1,8 @@
 //! The engine's memory that the store cannot count: sled's segment cleaner reads pages back
 //! from disk to rewrite them elsewhere, and keeps them in memory until the engine is
-//! closed. In the soak under heaptrack, at minute 22 and 4 minutes after the engine's last
-//! reopen, those pages held 0.8 of the heap's 3.0 MiB, two thirds of what it had gained
-//! since minute 4, and none of it went through the store's own reads and writes. So the
+//! closed. Under heaptrack in the soak those pages were most of what the heap gained
+//! between engine reopens, and none of it went through the store's own reads and writes
+//! (docs/reliability.md, "The segment cleaner's pages"). So the
 //! store can also watch the process's heap, read by whoever knows the allocator (the
 //! daemon), and reopen the engine once the heap grew `cache_bytes` above its lowest reading
 //! since the engine was opened.

@@ -84,11 +84,10 @@ pub(crate) fn chunk_span(res_ns: u64) -> u64 {
 /// The coarser levels' unfinished chunks are written every this many finest chunks (and
 /// when complete, at [`Store::flush`] and at close), not at every one: each write of such
 /// a chunk pulls its whole leaf (up to 16 older chunks) into sled's memory, and these
-/// rewrites were a third of what went through the engine. In the 2 h soak this cut the
-/// bytes written to disk by a fifth and the engine reopens by a quarter (RSS unchanged:
-/// docs/reliability.md). After a crash the coarser levels lack up to this many finest
-/// chunks' points; the next open adds them back from the finest level
-/// (`history_rebuild.rs`).
+/// rewrites were much of what went through the engine and of its reopens (the soak's
+/// figures: docs/reliability.md, "Coarse chunks"). After a crash the coarser levels lack
+/// up to this many finest chunks' points; the next open adds them back from the finest
+/// level (`history_rebuild.rs`).
 pub(crate) const COARSE_WRITE_EVERY: u64 = 10;
 
 /// Envelope version of a history chunk (`Vec<(offset ns, HistogramV1)>`, see

@@ -2,13 +2,13 @@
 //! more than about one window of what the pass read.
 //!
 //! sled 0.34 keeps every node a read pulls in until its engine is dropped, whatever its
-//! `cache_capacity`: one pass over a database kept about its live size in memory (a
-//! 216 MiB database took `tailtrap db check` to 222 MiB of RSS, and the daemon's start the
-//! same until its first engine reopen). So a long pass stops after each window, lets go of
-//! its tree handle, lets the caller reopen the engine, and resumes after the last key it saw.
-//! A window is `storage.cache_bytes`, at least 4 MiB (`StoreConfig::pass_window_bytes`):
-//! each reopen costs 10–50 ms; the 216 MiB database above is checked in 3.6–4.1 s with a
-//! 35 MiB peak (2.9–3.5 s and 222 MiB in one go).
+//! `cache_capacity`: one pass over a database kept about its live size in memory (`tailtrap
+//! db check`, and the daemon's start until its first engine reopen). So a long pass stops
+//! after each window, lets go of its tree handle, lets the caller reopen the engine, and
+//! resumes after the last key it saw. A window is `storage.cache_bytes`, at least 4 MiB
+//! (`StoreConfig::pass_window_bytes`): each reopen costs tens of ms, so a pass in windows
+//! takes a little longer for a peak memory that no longer follows the database (the
+//! figures: docs/reliability.md, "Long passes: bounded by windows").
 
 use std::ops::{Bound, Deref};
 

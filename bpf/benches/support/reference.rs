@@ -1,8 +1,8 @@
-//! The reference programs of `floor.bpf.c`, loaded on the hooks tailtrap's probes use on
-//! this kernel (fentry or tp_btf, as the probes' own attach choice decides), or on given
-//! hooks (the probe-cost bench's floors beside the scheduler hooks armed capture adds).
-//! Shared by the probe-cost bench and the `reference_programs` example that nginx's overhead
-//! bench runs.
+//! The reference programs of `floor.bpf.c` (built by the `bpf-reference` crate, a
+//! dev-dependency), loaded on the hooks tailtrap's probes use on this kernel (fentry or
+//! tp_btf, as the probes' own attach choice decides), or on given hooks (the probe-cost
+//! bench's floors beside the scheduler hooks armed capture adds). Shared by the probe-cost
+//! bench and the `reference_programs` example that nginx's overhead bench runs.
 
 use std::collections::HashSet;
 use std::mem::MaybeUninit;
@@ -11,12 +11,8 @@ use bpf::{ProbeConfig, ProbeSet};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
-#[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, unreachable_pub)]
-mod floor_skel {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
-
-pub use floor_skel::FloorSkel;
+pub use bpf_reference::FloorSkel;
+use bpf_reference::FloorSkelBuilder;
 
 /// Which reference program of the floor object.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -61,7 +57,7 @@ pub fn load_on<'obj>(
     attach_points: &HashSet<String>,
     kinds: &[Reference],
 ) -> Result<FloorSkel<'obj>, Box<dyn std::error::Error>> {
-    let mut open = floor_skel::FloorSkelBuilder::default().open(storage)?;
+    let mut open = FloorSkelBuilder::default().open(storage)?;
     for mut prog in open.open_object_mut().progs_mut() {
         let hook = attach_points.contains(prog.section().to_string_lossy().as_ref());
         let kind = kinds.contains(&Reference::of(&prog.name().to_string_lossy()));

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
 /*
- * The bucket index of detector::hist::bucket_index, in C. Plain C on purpose: the BPF
+ * The bucket index of model::hist::bucket_index, in C. Plain C on purpose: the BPF
  * programs include it, and the host test (bpf/tests/bucket_agreement.rs) compiles it with
  * the system compiler to compare both at every bucket boundary.
  */
