@@ -50,6 +50,6 @@ pub use prometheus::{
 };
 pub use traffic::{
     run_client, ClientOpts, ClientStats, EchoServer, LoopingClient, Proto, ServerOpts, TcpServer,
-    UdpServer,
+    UdpServer, UdpStream,
 };
 pub use veth::VethPair;

@@ -69,7 +69,7 @@ pub struct UdpServer(Server);
 impl TcpServer {
     /// Starts the server and waits until it listens.
     pub fn spawn(opts: ServerOpts<'_>) -> Result<TcpServer> {
-        Server::spawn("tcp-server", &opts).map(TcpServer)
+        Server::spawn("tcp-server", &opts, false).map(TcpServer)
     }
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
@@ -88,7 +88,12 @@ impl TcpServer {
 impl UdpServer {
     /// Starts the server and waits until its socket is bound.
     pub fn spawn(opts: ServerOpts<'_>) -> Result<UdpServer> {
-        Server::spawn("udp-server", &opts).map(UdpServer)
+        Server::spawn("udp-server", &opts, false).map(UdpServer)
+    }
+    /// Starts a server that reads and discards each datagram (no echo), for senders that
+    /// do not wait for one ([`UdpStream`]).
+    pub fn spawn_sink(opts: ServerOpts<'_>) -> Result<UdpServer> {
+        Server::spawn("udp-server", &opts, true).map(UdpServer)
     }
     /// The address it is bound to.
     pub fn addr(&self) -> SocketAddr {
@@ -162,7 +167,7 @@ struct Server {
 }
 
 impl Server {
-    fn spawn(mode: &str, opts: &ServerOpts<'_>) -> Result<Server> {
+    fn spawn(mode: &str, opts: &ServerOpts<'_>, sink: bool) -> Result<Server> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let delay_file =
@@ -170,6 +175,9 @@ impl Server {
         write_delay(&delay_file, opts.read_delay)?;
         let mut cmd = Command::new(traffic_bin());
         cmd.arg(mode).arg("--bind").arg(opts.bind.to_string());
+        if sink {
+            cmd.arg("--sink");
+        }
         cmd.arg("--delay-file")
             .arg(&delay_file)
             .arg("--exit-on-stdin-eof");
@@ -400,5 +408,57 @@ impl Drop for LoopingClient {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// A UDP sender that does not wait for echoes, in its own process until its deadline or
+/// until dropped (killed then): steady traffic into a sink ([`UdpServer::spawn_sink`]), or
+/// with no pause a flood as fast as its CPU allows.
+#[derive(Debug)]
+pub struct UdpStream {
+    child: Child,
+}
+
+impl UdpStream {
+    /// Start sending datagrams of `size` bytes to `target` from `netns` (the host's when
+    /// `None`), sleeping `pause` after each (none: a flood), for at most `deadline`.
+    pub fn start(
+        target: SocketAddr,
+        netns: Option<&Netns>,
+        size: usize,
+        pause: Duration,
+        deadline: Duration,
+    ) -> Result<UdpStream> {
+        let mut cmd = Command::new(traffic_bin());
+        cmd.arg("udp-client")
+            .arg("--sink")
+            .arg("--target")
+            .arg(target.to_string());
+        cmd.arg("--messages").arg(u32::MAX.to_string());
+        cmd.arg("--size").arg(size.to_string());
+        cmd.arg("--pause")
+            .arg(humantime::format_duration(pause).to_string());
+        cmd.arg("--deadline")
+            .arg(humantime::format_duration(deadline).to_string());
+        add_placement(&mut cmd, netns, None);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let child = cmd
+            .spawn()
+            .map_err(Error::io("cannot start a UDP stream (udp-client --sink)"))?;
+        Ok(UdpStream { child })
+    }
+
+    /// The sender's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for UdpStream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -153,6 +153,107 @@ impl VethPair {
     }
 }
 
+impl VethPair {
+    /// Steers what the host end receives to `cpu` with RPS (its `rx-0` queue's `rps_cpus`):
+    /// the receive softirq of every packet the namespace sends runs there, whichever CPU
+    /// sent it. Undone when the pair is deleted.
+    pub fn steer_rx_to_cpu(&self, cpu: usize) -> Result<()> {
+        // A CPU mask in hex, in comma-separated 32-bit words, most significant first.
+        let words: Vec<String> = (0..=cpu / 32)
+            .rev()
+            .map(|w| {
+                let bits: u32 = if w == cpu / 32 { 1 << (cpu % 32) } else { 0 };
+                format!("{bits:08x}")
+            })
+            .collect();
+        let path = format!("/sys/class/net/{}/queues/rx-0/rps_cpus", self.host_ifname);
+        std::fs::write(&path, words.join(",")).map_err(Error::io(format!(
+            "cannot write {path} (a kernel without CONFIG_RPS?)"
+        )))
+    }
+
+    /// Makes a routing loop through the pair and returns the address it is for, one of
+    /// 198.18.0.0/15 (the benchmarking range, RFC 2544) chosen by the pair's slot: the host
+    /// routes it to the namespace, the namespace routes it back, both forward (the host end
+    /// only: per-device forwarding), so a packet sent to it from the namespace bounces
+    /// between the two until its TTL runs out. Every hop is a full receive (backlog, IP,
+    /// forward) in the softirq of the CPU that took it, so each datagram sent costs the
+    /// receiving CPUs about 64 (a default TTL) receives. The neighbours are made permanent,
+    /// so address resolution cannot be lost under the load and break the loop. Undone when
+    /// the pair and namespace are deleted.
+    pub fn routing_loop(&self, netns: &Netns) -> Result<Ipv4Addr> {
+        let slot = (u32::from(self.host_v4) - u32::from(Ipv4Addr::new(10, 200, 0, 0))) / 4;
+        let dest = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + slot);
+        let ns = netns.name();
+        let (h, p) = (&self.host_ifname, &self.peer_ifname);
+        let (host, peer) = (self.host_v4.to_string(), self.peer_v4.to_string());
+        let host_mac = std::fs::read_to_string(format!("/sys/class/net/{h}/address"))
+            .map_err(Error::io(format!("cannot read the address of {h}")))?;
+        let link = run("ip", &["-n", ns, "-o", "link", "show", "dev", p])?;
+        let peer_mac = link
+            .split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .ok_or_else(|| Error::Setup(format!("no link/ether address for {p}: {link}")))?
+            .to_owned();
+        run(
+            "ip",
+            &[
+                "neigh",
+                "replace",
+                &peer,
+                "lladdr",
+                &peer_mac,
+                "dev",
+                h,
+                "nud",
+                "permanent",
+            ],
+        )?;
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "neigh",
+                "replace",
+                &host,
+                "lladdr",
+                host_mac.trim(),
+                "dev",
+                p,
+                "nud",
+                "permanent",
+            ],
+        )?;
+        let fwd = format!("/proc/sys/net/ipv4/conf/{h}/forwarding");
+        std::fs::write(&fwd, "1").map_err(Error::io(format!("cannot write {fwd}")))?;
+        // In the namespace: forward, and take back packets from its own address (what it
+        // sent, returned by the host) instead of dropping them as martians.
+        run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                ns,
+                "sh",
+                "-c",
+                &format!(
+                    "echo 1 > /proc/sys/net/ipv4/ip_forward && \
+                     echo 1 > /proc/sys/net/ipv4/conf/{p}/accept_local"
+                ),
+            ],
+        )?;
+        let dest_s = dest.to_string();
+        run("ip", &["route", "add", &dest_s, "via", &peer, "dev", h])?;
+        run(
+            "ip",
+            &["-n", ns, "route", "add", &dest_s, "via", &host, "dev", p],
+        )?;
+        Ok(dest)
+    }
+}
+
 impl Drop for VethPair {
     fn drop(&mut self) {
         // Gone already when its namespace was deleted first.
