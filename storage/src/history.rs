@@ -6,8 +6,7 @@
 //! whose retention still covers the start of the range asked for.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use model::{Histogram, Probe};
 use serde::Serialize;
@@ -34,6 +33,7 @@ pub struct HistorySeries {
 }
 
 /// One line of the replay JSON Lines format (see docs/storage.md and the detector's docs).
+#[cfg(any(test, feature = "fixtures"))]
 #[derive(Serialize)]
 struct ReplayLine<'a> {
     ts: String,
@@ -45,10 +45,13 @@ struct ReplayLine<'a> {
 }
 
 impl HistorySeries {
-    /// Write the series in the detector's replay format: one JSON object per point,
+    /// Write the series in the detector's replay format (tests: the CLI's history export
+    /// has its own writer): one JSON object per point,
     /// `{"ts":"<RFC 3339>","service":..,"probe":..,"interval_ms":..,"buckets":[[i,c],..],
     /// "count":N,"sum_ns":S}`, `ts` being the start of the interval.
-    pub fn write_jsonl(&self, mut out: impl Write) -> std::io::Result<()> {
+    #[cfg(any(test, feature = "fixtures"))]
+    pub fn write_jsonl(&self, mut out: impl std::io::Write) -> std::io::Result<()> {
+        use std::time::UNIX_EPOCH;
         let interval_ms = u64::try_from(self.resolution.as_millis()).unwrap_or(u64::MAX);
         for (start, hist) in &self.points {
             let line = ReplayLine {
@@ -745,7 +748,9 @@ pub struct HistoryPoint<'a> {
 
 impl Store {
     /// Record one interval's histogram for (service, probe), starting at `start_ns`, into
-    /// every history level. Durable within `flush_every`.
+    /// every history level. Durable within `flush_every`. For tests and benchmarks (the
+    /// `fixtures` feature): the daemon records whole intervals, [`Store::record_history_batch`].
+    #[cfg(any(test, feature = "fixtures"))]
     pub fn record_history(
         &self,
         service: &str,
@@ -1354,7 +1359,9 @@ impl Store {
         Ok(streams)
     }
 
-    /// Every (service, probe) with history at the finest level.
+    /// Every (service, probe) with history at the finest level (tests: the `fixtures`
+    /// feature).
+    #[cfg(any(test, feature = "fixtures"))]
     pub fn history_streams(&self) -> Result<Vec<(String, Probe)>> {
         self.history_streams_at(0)
     }
