@@ -15,44 +15,7 @@ where
     t
 }
 
-pub use model::fmt_ns;
-
-/// An incident's strongest shift: `tcp-socket-read p99 120µs -> 21.0ms (175x)`.
-pub fn headline(inc: &detector::Incident) -> String {
-    let h = &inc.headline;
-    format!(
-        "{} {} {} -> {} ({:.1}x)",
-        h.probe,
-        quantile_name(h.quantile),
-        fmt_ns(h.baseline.value_ns),
-        fmt_ns(h.observed.value_ns),
-        h.ratio
-    )
-}
-
-/// A quantile as people write it: `p99`, `p99.9`, `p50`.
-pub fn quantile_name(q: f64) -> String {
-    let pct = q * 100.0;
-    // Round away float noise (0.999 * 100 = 99.899999...).
-    let pct = (pct * 1000.0).round() / 1000.0;
-    format!("p{pct}")
-}
-
-/// The stage an incident's time went to, `-` when the detector could not attribute one.
-pub fn stage(inc: &detector::Incident) -> String {
-    inc.stage
-        .as_ref()
-        .map_or_else(|| "-".to_owned(), |s| s.verdict.clone())
-}
-
-/// Probe names joined by commas: `ip-start,tcp-socket-read`.
-pub fn probe_list(probes: &[model::Probe]) -> String {
-    probes
-        .iter()
-        .map(|p| p.name())
-        .collect::<Vec<_>>()
-        .join(",")
-}
+pub use model::{fmt_ns, quantile_name};
 
 /// A time in ns since the Unix epoch as RFC 3339 (UTC, seconds).
 pub fn fmt_time(ns: u64) -> String {
@@ -100,21 +63,6 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_units() {
-        assert_eq!(fmt_ns(850.0), "850ns");
-        assert_eq!(fmt_ns(12_340.0), "12.3µs");
-        assert_eq!(fmt_ns(4_560_000.0), "4.56ms");
-        assert_eq!(fmt_ns(1.2e9), "1.20s");
-    }
-
-    #[test]
-    fn quantile_names() {
-        assert_eq!(quantile_name(0.99), "p99");
-        assert_eq!(quantile_name(0.999), "p99.9");
-        assert_eq!(quantile_name(0.5), "p50");
-    }
 
     #[test]
     fn formats_times_spans_and_bytes() {

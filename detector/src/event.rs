@@ -81,6 +81,11 @@ pub struct Incident {
 }
 
 impl Incident {
+    /// The stage its time went to, `-` when none could be attributed.
+    pub fn stage_name(&self) -> &str {
+        self.stage.as_ref().map_or("-", |s| s.verdict.as_str())
+    }
+
     /// What identifies this incident in every event about it.
     pub fn key(&self) -> IncidentKey {
         IncidentKey {
@@ -161,6 +166,20 @@ pub struct Evidence {
     /// Start of the window.
     #[serde(with = "humantime_serde")]
     pub window_start: SystemTime,
+}
+
+impl Evidence {
+    /// One line for logs, tables and alerts: `tcp-socket-read p99 120.0µs -> 21.00ms (175.0x)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} {} -> {} ({:.1}x)",
+            self.probe,
+            model::quantile_name(self.quantile),
+            model::fmt_ns(self.baseline.value_ns),
+            model::fmt_ns(self.observed.value_ns),
+            self.ratio
+        )
+    }
 }
 
 /// A receive-path stage: the span between two probes on a path (or up to the first

@@ -40,6 +40,14 @@ pub fn unix_ns(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
+/// A quantile as people write it: `p99`, `p99.9`, `p50`.
+pub fn quantile_name(q: f64) -> String {
+    let pct = q * 100.0;
+    // Round away float noise (0.999 * 100 = 99.899999...).
+    let pct = (pct * 1000.0).round() / 1000.0;
+    format!("p{pct}")
+}
+
 /// Format nanoseconds for humans: `850ns`, `12.3µs`, `4.56ms`, `1.20s`.
 pub fn fmt_ns(ns: f64) -> String {
     if !ns.is_finite() {
@@ -53,5 +61,21 @@ pub fn fmt_ns(ns: f64) -> String {
         format!("{:.2}ms", ns / 1e6)
     } else {
         format!("{:.2}s", ns / 1e9)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_quantiles_and_times() {
+        assert_eq!(quantile_name(0.99), "p99");
+        assert_eq!(quantile_name(0.999), "p99.9");
+        assert_eq!(quantile_name(0.5), "p50");
+        assert_eq!(fmt_ns(850.0), "850ns");
+        assert_eq!(fmt_ns(12_340.0), "12.3µs");
+        assert_eq!(fmt_ns(4_560_000.0), "4.56ms");
+        assert_eq!(fmt_ns(1.2e9), "1.20s");
     }
 }

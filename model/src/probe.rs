@@ -61,6 +61,15 @@ impl Probe {
         Probe::UdpSocketRead,
     ];
 
+    /// Probe names joined by commas, as logs and tables show a set: `ip-start,tcp-socket-read`.
+    pub fn names(probes: &[Probe]) -> String {
+        probes
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The probe's name as operators and files use it, e.g. `tcp-socket-read`.
     pub const fn name(self) -> &'static str {
         match self {

@@ -14,7 +14,7 @@ use storage::{
 use crate::api::query::{IncidentsParams, MarkParams, SamplesParams};
 use crate::api::{IncidentAnswer as Incident, IncidentView};
 use crate::cmd::samples;
-use crate::output::{fmt_ns, fmt_span, fmt_time, headline, print_json, quantile_name, table};
+use crate::output::{fmt_ns, fmt_span, fmt_time, print_json, quantile_name, table};
 use crate::source::{block_on, Source, Target};
 
 /// Arguments of `tailtrap incidents`.
@@ -230,7 +230,9 @@ fn print_list(incidents: &[Incident], verdicts: &BTreeMap<u64, IncidentVerdict>)
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-                None => d.as_ref().map_or_else(|| probe_names(i), headline),
+                None => d
+                    .as_ref()
+                    .map_or_else(|| probe_names(i), |d| d.headline.describe()),
             },
             d.and_then(|d| d.stage)
                 .map(|s| s.verdict)
@@ -295,7 +297,7 @@ fn print_show(view: &IncidentView) {
         ]);
     }
     if let Some(d) = &d {
-        t.add_row(["headline".to_owned(), headline(d)]);
+        t.add_row(["headline".to_owned(), d.headline.describe()]);
         t.add_row([
             "first hot window".to_owned(),
             humantime::format_rfc3339_seconds(d.first_hot_at).to_string(),

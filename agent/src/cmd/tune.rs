@@ -19,7 +19,7 @@ use storage::{IncidentState, IncidentVerdict, Verdict};
 
 use crate::api::query::IncidentsParams;
 use crate::cmd::history::{self, Range, SparseHistory};
-use crate::output::{fmt_span, fmt_time, print_json, probe_list, table};
+use crate::output::{fmt_span, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
 /// Most candidates one run replays (the product of the `--sweep` lists, times one): each
@@ -622,7 +622,7 @@ fn recorded_in(
             opened: fmt_time(i.opened_ns),
             closed: i.closed_ns.map(fmt_time),
             state: i.state,
-            probes: probe_list(&i.probes),
+            probes: model::Probe::names(&i.probes),
             verdict: verdicts.get(&i.id).map(|v| v.verdict),
             opened_ns: i.opened_ns,
             closed_ns: i.closed_ns,
@@ -636,7 +636,7 @@ fn shown_incident(i: &Replayed) -> ShownIncident {
     ShownIncident {
         opened_at: fmt_time(ns(i.opened_at)),
         closed_at: i.closed_at.map(|c| fmt_time(ns(c))),
-        probes: probe_list(&i.probes),
+        probes: model::Probe::names(&i.probes),
         quantile: i.headline.quantile,
         ratio: i.headline.ratio,
         headline_probe: i.headline.probe.to_string(),

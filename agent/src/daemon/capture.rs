@@ -16,7 +16,7 @@ use model::Sample;
 
 use super::kernel::Kernel;
 use crate::api::{CaptureCounts, CaptureReport};
-use crate::output::fmt_ns;
+use model::fmt_ns;
 use model::unix_ns;
 
 /// How many intervals between two updates of the flight recorder's thresholds from the

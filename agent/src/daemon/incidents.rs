@@ -12,7 +12,6 @@ use storage::{CaptureState, IncidentState, NewIncident, PwruState, Store};
 use super::writer::{self, FlushSoon, SampleQueue};
 use crate::api::OpenIncident;
 use crate::otlp::{Event, EventKind, Outbox};
-use crate::output::{headline, probe_list, stage};
 use model::unix_ns;
 
 /// Closed records kept for the changes that still come after closing (pwru's and
@@ -143,9 +142,9 @@ impl Incidents {
         tracing::info!(
             incident = record.id,
             service = %inc.service,
-            probes = %probe_list(&inc.probes),
-            headline = %headline(&inc),
-            stage = %stage(&inc),
+            probes = %model::Probe::names(&inc.probes),
+            headline = %inc.headline.describe(),
+            stage = %inc.stage_name(),
             "incident opened"
         );
         Self::announce(self.outbox.as_ref(), EventKind::Opened, &record, Some(&inc));
@@ -272,8 +271,8 @@ impl Incidents {
         tracing::info!(
             incident = record.id,
             service = %inc.service,
-            probes = %probe_list(&inc.probes),
-            headline = %headline(&inc),
+            probes = %model::Probe::names(&inc.probes),
+            headline = %inc.headline.describe(),
             "incident updated"
         );
         if changed {
@@ -332,7 +331,7 @@ impl Incidents {
                 service: o.record.service.clone(),
                 probes: o.record.probes.clone(),
                 opened_ns: o.record.opened_ns,
-                headline: headline(&o.detail),
+                headline: o.detail.headline.describe(),
                 stage: o.detail.stage.as_ref().map(|s| s.verdict.clone()),
                 cause: o.record.cause.as_ref().map(|c| c.kind.clone()),
                 cause_summary: o.record.cause.as_ref().map(|c| c.summary.clone()),

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use model::unix_ns;
 use storage::{IncidentState, PwruState};
 
-use crate::output::{headline, quantile_name};
+use model::quantile_name;
 
 /// Why an event is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +123,7 @@ impl Event {
             let h = &d.headline;
             let stage = d.stage.as_ref().map(|s| s.verdict.clone());
             a.extend([
-                ("tailtrap.headline", Value::Str(headline(d))),
+                ("tailtrap.headline", Value::Str(d.headline.describe())),
                 ("tailtrap.probe", Value::Str(h.probe.name().to_owned())),
                 ("tailtrap.quantile", Value::Str(quantile_name(h.quantile))),
                 (
@@ -142,7 +142,7 @@ impl Event {
             }
             body = format!(
                 "{body}: {}{}",
-                headline(d),
+                d.headline.describe(),
                 stage.map(|s| format!(", {s}")).unwrap_or_default()
             );
         }
