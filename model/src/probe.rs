@@ -44,9 +44,13 @@ pub struct KernelHooks {
     pub functions: &'static [&'static str],
     /// The BTF tracepoint (tp_btf) standing in where the kernel refuses trampolines.
     pub tracepoint: Option<&'static str>,
-    /// Functions taking a `struct sk_buff *` that a packet tracer follows for this probe.
-    /// Equal to `functions` except where the hooked function has no skb parameter.
-    pub skb_functions: &'static [&'static str],
+    /// The functions pwru follows for this probe's stage, each with a `struct sk_buff *`
+    /// parameter pwru can select (not `const`): the receive function, the queueing
+    /// function, and for the read stages the functions that consume or free the skb once
+    /// the reader took it (so the time from queueing to consumption shows per packet).
+    /// Candidates: names the running kernel lacks or cannot trace are dropped before a
+    /// session starts.
+    pub pwru_functions: &'static [&'static str],
 }
 
 impl Probe {
@@ -109,30 +113,110 @@ impl Probe {
         }
     }
 
+    /// A socket read: the application took the data (the stage where reader verdicts apply).
+    pub const fn is_read(self) -> bool {
+        match self {
+            Probe::TcpSocketRead | Probe::UdpSocketRead => true,
+            Probe::IpStart
+            | Probe::TcpStart
+            | Probe::UdpStart
+            | Probe::TcpSocketEnqueued
+            | Probe::UdpSocketEnqueued => false,
+        }
+    }
+
+    /// The Prometheus histogram family netstacklat's ebpf_exporter configuration gives this
+    /// probe, and its help line: `/metrics` uses both, so dashboards built for netstacklat
+    /// read tailtrap.
+    pub const fn netstacklat_metric(self) -> (&'static str, &'static str) {
+        match self {
+            Probe::IpStart => (
+                "netstack_latency_ip_start_seconds",
+                "Time for packets to reach the start of the IP stack, per service",
+            ),
+            Probe::TcpStart => (
+                "netstack_latency_tcp_start_seconds",
+                "Time for packets to reach the start of the TCP stack, per service",
+            ),
+            Probe::UdpStart => (
+                "netstack_latency_udp_start_seconds",
+                "Time for packets to reach the start of the UDP stack, per service",
+            ),
+            Probe::TcpSocketEnqueued => (
+                "netstack_latency_tcp_sock_enqueued_seconds",
+                "Time until packets are queued to a TCP socket, per service",
+            ),
+            Probe::UdpSocketEnqueued => (
+                "netstack_latency_udp_sock_enqueued_seconds",
+                "Time until packets are queued to a UDP socket, per service",
+            ),
+            Probe::TcpSocketRead => (
+                "netstack_latency_tcp_sock_read_seconds",
+                "Time until packet data is read from a TCP socket, per service",
+            ),
+            Probe::UdpSocketRead => (
+                "netstack_latency_udp_sock_read_seconds",
+                "Time until packet data is read from a UDP socket, per service",
+            ),
+        }
+    }
+
     /// The kernel functions and tracepoint behind this probe.
     pub const fn hooks(self) -> KernelHooks {
-        const fn same(functions: &'static [&'static str], tp: Option<&'static str>) -> KernelHooks {
-            KernelHooks {
-                functions,
-                tracepoint: tp,
-                skb_functions: functions,
-            }
-        }
         match self {
-            Probe::IpStart => same(&["ip_rcv_core", "ip6_rcv_core"], Some("netif_receive_skb")),
-            Probe::TcpStart => same(&["tcp_v4_rcv", "tcp_v6_rcv"], Some("tcp_probe")),
-            Probe::UdpStart => same(&["udp_rcv", "udpv6_rcv"], None),
-            Probe::TcpSocketEnqueued => same(&["tcp_queue_rcv"], Some("sk_data_ready")),
-            Probe::UdpSocketEnqueued => {
-                same(&["__udp_enqueue_schedule_skb"], Some("sk_data_ready"))
-            }
-            // tcp_recv_timestamp takes no skb: the copy of a segment to the reader stands in.
+            Probe::IpStart => KernelHooks {
+                functions: &["ip_rcv_core", "ip6_rcv_core"],
+                tracepoint: Some("netif_receive_skb"),
+                pwru_functions: &[
+                    "ip_rcv_core",
+                    "ip_local_deliver",
+                    "ip6_rcv_core",
+                    "ip6_input",
+                ],
+            },
+            Probe::TcpStart => KernelHooks {
+                functions: &["tcp_v4_rcv", "tcp_v6_rcv"],
+                tracepoint: Some("tcp_probe"),
+                pwru_functions: &["tcp_v4_rcv", "tcp_v6_rcv", "tcp_rcv_established"],
+            },
+            Probe::UdpStart => KernelHooks {
+                functions: &["udp_rcv", "udpv6_rcv"],
+                tracepoint: None,
+                pwru_functions: &[
+                    "udp_rcv",
+                    "udp_unicast_rcv_skb",
+                    "udp_queue_rcv_one_skb",
+                    "udpv6_rcv",
+                ],
+            },
+            Probe::TcpSocketEnqueued => KernelHooks {
+                functions: &["tcp_queue_rcv"],
+                tracepoint: Some("sk_data_ready"),
+                pwru_functions: &["tcp_data_queue", "tcp_queue_rcv"],
+            },
+            Probe::UdpSocketEnqueued => KernelHooks {
+                functions: &["__udp_enqueue_schedule_skb"],
+                tracepoint: Some("sk_data_ready"),
+                pwru_functions: &["__udp_enqueue_schedule_skb"],
+            },
+            // skb_copy_datagram_iter (the copy to the reader, whose tracepoint stands in)
+            // takes a `const struct sk_buff *`, which pwru never selects; the skb's release
+            // after the read marks consumption.
             Probe::TcpSocketRead => KernelHooks {
                 functions: &["tcp_recv_timestamp"],
                 tracepoint: Some("skb_copy_datagram_iovec"),
-                skb_functions: &["skb_copy_datagram_iter"],
+                pwru_functions: &[
+                    "tcp_eat_recv_skb",
+                    "skb_attempt_defer_free",
+                    "__kfree_skb",
+                    "consume_skb",
+                ],
             },
-            Probe::UdpSocketRead => same(&["skb_consume_udp"], None),
+            Probe::UdpSocketRead => KernelHooks {
+                functions: &["skb_consume_udp"],
+                tracepoint: None,
+                pwru_functions: &["skb_consume_udp", "__consume_stateless_skb", "consume_skb"],
+            },
         }
     }
 
@@ -184,14 +268,15 @@ mod tests {
     }
 
     #[test]
-    fn packet_tracers_follow_the_hooked_functions_where_they_carry_an_skb() {
+    fn every_probe_has_hooks_and_pwru_functions() {
         for p in Probe::ALL {
             let h = p.hooks();
             assert!(!h.functions.is_empty(), "{p}");
-            if p == Probe::TcpSocketRead {
-                assert_eq!(h.skb_functions, ["skb_copy_datagram_iter"]);
-            } else {
-                assert_eq!(h.skb_functions, h.functions, "{p}");
+            assert!(!h.pwru_functions.is_empty(), "{p}");
+            // pwru follows the hooked function wherever it takes a selectable skb;
+            // tcp_recv_timestamp takes none.
+            if p != Probe::TcpSocketRead {
+                assert!(h.pwru_functions.contains(&h.functions[0]), "{p}");
             }
         }
     }

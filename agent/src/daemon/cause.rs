@@ -120,7 +120,7 @@ impl Causes {
         let (probe, enqueued, baseline_ns) = match &inc.stage {
             Some(s) => {
                 let row = s.stages.iter().find(|r| r.stage == s.stage);
-                let read = matches!(s.stage.to, Probe::TcpSocketRead | Probe::UdpSocketRead);
+                let read = s.stage.to.is_read();
                 (
                     s.stage.to,
                     if read { s.stage.from } else { None },
@@ -175,7 +175,7 @@ impl Causes {
             if !before_opening {
                 t.note_rx_queue(s);
             }
-            if !matches!(s.probe, Probe::TcpSocketRead | Probe::UdpSocketRead) {
+            if !s.probe.is_read() {
                 if !before_opening && s.pid.is_none() {
                     let e = t.softirq_samples.entry(s.cpu).or_default();
                     e.0 += 1;

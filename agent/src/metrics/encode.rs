@@ -39,27 +39,11 @@ pub(super) fn render(data: &Arc<Data>, format: Format) -> String {
 
 /// The metric family name netstacklat's ebpf_exporter configuration gives a probe.
 pub(super) fn netstacklat_name(probe: Probe) -> &'static str {
-    match probe {
-        Probe::IpStart => "netstack_latency_ip_start_seconds",
-        Probe::TcpStart => "netstack_latency_tcp_start_seconds",
-        Probe::UdpStart => "netstack_latency_udp_start_seconds",
-        Probe::TcpSocketEnqueued => "netstack_latency_tcp_sock_enqueued_seconds",
-        Probe::UdpSocketEnqueued => "netstack_latency_udp_sock_enqueued_seconds",
-        Probe::TcpSocketRead => "netstack_latency_tcp_sock_read_seconds",
-        Probe::UdpSocketRead => "netstack_latency_udp_sock_read_seconds",
-    }
+    probe.netstacklat_metric().0
 }
 
 fn netstacklat_help(probe: Probe) -> &'static str {
-    match probe {
-        Probe::IpStart => "Time for packets to reach the start of the IP stack, per service",
-        Probe::TcpStart => "Time for packets to reach the start of the TCP stack, per service",
-        Probe::UdpStart => "Time for packets to reach the start of the UDP stack, per service",
-        Probe::TcpSocketEnqueued => "Time until packets are queued to a TCP socket, per service",
-        Probe::UdpSocketEnqueued => "Time until packets are queued to a UDP socket, per service",
-        Probe::TcpSocketRead => "Time until packet data is read from a TCP socket, per service",
-        Probe::UdpSocketRead => "Time until packet data is read from a UDP socket, per service",
-    }
+    probe.netstacklat_metric().1
 }
 
 /// `(le in seconds, observations in (previous le, le])` for the power-of-two bounds, then

@@ -88,13 +88,9 @@ fn incident_ports(configured: &[u16], flows: &[Flow]) -> Vec<u16> {
 impl Protocol {
     /// TCP unless every hot probe is on the UDP path (ip-start is on both).
     pub fn of_probes(probes: &[Probe]) -> Protocol {
-        let udp = |p: &Probe| {
-            matches!(
-                p,
-                Probe::UdpStart | Probe::UdpSocketEnqueued | Probe::UdpSocketRead
-            )
-        };
-        if probes.iter().any(udp) && !probes.iter().any(|p| !udp(p) && *p != Probe::IpStart) {
+        let udp = |p: &Probe| p.path() == model::Path::Udp;
+        let tcp = |p: &Probe| p.path() == model::Path::Tcp;
+        if probes.iter().any(udp) && !probes.iter().any(tcp) {
             Protocol::Udp
         } else {
             Protocol::Tcp

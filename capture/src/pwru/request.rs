@@ -338,38 +338,10 @@ const MAX_FUNCS: usize = 64;
 /// The daemon keeps only the one the running kernel really traces.
 const DROP_POINTS: [&str; 2] = ["kfree_skb_reason", "sk_skb_reason_drop"];
 
-/// The functions that take a packet through one probe's stage, each with a `struct
-/// sk_buff *` parameter pwru can select: the receive function, the queueing function,
-/// and for the read stages the functions that consume or free the skb once the reader
-/// took it (so the time from queueing to consumption shows per packet). Candidates only:
-/// names the running kernel lacks or cannot trace are dropped before a session starts.
+/// The functions that take a packet through one probe's stage: the probe table's
+/// [`model::KernelHooks::pwru_functions`].
 pub fn stage_functions(probe: Probe) -> &'static [&'static str] {
-    match probe {
-        Probe::IpStart => &[
-            "ip_rcv_core",
-            "ip_local_deliver",
-            "ip6_rcv_core",
-            "ip6_input",
-        ],
-        Probe::TcpStart => &["tcp_v4_rcv", "tcp_v6_rcv", "tcp_rcv_established"],
-        Probe::TcpSocketEnqueued => &["tcp_data_queue", "tcp_queue_rcv"],
-        // skb_copy_datagram_iter (the copy to the reader) takes a `const struct sk_buff *`,
-        // which pwru never selects; the skb's release after the read marks consumption.
-        Probe::TcpSocketRead => &[
-            "tcp_eat_recv_skb",
-            "skb_attempt_defer_free",
-            "__kfree_skb",
-            "consume_skb",
-        ],
-        Probe::UdpStart => &[
-            "udp_rcv",
-            "udp_unicast_rcv_skb",
-            "udp_queue_rcv_one_skb",
-            "udpv6_rcv",
-        ],
-        Probe::UdpSocketEnqueued => &["__udp_enqueue_schedule_skb"],
-        Probe::UdpSocketRead => &["skb_consume_udp", "__consume_stateless_skb", "consume_skb"],
-    }
+    probe.hooks().pwru_functions
 }
 
 impl FilterFuncs {
