@@ -12,6 +12,7 @@ pub mod pwru;
 pub mod replay;
 pub mod run;
 pub mod samples;
+pub mod shared;
 pub mod simulate;
 pub mod status;
 pub mod tune;

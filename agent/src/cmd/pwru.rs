@@ -41,7 +41,7 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
             }))?;
             return Ok(ExitCode::SUCCESS);
         }
-        crate::cmd::incidents::print_pwru_status(&view.incident);
+        crate::cmd::shared::pwru_status::print_pwru_status(&view.incident);
         if lines.is_empty() {
             println!("no pwru lines stored");
             return Ok(ExitCode::SUCCESS);

@@ -18,7 +18,7 @@ use serde::Serialize;
 use storage::{IncidentState, IncidentVerdict, Verdict};
 
 use crate::api::query::IncidentsParams;
-use crate::cmd::history::{self, Range, SparseHistory};
+use crate::cmd::shared::history_read::{self as history, Range, SparseHistory};
 use crate::output::{fmt_span, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 

@@ -1,0 +1,6 @@
+//! Helpers more than one command uses, so that commands never import each other.
+
+pub mod history_read;
+pub mod pwru_status;
+pub mod since;
+pub mod timelines;
