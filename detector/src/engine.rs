@@ -111,6 +111,15 @@ impl Heat {
     }
 }
 
+/// Whether a notice's shift may become an incident by lasting `notice_for`: it reaches
+/// `incident_ratio` or adds `incident_delta`. A shift below both (on a real host: nginx's
+/// p50 80 µs -> 101 µs, x1.3 adding 21 µs, for a minute at a time) stays a notice however
+/// long it lasts.
+fn lasting_matters(t: &Thresholds, e: &Evidence) -> bool {
+    e.ratio >= t.incident_ratio
+        || e.observed.value_ns - e.baseline.value_ns >= t.incident_delta.as_nanos() as f64
+}
+
 /// One test of one (service, probe, quantile) in the current interval.
 struct Test {
     service: usize,
@@ -478,11 +487,10 @@ impl Machine {
             windows(Heat::Incident)
                 .next()
                 .map_or(window_start, |&(s, _)| s)
-        } else if let Some(n) = self
-            .notice
-            .as_ref()
-            .filter(|n| ts.duration_since(n.first_hot_at).unwrap_or_default() >= t.notice_for)
-        {
+        } else if let Some(n) = self.notice.as_ref().filter(|n| {
+            ts.duration_since(n.first_hot_at).unwrap_or_default() >= t.notice_for
+                && hot.iter().any(|e| lasting_matters(t, e))
+        }) {
             n.first_hot_at
         } else {
             if self.notice.is_some() || windows(Heat::Notice).count() < t.open_after as usize {
@@ -1037,6 +1045,42 @@ mod tests {
             t(40),
             "notice_for after {:?}",
             n.first_hot_at
+        );
+    }
+
+    /// A shift below both incident_ratio and incident_delta (x1.5 adding 50 µs under a
+    /// 200 µs incident_delta) stays a notice however long it lasts; the same shift adding
+    /// 500 µs opens once it lasted notice_for.
+    #[test]
+    fn a_shift_small_in_ratio_and_in_time_never_becomes_an_incident_by_lasting() {
+        let mut cfg = config();
+        cfg.defaults.notice_for = Duration::from_secs(10);
+        cfg.defaults.incident_delta = Duration::from_micros(200);
+        let mut d = Detector::new(cfg);
+        let (normal, wobble) = (uniform(100_000), uniform(150_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        let ev: Vec<Event> = (21..=80)
+            .flat_map(|s| tick(&mut d, s, "web", &wobble))
+            .collect();
+        assert!(matches!(ev.as_slice(), [Event::Noticed(_)]), "{ev:?}");
+        assert!(d.open_incidents().is_empty());
+
+        let mut cfg = config();
+        cfg.defaults.notice_for = Duration::from_secs(10);
+        cfg.defaults.incident_delta = Duration::from_micros(200);
+        let mut d = Detector::new(cfg);
+        let (normal, wobble) = (uniform(1_000_000), uniform(1_500_000));
+        for s in 1..=20 {
+            tick(&mut d, s, "web", &normal);
+        }
+        let ev: Vec<Event> = (21..=40)
+            .flat_map(|s| tick(&mut d, s, "web", &wobble))
+            .collect();
+        assert!(
+            matches!(ev.as_slice(), [Event::Noticed(_), Event::Opened(_)]),
+            "{ev:?}"
         );
     }
 
