@@ -269,7 +269,11 @@ pub(crate) fn thread_caches_in_use() -> Option<bool> {
         // SAFETY: plain malloc/free pairs of blocks this function owns; every block is
         // freed once, and none is read or written.
         unsafe {
-            for _ in 0..4 {
+            // Each pair that is not neighbours is held, which drains the per-thread cache
+            // (up to 7 blocks of a size by default, more if the operator says so) and the
+            // free lists of that size: 4 tries were too few once the start-up freed more
+            // 512-byte blocks (the answer was then absent from status).
+            for _ in 0..32 {
                 let a = libc::malloc(SMALL);
                 let b = libc::malloc(SMALL);
                 let guard = libc::malloc(32);
