@@ -30,8 +30,7 @@ pub use event::{Iface, ParseLineError, ProcessRef, PwruEvent, PwruLine, Tuple};
 pub use incident::{IncidentRequestError, IncidentScope};
 pub use prereq::{KprobeMulti, PrereqStatus, Prerequisites, TracefsState};
 pub use request::{
-    stage_functions, FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits,
-    SessionRequest,
+    FilterFuncs, NetnsFilter, PcapFilter, Protocol, RequestError, SessionLimits, SessionRequest,
 };
 pub use session::{ManagerConfig, Reservation, SessionManager, SessionState, SessionStatus};
 pub use stderr::AttachReport;

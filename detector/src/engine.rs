@@ -97,12 +97,9 @@ impl Heat {
         if hot.is_empty() {
             Heat::Cool
         } else if t.notice_for.is_zero()
-            || hot.iter().any(|e| {
-                e.kind == EvidenceKind::Slo
-                    || (e.ratio >= t.incident_ratio
-                        && e.observed.value_ns - e.baseline.value_ns
-                            >= t.incident_delta.as_nanos() as f64)
-            })
+            || hot
+                .iter()
+                .any(|e| e.kind == EvidenceKind::Slo || (reaches_ratio(t, e) && adds_delta(t, e)))
         {
             Heat::Incident
         } else {
@@ -116,8 +113,17 @@ impl Heat {
 /// p50 80 µs -> 101 µs, x1.3 adding 21 µs, for a minute at a time) stays a notice however
 /// long it lasts.
 fn lasting_matters(t: &Thresholds, e: &Evidence) -> bool {
+    reaches_ratio(t, e) || adds_delta(t, e)
+}
+
+/// The shift reaches `incident_ratio`.
+fn reaches_ratio(t: &Thresholds, e: &Evidence) -> bool {
     e.ratio >= t.incident_ratio
-        || e.observed.value_ns - e.baseline.value_ns >= t.incident_delta.as_nanos() as f64
+}
+
+/// The shift adds at least `incident_delta` to its quantile.
+fn adds_delta(t: &Thresholds, e: &Evidence) -> bool {
+    e.observed.value_ns - e.baseline.value_ns >= t.incident_delta.as_nanos() as f64
 }
 
 /// One test of one (service, probe, quantile) in the current interval.

@@ -303,6 +303,20 @@ pub struct ClientStats {
     pub deadline_hit: bool,
 }
 
+/// The helper's client command line for `opts`, stopping at `deadline`.
+fn client_command(mode: &str, opts: &ClientOpts<'_>, deadline: Duration) -> Command {
+    let mut cmd = Command::new(traffic_bin());
+    cmd.arg(mode).arg("--target").arg(opts.target.to_string());
+    cmd.arg("--messages").arg(opts.messages.to_string());
+    cmd.arg("--size").arg(opts.size.to_string());
+    cmd.arg("--pause")
+        .arg(humantime::format_duration(opts.pause).to_string());
+    cmd.arg("--deadline")
+        .arg(humantime::format_duration(deadline).to_string());
+    add_placement(&mut cmd, opts.netns, None);
+    cmd
+}
+
 /// Runs a client to completion. It always stops by itself: after `messages`, or at a
 /// deadline of 60 s + `messages` × (`pause` + 100 ms), with TCP reads timing out after 10 s
 /// and UDP echoes counted lost after 5 s; the process is killed if it overstays even that.
@@ -313,15 +327,7 @@ pub fn run_client(opts: ClientOpts<'_>) -> Result<ClientStats> {
         Proto::Tcp => "tcp-client",
         Proto::Udp => "udp-client",
     };
-    let mut cmd = Command::new(traffic_bin());
-    cmd.arg(mode).arg("--target").arg(opts.target.to_string());
-    cmd.arg("--messages").arg(opts.messages.to_string());
-    cmd.arg("--size").arg(opts.size.to_string());
-    cmd.arg("--pause")
-        .arg(humantime::format_duration(opts.pause).to_string());
-    cmd.arg("--deadline")
-        .arg(humantime::format_duration(deadline).to_string());
-    add_placement(&mut cmd, opts.netns, None);
+    let mut cmd = client_command(mode, &opts, deadline);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -429,18 +435,16 @@ impl UdpStream {
         pause: Duration,
         deadline: Duration,
     ) -> Result<UdpStream> {
-        let mut cmd = Command::new(traffic_bin());
-        cmd.arg("udp-client")
-            .arg("--sink")
-            .arg("--target")
-            .arg(target.to_string());
-        cmd.arg("--messages").arg(u32::MAX.to_string());
-        cmd.arg("--size").arg(size.to_string());
-        cmd.arg("--pause")
-            .arg(humantime::format_duration(pause).to_string());
-        cmd.arg("--deadline")
-            .arg(humantime::format_duration(deadline).to_string());
-        add_placement(&mut cmd, netns, None);
+        let opts = ClientOpts {
+            target,
+            netns,
+            proto: Proto::Udp,
+            messages: u32::MAX,
+            size,
+            pause,
+        };
+        let mut cmd = client_command("udp-client", &opts, deadline);
+        cmd.arg("--sink");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

@@ -316,7 +316,9 @@ impl Run {
             .filter_map(|inc| inc["pwru"]["started_ns"].as_u64())
             .max();
         if let Some(started) = last_start {
-            let ago = Duration::from_nanos(unix_now_ns().saturating_sub(started));
+            let ago = Duration::from_nanos(
+                model::unix_ns(std::time::SystemTime::now()).saturating_sub(started),
+            );
             if let Some(left) = self.cooldown.checked_sub(ago) {
                 eprintln!(
                     "`{service}` had a session {ago:?} ago, before its slowdown: waiting \
@@ -325,7 +327,7 @@ impl Run {
                 std::thread::sleep(left + Duration::from_secs(1));
             }
         }
-        let slowed_ns = unix_now_ns();
+        let slowed_ns = model::unix_ns(std::time::SystemTime::now());
         let svc = self.service(service);
         svc.server
             .set_read_delay(Duration::from_millis(20))
@@ -388,13 +390,6 @@ fn story(log: &str) -> String {
         .filter(|l| ABOUT.iter().any(|a| l.contains(a)))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-fn unix_now_ns() -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    u64::try_from(now.as_nanos()).unwrap()
 }
 
 /// Print what an operator sees for the run (shown with --nocapture, kept in the VM logs).

@@ -338,12 +338,6 @@ const MAX_FUNCS: usize = 64;
 /// The daemon keeps only the one the running kernel really traces.
 const DROP_POINTS: [&str; 2] = ["kfree_skb_reason", "sk_skb_reason_drop"];
 
-/// The functions that take a packet through one probe's stage: the probe table's
-/// [`model::KernelHooks::pwru_functions`].
-pub fn stage_functions(probe: Probe) -> &'static [&'static str] {
-    probe.hooks().pwru_functions
-}
-
 impl FilterFuncs {
     /// Checked function names (duplicates dropped, order kept).
     pub fn new<I, S>(names: I) -> Result<Self, RequestError>
@@ -374,9 +368,9 @@ impl FilterFuncs {
         Ok(FilterFuncs(out))
     }
 
-    /// The functions pwru follows for `probes`: for each, its [`stage_functions`] and
-    /// those of every stage before it on the path (a slow read is followed from the IP
-    /// receive on), then the drop points. Candidates for the kernel check, not verified.
+    /// The functions pwru follows for `probes`: for each, its stage's functions (the probe
+    /// table's [`model::KernelHooks::pwru_functions`]) and those of every stage before it
+    /// on the path (a slow read is followed from the IP receive on), then the drop points. Candidates for the kernel check, not verified.
     pub fn for_probes(probes: &[Probe]) -> Self {
         let mut names: Vec<&str> = Vec::new();
         for &hot in probes {
@@ -385,7 +379,7 @@ impl FilterFuncs {
                 path.push(prev);
             }
             for stage in path.into_iter().rev() {
-                names.extend(stage_functions(stage));
+                names.extend(stage.hooks().pwru_functions);
             }
         }
         names.extend(DROP_POINTS);
