@@ -20,7 +20,10 @@
 //! - `flight, ports only`: as `+ flight` with the port service only: without a cgroup rule
 //!   the socket probes look the port up directly instead of through the socket-storage cache;
 //! - `flight, 5.10 stand-ins`: as `+ flight` with `[probes] kernel_features = "baseline"`,
-//!   what a 5.10 kernel runs (docs/probes.md).
+//!   what a 5.10 kernel runs (docs/probes.md);
+//! - `flight, no send side`: as `+ flight` with both send probes off: the receive probes'
+//!   cost without the send side, beside the default row's with it (the send side's own
+//!   programs, `send_*` and `qdisc_sojourn_tp`, are rows of the table like the others).
 //!
 //! Scheduler hooks: armed capture also attaches the reader-wait split's programs on
 //! `sched_switch` and `sched_wakeup` (reader_wait.bpf.h; kernels with task storage), and
@@ -94,6 +97,8 @@ enum Load {
     /// "baseline"`): the clock from MONOTONIC plus an offset, services by a cgroup-keyed
     /// map instead of socket storage.
     Baseline,
+    /// The two services, the send probes off.
+    NoSendSide,
 }
 
 /// A phase: a load-time configuration and a capture state.
@@ -103,7 +108,7 @@ struct PhaseSpec {
     capture: Capture,
 }
 
-const PHASES: [PhaseSpec; 7] = [
+const PHASES: [PhaseSpec; 8] = [
     PhaseSpec {
         name: "no services",
         load: Load::Auto,
@@ -137,6 +142,11 @@ const PHASES: [PhaseSpec; 7] = [
     PhaseSpec {
         name: "flight, 5.10 stand-ins",
         load: Load::Baseline,
+        capture: Capture::Flight,
+    },
+    PhaseSpec {
+        name: "flight, no send side",
+        load: Load::NoSendSide,
         capture: Capture::Flight,
     },
 ];
@@ -258,6 +268,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         kernel_features: bpf::KernelFeatureMode::Baseline,
         ..with_services.clone()
     };
+    let no_send_side = ProbeConfig {
+        enabled: [(Probe::SendToQdisc, false), (Probe::QdiscSojourn, false)].into(),
+        ..with_services.clone()
+    };
 
     let mut storage = MaybeUninit::uninit();
     let floor = reference::load(
@@ -282,6 +296,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Load::NoIpStartPorts,
             Load::PortsOnly,
             Load::Baseline,
+            Load::NoSendSide,
         ] {
             let config = match load {
                 Load::Auto => &without,
@@ -289,6 +304,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 Load::NoIpStartPorts => &no_ip_ports,
                 Load::PortsOnly => &ports_only,
                 Load::Baseline => &baseline,
+                Load::NoSendSide => &no_send_side,
             };
             let mut floor_links = Vec::new();
             let attach_probe_floors = |links: &mut Vec<Link>| attach_floor(&floor, links);

@@ -15,7 +15,9 @@ use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
 use crate::config::{ProbeConfig, ServiceSpec};
 use crate::features::{KernelFeatures, MissingFeature};
 use crate::hist_read::HistReader;
-use crate::probes::{variants, Variant, FIRST_STAMP_PROG, READER_WAIT_PROGS, SK_DATA_READY_PROG};
+use crate::probes::{
+    variants, Variant, FIRST_STAMP_PROG, READER_WAIT_PROGS, SEND_DEV_QUEUE_PROG, SK_DATA_READY_PROG,
+};
 use crate::skel::types;
 use crate::skel::{OpenProbesSkel, ProbesSkel, ProbesSkelBuilder};
 use crate::snapshot::{Counters, ServiceHist, Snapshot};
@@ -41,6 +43,13 @@ const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 /// Cgroups whose service is kept where the kernel has no socket storage for it.
 const CGROUP_RULE_CACHE_ENTRIES: usize = 4096;
+
+/// Threads inside a send call at once (send-to-qdisc's per-thread start; LRU).
+const SEND_CALLS: usize = 8192;
+
+/// Packets between the device layer and the driver at once, on all devices (qdisc-sojourn's
+/// per-packet stamp; LRU: 32 default-length queues, about 2 MiB of kernel memory).
+const QDISC_STAMPS: usize = 32768;
 
 /// How a probe is attached on the running kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -222,6 +231,8 @@ pub struct ProbeSet {
     hist_reader: HistReader,
     /// What the kernel lacks and the probes stand in for.
     missing_features: Vec<MissingFeature>,
+    /// Histogram entries per service slot ([`hist_stride`]).
+    hist_stride: u32,
     _rx_timestamping: OwnedFd,
 }
 
@@ -308,6 +319,10 @@ impl ProbeSet {
         if first_stamps {
             loaded.push(FIRST_STAMP_PROG);
         }
+        let send_side = uses_send_side(&plans);
+        if send_side {
+            loaded.push(SEND_DEV_QUEUE_PROG);
+        }
         set_autoload(&mut open, &loaded)
             .map_err(bpf_err("setting the programs' attach targets"))?;
         configure(
@@ -332,7 +347,21 @@ impl ProbeSet {
             })?;
 
         progress("attaching probes");
-        let (mut links, attach_errors) = attach(&skel, &chosen);
+        let (mut links, mut attach_errors) = attach(&skel, &chosen);
+        if send_side {
+            // Both send probes take their packets here: without it neither measures.
+            let (queue, errors) = attach(&skel, &[SEND_DEV_QUEUE_PROG]);
+            links.extend(queue);
+            if let Some(why) = errors.values().next() {
+                for probe in [Probe::SendToQdisc, Probe::QdiscSojourn] {
+                    if let Some(Plan::Use(v, _)) = plans.get(&probe) {
+                        for prog in v.programs() {
+                            attach_errors.insert(prog.to_owned(), why.clone());
+                        }
+                    }
+                }
+            }
+        }
         if first_stamps {
             // Without it ip-start still measures every packet with a receive stamp.
             let (first, errors) = attach(&skel, &[FIRST_STAMP_PROG]);
@@ -401,6 +430,7 @@ impl ProbeSet {
             auto_freed: 0,
             hist_reader,
             missing_features,
+            hist_stride: hist_stride(&plans),
             _rx_timestamping: rx_timestamping,
         })
     }
@@ -510,8 +540,11 @@ impl ProbeSet {
             return Ok(None);
         };
         let index = slot
-            .saturating_mul(types::tt_probe::TT_NUM_PROBES.0)
+            .saturating_mul(self.hist_stride)
             .saturating_add(probe.id());
+        if probe.id() >= self.hist_stride {
+            return Ok(None);
+        }
         if index >= self.skel.maps.hists.max_entries() {
             return Ok(None);
         }
@@ -567,7 +600,7 @@ impl ProbeSet {
             SlotNames::Configured(_) => HashMap::new(),
         };
         let entries = self.entries_in_use(&auto_slots);
-        let probes = types::tt_probe::TT_NUM_PROBES.0;
+        let probes = self.hist_stride;
         let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
         let auto = matches!(self.slot_names, SlotNames::Auto(_));
         let slot_names = &mut self.slot_names;
@@ -627,7 +660,7 @@ impl ProbeSet {
                 .map_or(first, |&s| s.saturating_add(1).max(first)),
         };
         slots
-            .saturating_mul(types::tt_probe::TT_NUM_PROBES.0)
+            .saturating_mul(self.hist_stride)
             .min(self.skel.maps.hists.max_entries())
     }
 
@@ -644,7 +677,7 @@ impl ProbeSet {
         let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
         let maps = &self.skel.maps;
         let map_err = |map: &'static str| move |source| ReadError::Map { map, source };
-        let probes = types::tt_probe::TT_NUM_PROBES.0;
+        let probes = self.hist_stride;
         let cpus = libbpf_rs::num_possible_cpus().map_err(map_err("hists"))?;
         let zero = vec![vec![0u8; std::mem::size_of::<types::tt_hist>()]; cpus];
         // A slot leaves the quarantine only once it is in the queue: after a failed map
@@ -803,6 +836,33 @@ fn slot_name(names: &mut SlotNames, slot: u32, auto_slots: &HashMap<u32, u64>) -
 
 /// Whether packets with a delivery time get a stamp at netif_rx: configured, and ip-start,
 /// the probe that uses it, is attached.
+/// The receive probes: their ids come first, the send probes' after them.
+const RECEIVE_PROBES: u32 = Probe::SendToQdisc.id();
+const _: () = {
+    let mut i = 0;
+    while i < Probe::ALL.len() {
+        assert!(Probe::ALL[i].is_send() == (Probe::ALL[i].id() >= RECEIVE_PROBES));
+        i += 1;
+    }
+};
+
+/// Histogram entries per service slot: every probe with the send side, the receive probes
+/// without it, so that a receive-only configuration's map stays the size it always was.
+fn hist_stride(plans: &BTreeMap<Probe, Plan>) -> u32 {
+    if uses_send_side(plans) {
+        types::tt_probe::TT_NUM_PROBES.0
+    } else {
+        RECEIVE_PROBES
+    }
+}
+
+/// A send probe will run: the shared device-layer program loads with it.
+fn uses_send_side(plans: &BTreeMap<Probe, Plan>) -> bool {
+    [Probe::SendToQdisc, Probe::QdiscSojourn]
+        .iter()
+        .any(|p| matches!(plans.get(p), Some(Plan::Use(..))))
+}
+
 fn uses_first_hook_stamps(config: &ProbeConfig, plans: &BTreeMap<Probe, Plan>) -> bool {
     config.first_hook_stamps && matches!(plans.get(&Probe::IpStart), Some(Plan::Use(..)))
 }
@@ -1140,8 +1200,9 @@ fn configure(
     } else {
         config.services.len()
     };
-    // Indexed by service * TT_NUM_PROBES + probe: every probe id has its entry.
-    let probes = types::tt_probe::TT_NUM_PROBES.0 as usize;
+    // Indexed by service * stride + probe: every probe that runs has its entry.
+    let stride = hist_stride(plans);
+    let probes = stride as usize;
     let entries = match config.hist_map_entries {
         Some(n) => n,
         None => u32::try_from((slots + 2) * probes)
@@ -1158,7 +1219,26 @@ fn configure(
         0
     };
     let first_stamps = uses_first_hook_stamps(config, plans);
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 12] = [
+    let planned = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(..)));
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 14] = [
+        // Threads inside a send call at once, and packets queued on all devices at once
+        // (LRU: beyond that the oldest go unmeasured).
+        (
+            &mut open.maps.send_calls,
+            if planned(Probe::SendToQdisc) {
+                SEND_CALLS
+            } else {
+                0
+            },
+        ),
+        (
+            &mut open.maps.qdisc_stamps,
+            if planned(Probe::QdiscSojourn) {
+                QDISC_STAMPS
+            } else {
+                0
+            },
+        ),
         // Its slots per CPU (TT_FIRST_STAMP_SLOTS, the index mask) when used.
         (
             &mut open.maps.first_stamps,
@@ -1212,6 +1292,9 @@ fn configure(
     ro.first_hook_stamps = first_stamps;
     ro.sk_data_ready_tcp = uses_sk_data_ready(Probe::TcpSocketEnqueued);
     ro.sk_data_ready_udp = uses_sk_data_ready(Probe::UdpSocketEnqueued);
+    ro.hist_stride = stride;
+    ro.send_to_qdisc_on = planned(Probe::SendToQdisc);
+    ro.qdisc_sojourn_on = planned(Probe::QdiscSojourn);
     Ok(())
 }
 

@@ -58,11 +58,16 @@ pub(crate) const READER_WAIT_PROGS: [&str; 2] = ["reader_wait_switch", "reader_w
 /// ip-start.
 pub(crate) const FIRST_STAMP_PROG: &str = "first_hook_stamp";
 
+/// The device-layer hook of the send probes (send.bpf.h): stamps packets for
+/// qdisc-sojourn and records send-to-qdisc; loaded when either send probe is.
+pub(crate) const SEND_DEV_QUEUE_PROG: &str = "send_dev_queue";
+
 /// Programs that serve the probes without being one, and their tracepoints.
-pub(crate) const AUXILIARY: [(&str, &str); 3] = [
+pub(crate) const AUXILIARY: [(&str, &str); 4] = [
     (READER_WAIT_PROGS[0], "sched_switch"),
     (READER_WAIT_PROGS[1], "sched_wakeup"),
     (FIRST_STAMP_PROG, "netif_rx"),
+    (SEND_DEV_QUEUE_PROG, "net_dev_queue"),
 ];
 
 /// The program shared by tcp-socket-enqueued and udp-socket-enqueued; which of the two it
@@ -87,6 +92,44 @@ const fn fentry<const N: usize>(
         i += 1;
     }
     out
+}
+
+/// `pairs` of (program, kernel function) where several programs hook one function (fentry
+/// and fexit); each function must be one `probe` hooks. Evaluated at compile time.
+const fn hooked<const N: usize>(
+    probe: Probe,
+    pairs: [(&'static str, &'static str); N],
+) -> [(&'static str, &'static str); N] {
+    let functions = probe.hooks().functions;
+    let mut i = 0;
+    while i < N {
+        let mut found = false;
+        let mut j = 0;
+        while j < functions.len() {
+            if same(pairs[i].1, functions[j]) {
+                found = true;
+            }
+            j += 1;
+        }
+        assert!(found, "a program hooks a function the probe table lacks");
+        i += 1;
+    }
+    pairs
+}
+
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }
 
 /// The tp_btf variant of `probe` with `program` on the model's tracepoint.
@@ -114,6 +157,19 @@ const UDP_ENQUEUED_FEXIT: [(&str, &str); 1] =
 const TCP_READ_FENTRY: [(&str, &str); 1] = fentry(Probe::TcpSocketRead, ["tcp_socket_read_fentry"]);
 const UDP_READ_FENTRY: [(&str, &str); 1] = fentry(Probe::UdpSocketRead, ["udp_socket_read_fentry"]);
 
+const SEND_TO_QDISC_FENTRY: [(&str, &str); 7] = hooked(
+    Probe::SendToQdisc,
+    [
+        ("send_enter_tcp", "tcp_sendmsg"),
+        ("send_enter_udp", "udp_sendmsg"),
+        ("send_enter_udp6", "udpv6_sendmsg"),
+        ("send_exit_tcp", "tcp_sendmsg"),
+        ("send_exit_udp", "udp_sendmsg"),
+        ("send_exit_udp6", "udpv6_sendmsg"),
+        ("send_wait_memory_exit", "sk_stream_wait_memory"),
+    ],
+);
+
 const IP_START: &[Variant] = &[
     Variant::Fentry(&IP_START_FENTRY),
     tp_btf(Probe::IpStart, "ip_start_tp"),
@@ -136,6 +192,10 @@ const TCP_SOCKET_READ: &[Variant] = &[
     tp_btf(Probe::TcpSocketRead, "tcp_socket_read_tp"),
 ];
 const UDP_SOCKET_READ: &[Variant] = &[Variant::Fentry(&UDP_READ_FENTRY)];
+// No tracepoint marks a send call's start.
+const SEND_TO_QDISC: &[Variant] = &[Variant::Fentry(&SEND_TO_QDISC_FENTRY)];
+// No function marks the driver's transmit of one packet (see the model's table).
+const QDISC_SOJOURN: &[Variant] = &[tp_btf(Probe::QdiscSojourn, "qdisc_sojourn_tp")];
 
 /// Attach variants of `probe`, preferred first.
 pub(crate) fn variants(probe: Probe) -> &'static [Variant] {
@@ -147,6 +207,8 @@ pub(crate) fn variants(probe: Probe) -> &'static [Variant] {
         Probe::UdpSocketEnqueued => UDP_SOCKET_ENQUEUED,
         Probe::TcpSocketRead => TCP_SOCKET_READ,
         Probe::UdpSocketRead => UDP_SOCKET_READ,
+        Probe::SendToQdisc => SEND_TO_QDISC,
+        Probe::QdiscSojourn => QDISC_SOJOURN,
     }
 }
 

@@ -563,10 +563,12 @@ pub(crate) fn stage<'a>(
     key: &dyn Fn(Probe) -> KeyView<'a>,
 ) -> Option<StageAttribution> {
     let q = headline.quantile;
+    // A send probe times its own interval (none includes another's): its stage is itself.
     let deepest = Probe::ALL
         .iter()
         .rev()
         .copied()
+        .filter(|_| !headline.probe.is_send())
         .find(|&p| on_path(p, headline.probe) && key(p).is_some_and(|(_, evaluated, _)| evaluated))
         .unwrap_or(headline.probe);
     let mut chain = vec![deepest];

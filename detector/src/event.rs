@@ -182,8 +182,8 @@ impl Evidence {
     }
 }
 
-/// A receive-path stage: the span between two probes on a path (or up to the first
-/// measured probe).
+/// A stage: the span between two probes on a receive path (or up to the first measured
+/// probe), or one send probe's own interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stage {
     /// Probe at the start of the stage (`None`: from the packet's arrival timestamp).
@@ -197,6 +197,8 @@ impl Stage {
     pub fn name(&self) -> String {
         use Probe::*;
         match (self.from, self.to) {
+            (None, SendToQdisc) => "send queueing (send call to device queue)".into(),
+            (None, QdiscSojourn) => "qdisc (device queue to driver)".into(),
             (None, IpStart) => "driver and softirq (arrival to IP)".into(),
             (None, to) => format!("arrival to {to} (earlier probes not measured)"),
             (Some(IpStart), TcpStart | UdpStart) => "IP layer".into(),

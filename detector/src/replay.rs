@@ -179,7 +179,7 @@ pub struct Replayer {
     detector: Detector,
     current: Option<SystemTime>,
     /// Probes seen per service in the current interval (bit `probe.id()`).
-    seen: HashMap<String, u8>,
+    seen: HashMap<String, u32>,
     incidents: Vec<Incident>,
     notices: Vec<Notice>,
 }
@@ -232,7 +232,7 @@ impl Replayer {
             }
             _ => {}
         }
-        let bit = 1u8 << probe.id();
+        let bit = probe.bit();
         let bits = match self.seen.get_mut(service) {
             Some(bits) => bits,
             None => self.seen.entry(service.to_string()).or_default(),

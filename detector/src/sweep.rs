@@ -57,7 +57,7 @@ pub struct Sweep {
     last_end: Option<SystemTime>,
     /// The interval being fed, and the probes fed for it (bit `probe.id()`).
     current: Option<SystemTime>,
-    seen: u8,
+    seen: u32,
     /// Buffers reused every interval.
     scratch: Scratch,
 }
@@ -250,7 +250,7 @@ impl Sweep {
             }
             _ => {}
         }
-        let bit = 1u8 << probe.id();
+        let bit = probe.bit();
         if self.seen & bit != 0 {
             return Err(RecordError::Duplicate {
                 service: self.service.clone(),

@@ -236,3 +236,35 @@ fn the_stage_that_grew_is_named() {
         assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
     }
 }
+
+#[test]
+fn send_side_shifts_are_named_by_their_own_stage_and_never_blamed_on_the_receive_path() {
+    let (incidents, score) = run("send.toml", include_str!("../scenarios/send.toml"));
+    assert_eq!(score.false_incidents, 0);
+    let expect = [
+        ("qdisc backlog", "qdisc (device queue to driver)"),
+        (
+            "slow send path",
+            "send queueing (send call to device queue)",
+        ),
+        ("application reads late", "application read delay"),
+    ];
+    for (o, (label, verdict)) in score.outcomes.iter().zip(expect) {
+        assert_eq!(o.label, label);
+        assert!(
+            o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
+            "{o:?}"
+        );
+        assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
+    }
+    // Each incident's probes stay on one side: a send shift lists no receive probe.
+    for i in &incidents {
+        let send = i.headline.probe.is_send();
+        assert!(
+            i.probes.iter().all(|p| p.is_send() == send),
+            "{} opened with probes {:?}",
+            i.service,
+            i.probes
+        );
+    }
+}

@@ -1,10 +1,12 @@
-//! The receive-path probe points, named as in the netstacklat paper, and the one table of
-//! the kernel functions and tracepoints behind each.
+//! The probe points: the receive path's, named as in the netstacklat paper, and the send
+//! path's; and the one table of the kernel functions and tracepoints behind each.
 
 use serde::{Deserialize, Serialize};
 
-/// A receive-path measurement point. Each measures `now - skb->tstamp`, so later probes
-/// include the time spent at earlier ones (latencies are cumulative along a path).
+/// A measurement point. Each receive probe measures `now - skb->tstamp`, so later receive
+/// probes include the time spent at earlier ones (latencies are cumulative along a path).
+/// The send probes have no kernel stamp to subtract: each times its own interval, and
+/// neither includes the other (see docs/probes.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Probe {
@@ -22,6 +24,15 @@ pub enum Probe {
     TcpSocketRead,
     /// Datagram read by the application from a UDP socket (skb_consume_udp).
     UdpSocketRead,
+    /// Send side: from the application's send call (tcp_sendmsg / udp_sendmsg /
+    /// udpv6_sendmsg) to each of that call's packets reaching the device layer
+    /// (__dev_queue_xmit). Packets the kernel sends later (TCP waiting for its window,
+    /// pacing or small-queue limits) and the wait for send-buffer space are not counted:
+    /// that time is the network's and the peer's.
+    SendToQdisc,
+    /// Send side: from the device layer (__dev_queue_xmit) to the driver's transmit call:
+    /// the time a packet sat in the device's queueing discipline (qdisc).
+    QdiscSojourn,
 }
 
 /// Which protocol path a probe lies on.
@@ -34,6 +45,8 @@ pub enum Path {
     Tcp,
     /// UDP receive path.
     Udp,
+    /// Send path (TCP and UDP). Its probes time separate intervals, not cumulative ones.
+    Send,
 }
 
 /// Where a probe hooks into the kernel. The BPF loader attaches to these and the pwru
@@ -55,7 +68,7 @@ pub struct KernelHooks {
 
 impl Probe {
     /// Every probe, in path order (ip-start first, reads last).
-    pub const ALL: [Probe; 7] = [
+    pub const ALL: [Probe; 9] = [
         Probe::IpStart,
         Probe::TcpStart,
         Probe::UdpStart,
@@ -63,6 +76,8 @@ impl Probe {
         Probe::UdpSocketEnqueued,
         Probe::TcpSocketRead,
         Probe::UdpSocketRead,
+        Probe::SendToQdisc,
+        Probe::QdiscSojourn,
     ];
 
     /// Probe names joined by commas, as logs and tables show a set: `ip-start,tcp-socket-read`.
@@ -84,6 +99,8 @@ impl Probe {
             Probe::UdpSocketEnqueued => "udp-socket-enqueued",
             Probe::TcpSocketRead => "tcp-socket-read",
             Probe::UdpSocketRead => "udp-socket-read",
+            Probe::SendToQdisc => "send-to-qdisc",
+            Probe::QdiscSojourn => "qdisc-sojourn",
         }
     }
 
@@ -98,13 +115,15 @@ impl Probe {
             Probe::IpStart => Path::Ip,
             Probe::TcpStart | Probe::TcpSocketEnqueued | Probe::TcpSocketRead => Path::Tcp,
             Probe::UdpStart | Probe::UdpSocketEnqueued | Probe::UdpSocketRead => Path::Udp,
+            Probe::SendToQdisc | Probe::QdiscSojourn => Path::Send,
         }
     }
 
-    /// The probe before this one on its path (`None` for ip-start).
+    /// The probe before this one on its path, whose time this one includes (`None` for
+    /// ip-start and for the send probes, which each time their own interval).
     pub const fn previous(self) -> Option<Probe> {
         match self {
-            Probe::IpStart => None,
+            Probe::IpStart | Probe::SendToQdisc | Probe::QdiscSojourn => None,
             Probe::TcpStart | Probe::UdpStart => Some(Probe::IpStart),
             Probe::TcpSocketEnqueued => Some(Probe::TcpStart),
             Probe::UdpSocketEnqueued => Some(Probe::UdpStart),
@@ -121,8 +140,15 @@ impl Probe {
             | Probe::TcpStart
             | Probe::UdpStart
             | Probe::TcpSocketEnqueued
-            | Probe::UdpSocketEnqueued => false,
+            | Probe::UdpSocketEnqueued
+            | Probe::SendToQdisc
+            | Probe::QdiscSojourn => false,
         }
+    }
+
+    /// On the send path: the probe's sample is a packet leaving the host.
+    pub const fn is_send(self) -> bool {
+        matches!(self.path(), Path::Send)
     }
 
     /// The Prometheus histogram family netstacklat's ebpf_exporter configuration gives this
@@ -157,6 +183,14 @@ impl Probe {
             Probe::UdpSocketRead => (
                 "netstack_latency_udp_sock_read_seconds",
                 "Time until packet data is read from a UDP socket, per service",
+            ),
+            Probe::SendToQdisc => (
+                "netstack_latency_send_to_qdisc_seconds",
+                "Time from a send call to its packets reaching the device queue, per service",
+            ),
+            Probe::QdiscSojourn => (
+                "netstack_latency_qdisc_sojourn_seconds",
+                "Time packets spent in the device's queueing discipline, per service",
             ),
         }
     }
@@ -217,12 +251,48 @@ impl Probe {
                 tracepoint: None,
                 pwru_functions: &["skb_consume_udp", "__consume_stateless_skb", "consume_skb"],
             },
+            // The call's start and end are hooked (fexit too, so a packet sent after the
+            // call is not timed from it; fexit of sk_stream_wait_memory restarts the clock
+            // after a wait for buffer space); the packet's time is taken at the device
+            // layer's net_dev_queue tracepoint, which no function stands in for.
+            Probe::SendToQdisc => KernelHooks {
+                functions: &[
+                    "tcp_sendmsg",
+                    "udp_sendmsg",
+                    "udpv6_sendmsg",
+                    "sk_stream_wait_memory",
+                ],
+                tracepoint: None,
+                pwru_functions: &[
+                    "__tcp_transmit_skb",
+                    "__ip_queue_xmit",
+                    "ip_output",
+                    "ip_finish_output2",
+                    "ip6_output",
+                    "ip6_finish_output2",
+                    "__dev_queue_xmit",
+                ],
+            },
+            // The driver's transmit per packet (xmit_one, netdev_start_xmit) is inlined:
+            // only the net_dev_start_xmit tracepoint marks it, on every kernel; the
+            // enqueue stamp comes from net_dev_queue.
+            Probe::QdiscSojourn => KernelHooks {
+                functions: &[],
+                tracepoint: Some("net_dev_start_xmit"),
+                pwru_functions: &["__dev_queue_xmit", "sch_direct_xmit", "dev_hard_start_xmit"],
+            },
         }
     }
 
     /// Stable small number (the index in [`Probe::ALL`]); the BPF side uses the same numbering.
     pub const fn id(self) -> u32 {
         self as u32
+    }
+
+    /// The probe's bit in a set of probes held as a `u32` (`1 << id`).
+    pub const fn bit(self) -> u32 {
+        const { assert!(Probe::ALL.len() <= 32, "probe sets are u32 bit masks") };
+        1 << self.id()
     }
 
     /// Inverse of [`Probe::id`].
@@ -271,11 +341,11 @@ mod tests {
     fn every_probe_has_hooks_and_pwru_functions() {
         for p in Probe::ALL {
             let h = p.hooks();
-            assert!(!h.functions.is_empty(), "{p}");
+            assert!(!h.functions.is_empty() || h.tracepoint.is_some(), "{p}");
             assert!(!h.pwru_functions.is_empty(), "{p}");
             // pwru follows the hooked function wherever it takes a selectable skb;
-            // tcp_recv_timestamp takes none.
-            if p != Probe::TcpSocketRead {
+            // tcp_recv_timestamp and the send calls take none.
+            if !h.functions.is_empty() && p != Probe::TcpSocketRead && !p.is_send() {
                 assert!(h.pwru_functions.contains(&h.functions[0]), "{p}");
             }
         }
@@ -285,6 +355,7 @@ mod tests {
     fn paths_are_consistent() {
         for p in Probe::ALL {
             if let Some(prev) = p.previous() {
+                assert!(!p.is_send() && !prev.is_send());
                 assert!(prev.path() == Path::Ip || prev.path() == p.path());
                 assert!(prev.id() < p.id());
             }

@@ -36,7 +36,9 @@ use crate::windows;
 /// readable (no reader's wait).
 /// 8: samples carry the RX queue they came in on (chunk version 6); version-5 and older
 /// chunks stay readable (no RX queue).
-pub const SCHEMA_VERSION: u32 = 8;
+/// 9: records may name the send probes (probe indexes 7 and 8, appended); every record
+/// written before reads unchanged.
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
 pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;

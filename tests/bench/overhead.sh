@@ -9,6 +9,9 @@
 #   none     no tracing
 #   daemon   `tailtrap run` with its defaults and nginx's port as a service (capture disarmed;
 #            the flight recorder comes on once baselines exist)
+#   receive  `daemon` with the send side off (`[probes.enable]` send-to-qdisc and
+#            qdisc-sojourn false): the receive probes alone, to set the send side's cost
+#            beside it
 #   armed    the same with capture armed on nginx's service: a static SLO that is always
 #            exceeded opens an incident, capture threshold 1us, so records flow at the default
 #            rate limit (2000/s) for the whole run
@@ -66,7 +69,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs must be a positive integer, not '$RUNS'"
-CONFIGS=(none daemon armed hist)
+CONFIGS=(none daemon receive armed hist)
 [ $FLOORS = 1 ] && CONFIGS+=(floor clock)
 [[ $SECS =~ ^[1-9][0-9]*$ ]] || die "--secs must be a positive integer, not '$SECS'"
 [ "$(id -u)" = 0 ] || die "needs root (BPF, nginx on a port, installing packages)"
@@ -219,6 +222,9 @@ ports = [$PORT]
 EOF
 }
 config daemon ""
+config receive '[probes.enable]
+send-to-qdisc = false
+qdisc-sojourn = false'
 config armed '[capture]
 threshold = "1us"
 max_time = "1h"
@@ -246,7 +252,7 @@ start_config() { # name
                 kill -0 $TT_PID 2>/dev/null || { say "reference programs exited: $(cat "$WORK/logs/$1.out")"; return 1; }
                 sleep 0.2
             done ;;
-        daemon|armed)
+        daemon|receive|armed)
             "$TAILTRAP" run --config "$WORK/$1.toml" 2>"$WORK/logs/$1.log" & TT_PID=$!
             for _ in $(seq 150); do
                 "$TAILTRAP" status --config "$WORK/$1.toml" --json >/dev/null 2>&1 && break
@@ -267,7 +273,7 @@ bpf_times() {
 import json, sys
 progs = json.load(sys.stdin)
 names = ("ip_start", "tcp_start", "udp_start", "socket_enqueued", "tcp_socket", "udp_socket",
-         "floor_", "clock_")
+         "send_", "qdisc_sojourn", "floor_", "clock_")
 for p in progs:
     n = p.get("name", "")
     if n.startswith(names):

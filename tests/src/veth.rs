@@ -132,6 +132,20 @@ impl VethPair {
         }
     }
 
+    /// Replaces the host end's root qdisc with `KIND ARGS...` (e.g. `["tbf", "rate",
+    /// "1mbit", "burst", "10kb", "latency", "400ms"]`): it holds what the host sends into
+    /// the namespace. The host's kernel has tbf, htb and pfifo; the guests' have more.
+    pub fn set_root_qdisc(&self, qdisc: &[&str]) -> Result<()> {
+        let mut tc = vec!["qdisc", "replace", "dev", &self.host_ifname, "root"];
+        tc.extend_from_slice(qdisc);
+        run("tc", &tc).map(|_| ())
+    }
+
+    /// Back to the host end's default root qdisc (for a veth: none, `noqueue`).
+    pub fn clear_root_qdisc(&self) -> Result<()> {
+        run("tc", &["qdisc", "del", "dev", &self.host_ifname, "root"]).map(|_| ())
+    }
+
     /// Caps the segments per GSO packet the host end sends (`ip link set ... gso_max_segs`).
     /// With 1, TCP hands the qdisc one MSS-sized packet at a time, so netem can reorder
     /// within a message; by default a whole message may travel as one GSO packet.

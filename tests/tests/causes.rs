@@ -566,3 +566,123 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
         "{text}"
     );
 }
+
+/// The send side under a real daemon (issue 33): a TCP echo service on the host, its
+/// clients in a namespace behind a veth. A slow qdisc on the host's end of the veth holds
+/// the service's replies: the incident is on the send side, its stage the qdisc. Then the
+/// reverse: the service's reader sleeps before each read: the incident is on the receive
+/// side (application read delay), with no send probe among its probes.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_side_one() {
+    let _serial = serial();
+    let ns = Netns::new("tt-send-inc").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    let server = TcpServer::spawn(ServerOpts {
+        bind: (veth.host_v4, 0).into(),
+        netns: None,
+        cgroup: None,
+        read_delay: Duration::ZERO,
+    })
+    .unwrap();
+    let scratch = ScratchDir::new("causes-send").unwrap();
+    let dir = scratch.path().to_owned();
+    let config = write_config(&dir, &[("web", server.addr().port())]);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Ends the clients' loops however the test ends, so that the scope can join them.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|scope| {
+        let _stop = Stop(&stop);
+        // Clients in the namespace, one message in flight each, 200 bytes every 2 ms.
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = run_client(ClientOpts {
+                        target: server.addr(),
+                        netns: Some(&ns),
+                        proto: Proto::Tcp,
+                        messages: 200,
+                        size: 200,
+                        pause: Duration::from_millis(2),
+                    });
+                }
+            });
+        }
+        let daemon = Daemon::start(&config, &dir, &[]).unwrap();
+        daemon.wait_for_api(&config, Duration::from_secs(120));
+        daemon.wait_for(Duration::from_secs(120), "warm baselines", || {
+            let (s, _) = cli_json(&config, &["status", "--json"]);
+            (baselines_warm(&s, "qdisc-sojourn", &["web"])
+                && baselines_warm(&s, READ_PROBE, &["web"]))
+            .then_some(())
+        });
+        let incidents = || {
+            let (v, _) = cli_json(&config, &["incidents", "--json", "--service", "web"]);
+            v["incidents"].as_array().cloned().unwrap_or_default()
+        };
+        let opened = |what: &str, known: &[u64]| -> Value {
+            let id = daemon.wait_for(Duration::from_secs(90), what, || {
+                incidents()
+                    .iter()
+                    .filter_map(|i| i["id"].as_u64())
+                    .find(|id| !known.contains(id))
+            });
+            let (view, _) = cli_json(&config, &["incidents", "show", &id.to_string(), "--json"]);
+            let show = cli(&config, &["incidents", "show", &id.to_string()]);
+            eprintln!("[{what}]\n{}", String::from_utf8_lossy(&show.stdout));
+            view["incident"].clone()
+        };
+        let probes_of = |incident: &Value| -> Vec<String> {
+            incident["probes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|p| p.as_str().map(str::to_owned))
+                .collect()
+        };
+
+        // 1. 100 kbit/s out of the host: each 200-byte reply waits behind the last.
+        let known = wait_quiet(&daemon, incidents);
+        veth.set_root_qdisc(&["tbf", "rate", "100kbit", "burst", "2kb", "latency", "1s"])
+            .unwrap();
+        let send = opened("a qdisc holding the replies", &known);
+        veth.clear_root_qdisc().unwrap();
+        assert_eq!(
+            send["evidence"]["headline"]["probe"], "qdisc-sojourn",
+            "{send}"
+        );
+        assert_eq!(
+            send["stages"]["verdict"], "qdisc (device queue to driver)",
+            "{send}"
+        );
+        let probes = probes_of(&send);
+        assert!(
+            probes
+                .iter()
+                .all(|p| p == "send-to-qdisc" || p == "qdisc-sojourn"),
+            "a send-side shift opened with receive probes: {probes:?}"
+        );
+
+        // 2. The reader sleeps 20 ms before each read: the receive side's incident.
+        let known = wait_quiet(&daemon, incidents);
+        server.set_read_delay(Duration::from_millis(20)).unwrap();
+        let receive = opened("a reader sleeping before each read", &known);
+        server.set_read_delay(Duration::ZERO).unwrap();
+        assert_eq!(
+            receive["stages"]["verdict"], "application read delay",
+            "{receive}"
+        );
+        let probes = probes_of(&receive);
+        assert!(
+            !probes
+                .iter()
+                .any(|p| p == "send-to-qdisc" || p == "qdisc-sojourn"),
+            "a receive-side shift opened with send probes: {probes:?}"
+        );
+    });
+}

@@ -226,7 +226,7 @@ fn replay_all(
         seen: Vec::new(),
         probes: 0,
     };
-    let mut probes_seen = 0u64;
+    let mut probes_seen = 0u32;
     history.for_each(|start, probe, series, i| {
         if failed.is_some() {
             return;
@@ -235,7 +235,7 @@ fn replay_all(
         buckets.extend(series.buckets(i));
         let ts = point_end(start, history.resolution);
         read.seen.push(ns(ts));
-        probes_seen |= 1 << probe.id();
+        probes_seen |= probe.bit();
         if let Err(e) = sweep.push(ts, probe, &buckets, series.count(i)) {
             failed = Some(e);
         }

@@ -416,10 +416,13 @@ impl Tracked {
             let pid_dir_now = read_again(before)?;
             Some(host_figures::throttle_growth(before, &pid_dir_now))
         });
+        // The receive softirq and RX queues explain received packets only: a send stage
+        // gets neither (its one-CPU spread still applies).
+        let receive = !self.probe.is_send();
         let softirq = per_cpu
             .iter()
             .enumerate()
-            .filter(|(_, h)| h.count() > 0)
+            .filter(|(_, h)| receive && h.count() > 0)
             .map(|(cpu, h)| {
                 let cpu = u32::try_from(cpu).unwrap_or(u32::MAX);
                 let before = self.net.get(&cpu).copied().unwrap_or_default();
@@ -447,7 +450,7 @@ impl Tracked {
             softirq,
             slow_reads: self.slow_reads_split(),
             // The devices' counters are dumped only when some slow packet carries a queue.
-            rx_queues: (!self.rx_slow.is_empty())
+            rx_queues: (receive && !self.rx_slow.is_empty())
                 .then(|| self.rx_queues(rx_queues::packets().as_ref()))
                 .flatten(),
         })

@@ -101,21 +101,24 @@ static __always_inline void copy_in6(__u8 *dst, const struct in6_addr *a)
 	bpf_probe_read_kernel(dst, 16, a);
 }
 
-/* Family, protocol and ports/addresses from the IP header at ip (src = sender). */
-static __always_inline void tuple_from_packet(struct tt_capture_record *r, const __u8 *ip)
+/* Family, protocol and ports/addresses from the IP header at ip. The record's src is the
+ * remote end: the sender of a received packet, the receiver of one sent (outgoing). */
+static __always_inline void tuple_from_packet(struct tt_capture_record *r, const __u8 *ip,
+					      bool outgoing)
 {
 	struct tt_ip_header h;
 	__be16 ports[2] = {};
 
-	if (!parse_ip_header(ip, &h, r->saddr, r->daddr))
+	if (!parse_ip_header(ip, &h, outgoing ? r->daddr : r->saddr,
+			     outgoing ? r->saddr : r->daddr))
 		return;
 	r->family = h.family;
 	r->ip_proto = h.proto;
 	/* Ports stay 0 behind IPv6 extension headers (proto is then not TCP/UDP). */
 	if (h.proto == TT_IPPROTO_TCP || h.proto == TT_IPPROTO_UDP) {
 		bpf_probe_read_kernel(ports, sizeof(ports), h.l4);
-		r->sport = bpf_ntohs(ports[0]);
-		r->dport = bpf_ntohs(ports[1]);
+		r->sport = bpf_ntohs(ports[outgoing ? 1 : 0]);
+		r->dport = bpf_ntohs(ports[outgoing ? 0 : 1]);
 	}
 }
 
@@ -177,8 +180,12 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 	/* The address itself, as pwru prints it: the exact key for joining its events. */
 	r->skb_addr = (__u64)(unsigned long)skb;
 	r->ifindex = skb ? skb->skb_iif : 0;
-	/* skb_rx_queue_recorded() / skb_get_rx_queue(): read here, for a slow SKB only. */
-	if (skb) {
+	/* A packet leaving the host: the device it leaves by (skb_iif is the receive side's). */
+	if (s->send && skb && skb->dev)
+		r->ifindex = skb->dev->ifindex;
+	/* skb_rx_queue_recorded() / skb_get_rx_queue(): read here, for a slow SKB only. On the
+	 * send side queue_mapping is the TX queue. */
+	if (skb && !s->send) {
 		__u16 mapping = BPF_CORE_READ(skb, queue_mapping);
 
 		if (mapping) {
@@ -219,9 +226,9 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 			r->ifindex = skb->dev->ifindex;
 		/* At ip-start skb->data is the IP header; later the network header offset is set. */
 		if (s->probe == TT_PROBE_IP_START)
-			tuple_from_packet(r, skb->data);
+			tuple_from_packet(r, skb->data, false);
 		else
-			tuple_from_packet(r, head + skb->network_header);
+			tuple_from_packet(r, head + skb->network_header, s->send);
 	}
 	/* The control block holds TCP's seq once tcp_v4_rcv/tcp_v6_rcv filled it in. */
 	if (skb && r->ip_proto == TT_IPPROTO_TCP &&
@@ -286,7 +293,8 @@ static __always_inline void capture_sample(const struct tt_sample *s, __u32 serv
 	}
 	__builtin_memset(r, 0, sizeof(*r));
 	fill_record(r, s, service, latency_ns, now_tai, flags);
-	if (!(flags & TT_CAPTURE_F_FLIGHT) && s->process_context)
+	/* The reader-wait split explains reads; a sender's wait is not a reader's. */
+	if (!(flags & TT_CAPTURE_F_FLIGHT) && s->process_context && !s->send)
 		reader_wait_fill(r, latency_ns);
 	bpf_ringbuf_submit(r, ring_wakeup());
 	count_event(emitted);

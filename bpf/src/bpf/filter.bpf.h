@@ -69,7 +69,7 @@ static __always_inline __u32 sample_netns(const struct sk_buff *skb, const struc
 }
 
 static __always_inline bool filters_pass(const struct sk_buff *skb, const struct sock *sk,
-					 bool process_context)
+					 bool process_context, bool send)
 {
 	if (sample_one_in > 1 && bpf_get_prandom_u32() % sample_one_in)
 		return false;
@@ -97,7 +97,8 @@ static __always_inline bool filters_pass(const struct sk_buff *skb, const struct
 		if (!bpf_map_lookup_elem(&allowed_netns, &inum))
 			return false;
 	}
-	if (min_queue_len && sk && sk->sk_receive_queue.qlen < min_queue_len)
+	/* A receive-queue filter: the send side has no such queue to compare. */
+	if (min_queue_len && sk && !send && sk->sk_receive_queue.qlen < min_queue_len)
 		return false;
 	return true;
 }

@@ -38,6 +38,16 @@ FLOOR("fexit/tcp_queue_rcv", floor_tcp_queue_rcv)
 FLOOR("fexit/__udp_enqueue_schedule_skb", floor_udp_enqueue_schedule_skb)
 FLOOR("fentry/tcp_recv_timestamp", floor_tcp_recv_timestamp)
 FLOOR("fentry/skb_consume_udp", floor_skb_consume_udp)
+/* The send side (send.bpf.h). */
+FLOOR("tp_btf/net_dev_queue", floor_net_dev_queue)
+FLOOR("tp_btf/net_dev_start_xmit", floor_net_dev_start_xmit)
+FLOOR("fentry/tcp_sendmsg", floor_tcp_sendmsg)
+FLOOR("fentry/udp_sendmsg", floor_udp_sendmsg)
+FLOOR("fentry/udpv6_sendmsg", floor_udpv6_sendmsg)
+FLOOR("fexit/tcp_sendmsg", floor_tcp_sendmsg_exit)
+FLOOR("fexit/udp_sendmsg", floor_udp_sendmsg_exit)
+FLOOR("fexit/udpv6_sendmsg", floor_udpv6_sendmsg_exit)
+FLOOR("fexit/sk_stream_wait_memory", floor_sk_stream_wait_memory)
 /* The bench attaches these only while capture is armed, as the loader does the hooks. */
 FLOOR("tp_btf/sched_switch", floor_sched_switch)
 FLOOR("tp_btf/sched_wakeup", floor_sched_wakeup)
@@ -162,4 +172,41 @@ SEC("fentry/skb_consume_udp")
 int BPF_PROG(clock_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
 {
 	return clock_skb(skb);
+}
+
+/* The send side has no stamp to read: its clock floor is one MONOTONIC read, as each of
+ * its timing programs makes. */
+static __always_inline int clock_send(void)
+{
+	return use_clock(1, TT_CLOCK_MONOTONIC);
+}
+
+SEC("tp_btf/net_dev_queue")
+int BPF_PROG(clock_net_dev_queue, struct sk_buff *skb)
+{
+	return clock_send();
+}
+
+SEC("tp_btf/net_dev_start_xmit")
+int BPF_PROG(clock_net_dev_start_xmit, const struct sk_buff *skb)
+{
+	return clock_send();
+}
+
+SEC("fentry/tcp_sendmsg")
+int BPF_PROG(clock_tcp_sendmsg, struct sock *sk)
+{
+	return clock_send();
+}
+
+SEC("fentry/udp_sendmsg")
+int BPF_PROG(clock_udp_sendmsg, struct sock *sk)
+{
+	return clock_send();
+}
+
+SEC("fentry/udpv6_sendmsg")
+int BPF_PROG(clock_udpv6_sendmsg, struct sock *sk)
+{
+	return clock_send();
 }

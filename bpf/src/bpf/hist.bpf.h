@@ -11,11 +11,15 @@
 #include "counter.bpf.h"
 
 /*
- * Index service * TT_NUM_PROBES + probe. A per-CPU array, not a hash: the lookup is an index
+ * Index service * hist_stride + probe. A per-CPU array, not a hash: the lookup is an index
  * (inlined by newer kernels) instead of hashing the key and inserting on first use.
- * max_entries is set by the loader: (service slots) x TT_NUM_PROBES, or a configured
+ * max_entries is set by the loader: (service slots) x hist_stride, or a configured
  * override; a sample beyond it counts as a map-full drop.
  */
+
+/* Entries per service slot, set by the loader: TT_NUM_PROBES with the send side, else only
+ * the receive probes (ids below the send probes'), so that map keeps its size. */
+const volatile __u32 hist_stride = TT_NUM_PROBES;
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -25,7 +29,7 @@ struct {
 
 static __always_inline void hist_add(__u32 service, __u32 probe, __u64 latency_ns)
 {
-	__u32 key = service * TT_NUM_PROBES + probe;
+	__u32 key = service * hist_stride + probe;
 	struct tt_hist *h;
 	__u32 idx;
 

@@ -18,6 +18,7 @@
 #define TT_AF_INET 2
 #define TT_AF_INET6 10
 #define TT_IP_OFFSET_MASK 0x1fff
+#define TT_SOCK_STREAM 1
 
 /* What the receive path needs from an IP header. */
 struct tt_ip_header {
@@ -68,6 +69,21 @@ static __always_inline bool parse_ip_header(const __u8 *ip, struct tt_ip_header 
 		return true;
 	}
 	return false;
+}
+
+/* A TCP or UDP socket over IPv4 or IPv6 (any other owner of an skb is not a service's). */
+static __always_inline bool is_tcp_sock(const struct sock *sk)
+{
+	return sk && sk->sk_protocol == TT_IPPROTO_TCP && sk->sk_type == TT_SOCK_STREAM &&
+	       (sk->__sk_common.skc_family == TT_AF_INET ||
+		sk->__sk_common.skc_family == TT_AF_INET6);
+}
+
+static __always_inline bool is_udp_sock(const struct sock *sk)
+{
+	return sk && sk->sk_protocol == TT_IPPROTO_UDP &&
+	       (sk->__sk_common.skc_family == TT_AF_INET ||
+		sk->__sk_common.skc_family == TT_AF_INET6);
 }
 
 #endif /* TT_IP_BPF_H */

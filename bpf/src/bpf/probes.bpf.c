@@ -2,7 +2,8 @@
 /*
  * tailtrap's receive-path probes. Every probe exists as fentry/fexit (primary) and, where a
  * tracepoint stands in, as tp_btf (fallback); both share one body. The loader enables one
- * variant per probe. Every sample goes through record_latency().
+ * variant per probe. Every sample goes through record_latency(); the send-side probes
+ * (send.bpf.h) too.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -21,8 +22,8 @@
 #include "hol.bpf.h"
 #include "capture.bpf.h"
 #include "first_stamp.bpf.h"
-
-#define TT_SOCK_STREAM 1
+#include "record.bpf.h"
+#include "send.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -39,35 +40,6 @@ struct tt_capture_threshold tt_type_capture_threshold;
 enum tt_capture_mode tt_type_capture_mode;
 enum tt_capture_flag tt_type_capture_flag;
 enum tt_capture_limit tt_type_capture_limit;
-
-/*
- * The one place a sample is filtered, timed, attributed, added to a histogram and offered
- * to capture. Head-of-line suspects stay out of the histograms but armed capture records
- * them, flagged.
- */
-static __always_inline void record_latency(const struct tt_sample *s)
-{
-	bool hol_suspect = false;
-	__u64 latency_ns, now_tai;
-	__u32 service;
-
-	if (!filters_pass(s->skb, s->sk, s->process_context))
-		return;
-	/* Timed first: a read without a usable stamp counts as that, not as head-of-line, so
-	 * each sample lands in exactly one of a histogram and the counters. */
-	if (!latency_since(s->stamp_ns, s->clock, &latency_ns, &now_tai))
-		return;
-	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->ooopack, s->read_end_seq)) {
-		count_event(TT_COUNTER_HOL_EXCLUDED);
-		if (!capture_mode)
-			return;
-		hol_suspect = true;
-	}
-	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
-	if (!hol_suspect)
-		hist_add(service, s->probe, latency_ns);
-	capture_sample(s, service, latency_ns, hol_suspect, now_tai);
-}
 
 static __always_inline void record_skb(__u32 probe, const struct sk_buff *skb,
 				       const struct sock *sk, __u16 local_port)
@@ -177,20 +149,6 @@ static __always_inline __u16 dport_at_transport_header(const struct sk_buff *skb
 	if (have_core_cast())
 		return bpf_ntohs(bpf_core_cast(skb->data, struct udphdr)->dest);
 	return read_dport(skb->data);
-}
-
-static __always_inline bool is_tcp_sock(const struct sock *sk)
-{
-	return sk && sk->sk_protocol == TT_IPPROTO_TCP && sk->sk_type == TT_SOCK_STREAM &&
-	       (sk->__sk_common.skc_family == TT_AF_INET ||
-		sk->__sk_common.skc_family == TT_AF_INET6);
-}
-
-static __always_inline bool is_udp_sock(const struct sock *sk)
-{
-	return sk && sk->sk_protocol == TT_IPPROTO_UDP &&
-	       (sk->__sk_common.skc_family == TT_AF_INET ||
-		sk->__sk_common.skc_family == TT_AF_INET6);
 }
 
 /* The newest skb on a socket's receive queue, or NULL. */

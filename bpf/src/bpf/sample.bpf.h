@@ -14,6 +14,8 @@ struct tt_sample {
 	__u16 local_port; /* host order; 0 when unknown */
 	__u8 clock;
 	bool process_context;
+	/* A packet leaving the host (send probes): receive-side filters and fields skip it. */
+	bool send;
 	/* tcp-socket-read: check head-of-line blocking of a read ending at read_end_seq on a
 	 * socket whose rcv_ooopack is ooopack (read by the probe, which knows how to read it
 	 * cheaply there) */

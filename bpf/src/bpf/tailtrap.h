@@ -20,7 +20,9 @@ enum tt_probe {
 	TT_PROBE_UDP_SOCKET_ENQUEUED = 4,
 	TT_PROBE_TCP_SOCKET_READ = 5,
 	TT_PROBE_UDP_SOCKET_READ = 6,
-	TT_NUM_PROBES = 7,
+	TT_PROBE_SEND_TO_QDISC = 7,
+	TT_PROBE_QDISC_SOJOURN = 8,
+	TT_NUM_PROBES = 9,
 };
 
 /* Service slots: the catch-alls first, then configured or auto-grouped services. */

@@ -50,13 +50,17 @@ impl SessionRequest {
             return Err(IncidentRequestError::Disabled);
         }
         let ports = incident_ports(scope.ports, scope.flows);
-        let filter = PcapFilter::from_flows(
-            Protocol::of_probes(scope.probes),
-            &ports,
-            scope.flows,
-            config.max_peers(),
-        )
-        .map_err(IncidentRequestError::NoFilter)?;
+        let send_side = !scope.probes.is_empty() && scope.probes.iter().all(|p| p.is_send());
+        let protocol = if send_side {
+            Protocol::of_flows(scope.flows)
+        } else {
+            Protocol::of_probes(scope.probes)
+        };
+        let mut filter = PcapFilter::from_flows(protocol, &ports, scope.flows, config.max_peers())
+            .map_err(IncidentRequestError::NoFilter)?;
+        if send_side {
+            filter = filter.outbound();
+        }
         let mut request = SessionRequest::new(scope.service, filter)
             .with_filter_funcs(config.filter_funcs(scope.probes))
             .with_limits(config.limits());
@@ -86,6 +90,24 @@ fn incident_ports(configured: &[u16], flows: &[Flow]) -> Vec<u16> {
 }
 
 impl Protocol {
+    /// The protocol most of `flows` use: a send probe is on both protocols' path, so a
+    /// send-side incident's protocol is its slow packets'. TCP when none is known.
+    pub fn of_flows(flows: &[Flow]) -> Protocol {
+        let udp = flows
+            .iter()
+            .filter(|f| f.transport == model::Transport::Udp)
+            .count();
+        let tcp = flows
+            .iter()
+            .filter(|f| f.transport == model::Transport::Tcp)
+            .count();
+        if udp > tcp {
+            Protocol::Udp
+        } else {
+            Protocol::Tcp
+        }
+    }
+
     /// TCP unless every hot probe is on the UDP path (ip-start is on both).
     pub fn of_probes(probes: &[Probe]) -> Protocol {
         let udp = |p: &Probe| p.path() == model::Path::Udp;
@@ -153,6 +175,28 @@ mod tests {
             Protocol::of_probes(&[Probe::UdpStart, Probe::TcpStart]),
             Protocol::Tcp
         );
+    }
+
+    #[test]
+    fn a_send_side_incident_follows_its_packets_out_with_their_protocol() {
+        let flows = [
+            flow(Transport::Udp, "10.0.0.5", 5353),
+            flow(Transport::Udp, "10.0.0.5", 5353),
+        ];
+        let r = SessionRequest::for_incident(
+            &PwruConfig::default(),
+            &scope(&[Probe::QdiscSojourn], &[], &flows),
+        )
+        .unwrap();
+        assert_eq!(
+            r.filter().expression(),
+            "udp and src port 5353 and src host 10.0.0.1 and dst host 10.0.0.5"
+        );
+        assert!(r
+            .filter_funcs()
+            .names()
+            .iter()
+            .any(|f| f == "dev_hard_start_xmit"));
     }
 
     #[test]

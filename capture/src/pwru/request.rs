@@ -89,7 +89,8 @@ const MAX_LOCAL_ADDRS: usize = 4;
 
 /// The pcap filter of a session: packets *to* the service (its protocol and local
 /// port(s), optionally its local addresses), optionally narrowed to those *from* the top
-/// remote addresses. Inbound only: the slow packets are the ones the service receives. Built only from typed values (and therefore
+/// remote addresses. Inbound (the slow packets are the ones the service receives), or for a
+/// send-side incident outbound ([`PcapFilter::outbound`]). Built only from typed values (and therefore
 /// serialisable for the record, but not deserialisable around [`PcapFilter::new`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PcapFilter {
@@ -98,6 +99,9 @@ pub struct PcapFilter {
     remote_addrs: Vec<IpAddr>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     local_addrs: Vec<IpAddr>,
+    /// Packets *from* the service instead (a send-side incident's slow packets leave it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    outbound: bool,
 }
 
 impl PcapFilter {
@@ -151,6 +155,7 @@ impl PcapFilter {
             local_ports: ports,
             remote_addrs: addrs,
             local_addrs: Vec::new(),
+            outbound: false,
         })
     }
 
@@ -196,6 +201,18 @@ impl PcapFilter {
         Ok(filter)
     }
 
+    /// The same flows in the other direction: packets the service sends (`src port`,
+    /// `src host` local, `dst host` the peers), for a send-side incident.
+    pub fn outbound(mut self) -> Self {
+        self.outbound = true;
+        self
+    }
+
+    /// Whether the filter matches what the service sends rather than what it receives.
+    pub fn is_outbound(&self) -> bool {
+        self.outbound
+    }
+
     /// The service's own addresses seen in the samples (empty: any).
     pub fn local_addrs(&self) -> &[IpAddr] {
         &self.local_addrs
@@ -221,16 +238,21 @@ impl PcapFilter {
     /// inbound only, so the service's own replies and ACKs (and their drops when a
     /// connection closes) stay out of the trace.
     pub fn expression(&self) -> String {
+        let (local, remote) = if self.outbound {
+            ("src", "dst")
+        } else {
+            ("dst", "src")
+        };
         let mut s = String::from(self.protocol.pcap_name());
         s.push_str(" and ");
-        push_alternatives(&mut s, "dst port", &self.local_ports);
+        push_alternatives(&mut s, &format!("{local} port"), &self.local_ports);
         if !self.local_addrs.is_empty() {
             s.push_str(" and ");
-            push_alternatives(&mut s, "dst host", &self.local_addrs);
+            push_alternatives(&mut s, &format!("{local} host"), &self.local_addrs);
         }
         if !self.remote_addrs.is_empty() {
             s.push_str(" and ");
-            push_alternatives(&mut s, "src host", &self.remote_addrs);
+            push_alternatives(&mut s, &format!("{remote} host"), &self.remote_addrs);
         }
         s
     }
@@ -749,6 +771,18 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_outbound_filter_matches_what_the_service_sends_to_its_peers() {
+        let flows = [flow(Transport::Tcp, "10.0.0.5", 9000)];
+        let f = PcapFilter::from_flows(Protocol::Tcp, &[9000], &flows, 4)
+            .unwrap()
+            .outbound();
+        assert_eq!(
+            f.expression(),
+            "tcp and src port 9000 and src host 10.0.0.1 and dst host 10.0.0.5"
+        );
+    }
+
     fn flow(t: Transport, src: &str, dport: u16) -> Flow {
         Flow {
             transport: t,
@@ -853,7 +887,9 @@ mod tests {
              tcp_rcv_established|udp_rcv|udp_unicast_rcv_skb|udp_queue_rcv_one_skb|udpv6_rcv|\
              tcp_data_queue|tcp_queue_rcv|__udp_enqueue_schedule_skb|tcp_eat_recv_skb|\
              skb_attempt_defer_free|__kfree_skb|consume_skb|skb_consume_udp|\
-             __consume_stateless_skb|kfree_skb_reason|sk_skb_reason_drop)$"
+             __consume_stateless_skb|__tcp_transmit_skb|__ip_queue_xmit|ip_output|\
+             ip_finish_output2|ip6_output|ip6_finish_output2|__dev_queue_xmit|\
+             sch_direct_xmit|dev_hard_start_xmit|kfree_skb_reason|sk_skb_reason_drop)$"
         );
         let f = FilterFuncs::for_probes(&[Probe::UdpSocketRead, Probe::UdpSocketRead]);
         // The whole UDP path up to the read, once, then the drop points.

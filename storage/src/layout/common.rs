@@ -6,6 +6,12 @@ use model::{Flow, Histogram, Probe, SocketQueue, Transport};
 use serde::{Deserialize, Serialize};
 
 /// [`Probe`] as every record stores it: the variant's index, in this order.
+///
+/// The one frozen type that may grow, and only at its end: a record stores the index, so
+/// every byte written before a variant was appended keeps its meaning (pinned by
+/// `probe_indexes_never_move` below), and the records holding it keep their versions.
+/// Schema 9 appended the send probes; an older build refuses a database of a newer
+/// schema, so it never meets an index it lacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum ProbeV1 {
     IpStart,
@@ -15,6 +21,9 @@ pub(crate) enum ProbeV1 {
     UdpSocketEnqueued,
     TcpSocketRead,
     UdpSocketRead,
+    // Schema 9.
+    SendToQdisc,
+    QdiscSojourn,
 }
 
 impl From<Probe> for ProbeV1 {
@@ -27,6 +36,8 @@ impl From<Probe> for ProbeV1 {
             Probe::UdpSocketEnqueued => ProbeV1::UdpSocketEnqueued,
             Probe::TcpSocketRead => ProbeV1::TcpSocketRead,
             Probe::UdpSocketRead => ProbeV1::UdpSocketRead,
+            Probe::SendToQdisc => ProbeV1::SendToQdisc,
+            Probe::QdiscSojourn => ProbeV1::QdiscSojourn,
         }
     }
 }
@@ -41,6 +52,8 @@ impl From<ProbeV1> for Probe {
             ProbeV1::UdpSocketEnqueued => Probe::UdpSocketEnqueued,
             ProbeV1::TcpSocketRead => Probe::TcpSocketRead,
             ProbeV1::UdpSocketRead => Probe::UdpSocketRead,
+            ProbeV1::SendToQdisc => Probe::SendToQdisc,
+            ProbeV1::QdiscSojourn => Probe::QdiscSojourn,
         }
     }
 }
@@ -191,5 +204,37 @@ impl TryFrom<HistogramV1> for Histogram {
     type Error = String;
     fn try_from(h: HistogramV1) -> Result<Histogram, String> {
         Histogram::from_sparse(h.buckets, h.count, h.sum_ns).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each probe's stored byte, forever: appending is the only change allowed.
+    #[test]
+    fn probe_indexes_never_move() {
+        let pinned = [
+            (Probe::IpStart, 0u8),
+            (Probe::TcpStart, 1),
+            (Probe::UdpStart, 2),
+            (Probe::TcpSocketEnqueued, 3),
+            (Probe::UdpSocketEnqueued, 4),
+            (Probe::TcpSocketRead, 5),
+            (Probe::UdpSocketRead, 6),
+            (Probe::SendToQdisc, 7),
+            (Probe::QdiscSojourn, 8),
+        ];
+        assert_eq!(
+            pinned.len(),
+            Probe::ALL.len(),
+            "a new probe needs its pinned byte"
+        );
+        for (probe, byte) in pinned {
+            let bytes = postcard::to_allocvec(&ProbeV1::from(probe)).expect("encodes");
+            assert_eq!(bytes, [byte], "{probe}");
+            let back: ProbeV1 = postcard::from_bytes(&[byte]).expect("decodes");
+            assert_eq!(Probe::from(back), probe);
+        }
     }
 }

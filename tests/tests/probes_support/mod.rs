@@ -22,13 +22,20 @@ pub fn load(config: &ProbeConfig) -> ProbeSet {
 }
 
 /// With `TAILTRAP_EXPECT_ATTACH=fentry` (stock kernels under qemu) every enabled probe
-/// must use fentry/fexit; with `tp_btf`, every attached probe must use tp_btf.
+/// with kernel functions must use fentry/fexit; with `tp_btf`, every attached probe must
+/// use tp_btf.
 pub fn check_expected_attach(set: &ProbeSet) {
     let Some(expected) = expected_attach() else {
         return;
     };
     for a in set.attachments() {
-        match (&a.method, expected.as_str()) {
+        // A probe no kernel function marks (qdisc-sojourn) is tp_btf on every kernel.
+        let expected = if a.probe.hooks().functions.is_empty() {
+            "tp_btf"
+        } else {
+            expected.as_str()
+        };
+        match (&a.method, expected) {
             (AttachMethod::Disabled, _)
             | (AttachMethod::Fentry { .. }, "fentry")
             | (AttachMethod::TpBtf { .. }, "tp_btf")

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/* record_latency(): every probe's sample, the receive side's and the send side's, goes
+ * through it. */
+#ifndef TT_RECORD_BPF_H
+#define TT_RECORD_BPF_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+#include "tailtrap.h"
+#include "counter.bpf.h"
+#include "hist.bpf.h"
+#include "clock.bpf.h"
+#include "sample.bpf.h"
+#include "service.bpf.h"
+#include "filter.bpf.h"
+#include "hol.bpf.h"
+#include "capture.bpf.h"
+
+/*
+ * The one place a sample is filtered, timed, attributed, added to a histogram and offered
+ * to capture. Head-of-line suspects stay out of the histograms but armed capture records
+ * them, flagged.
+ */
+static __always_inline void record_latency(const struct tt_sample *s)
+{
+	bool hol_suspect = false;
+	__u64 latency_ns, now_tai;
+	__u32 service;
+
+	if (!filters_pass(s->skb, s->sk, s->process_context, s->send))
+		return;
+	/* Timed first: a read without a usable stamp counts as that, not as head-of-line, so
+	 * each sample lands in exactly one of a histogram and the counters. */
+	if (!latency_since(s->stamp_ns, s->clock, &latency_ns, &now_tai))
+		return;
+	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->ooopack, s->read_end_seq)) {
+		count_event(TT_COUNTER_HOL_EXCLUDED);
+		if (!capture_mode)
+			return;
+		hol_suspect = true;
+	}
+	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
+	if (!hol_suspect)
+		hist_add(service, s->probe, latency_ns);
+	capture_sample(s, service, latency_ns, hol_suspect, now_tai);
+}
+
+#endif /* TT_RECORD_BPF_H */

@@ -1,0 +1,183 @@
+//! The send-side probes against real traffic: a UDP sender on the host into a sink behind a
+//! veth, first with the device's default (no queue), then behind a rate-limiting qdisc
+//! (tbf, which this host's kernel and the guests' have). qdisc-sojourn is tp_btf on every
+//! kernel; send-to-qdisc needs fentry/fexit (stock kernels under qemu), and where the
+//! kernel refuses trampolines it must say so, not measure nonsense. Root.
+
+// Tests may unwrap: a panic with the error is the report.
+#![allow(clippy::unwrap_used)]
+
+#[allow(dead_code)] // shared by the probe tests; this one uses part
+mod probes_support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bpf::{AttachMethod, ProbeConfig, ProbeSet};
+use model::{Histogram, Probe};
+use probes_support::{all_services, attached, load, q, server};
+use tailtrap_tests::{Netns, UdpServer, UdpStream, VethPair};
+
+const MS: u64 = 1_000_000;
+
+/// Every service's histogram at `probe` gained since `before`.
+fn gained(set: &mut ProbeSet, before: &Histogram, probe: Probe) -> (Histogram, Histogram) {
+    let now = all_services(&set.snapshot().unwrap(), probe);
+    (now.delta_since(before).hist, now)
+}
+
+/// Datagrams of 1000 bytes every 2 ms (4 Mbit/s) for `secs` seconds, waited for.
+fn send_for(target: SocketAddr, secs: u64) {
+    let _stream = UdpStream::start(
+        target,
+        None,
+        1000,
+        Duration::from_millis(2),
+        Duration::from_secs(secs + 5),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(secs));
+}
+
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
+    let ns = Netns::new("tt-send").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    let sink = UdpServer::spawn_sink(server(
+        SocketAddr::from((veth.peer_v4, 0)),
+        Some(&ns),
+        None,
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let mut set = load(&ProbeConfig::default());
+    let on = attached(&set);
+    assert!(
+        on.contains(&Probe::QdiscSojourn),
+        "qdisc-sojourn has a tracepoint on every supported kernel: {:?}",
+        set.attachments()
+    );
+    let start = all_services(&set.snapshot().unwrap(), Probe::QdiscSojourn);
+
+    // veth's default is no queue: the device layer hands each packet straight on.
+    send_for(sink.addr(), 2);
+    let (idle, seen) = gained(&mut set, &start, Probe::QdiscSojourn);
+    eprintln!(
+        "qdisc-sojourn, no queue: {} packets, p99 <= {} ns",
+        idle.count(),
+        q(&idle, 0.99).upper_ns
+    );
+    assert!(idle.count() >= 200, "{} packets timed", idle.count());
+    assert!(
+        q(&idle, 0.99).upper_ns < MS,
+        "no queue, yet p99 {:?}",
+        q(&idle, 0.99)
+    );
+
+    // 1 Mbit/s, with up to 300 ms of packets queued: sending 4 Mbit/s keeps it full.
+    veth.set_root_qdisc(&["tbf", "rate", "1mbit", "burst", "5kb", "latency", "300ms"])
+        .unwrap();
+    send_for(sink.addr(), 3);
+    let (limited, _) = gained(&mut set, &seen, Probe::QdiscSojourn);
+    assert!(limited.count() >= 100, "{} packets timed", limited.count());
+    let p50 = q(&limited, 0.5);
+    eprintln!(
+        "qdisc-sojourn, tbf 1mbit: {} packets, p50 >= {} ns, max < {} ns",
+        limited.count(),
+        p50.lower_ns,
+        q(&limited, 1.0).upper_ns
+    );
+    assert!(
+        p50.lower_ns >= 20 * MS,
+        "a full 1 Mbit/s queue, yet p50 {p50:?}"
+    );
+    // The queue holds at most 300 ms plus one burst: a wrong clock or a stale stamp would
+    // show seconds or years.
+    let max = q(&limited, 1.0);
+    assert!(max.lower_ns < 2_000 * MS, "max {max:?}");
+}
+
+/// send-to-qdisc: a sender that writes faster than its device sends waits, inside its send
+/// call, for the socket buffer space its queued packets hold; an idle device adds nothing.
+/// Where the kernel refuses trampolines the probe is reported unavailable with the reason.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
+    let ns = Netns::new("tt-send2").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    let sink = UdpServer::spawn_sink(server(
+        SocketAddr::from((veth.peer_v4, 0)),
+        Some(&ns),
+        None,
+        Duration::ZERO,
+    ))
+    .unwrap();
+    let mut set = load(&ProbeConfig::default());
+    let attachment = set
+        .attachments()
+        .iter()
+        .find(|a| a.probe == Probe::SendToQdisc)
+        .cloned()
+        .unwrap();
+    match &attachment.method {
+        AttachMethod::Fentry { functions } => {
+            assert!(functions.contains(&"udp_sendmsg"), "{functions:?}")
+        }
+        AttachMethod::Unavailable { reason } => {
+            // The development host: trampolines refused, and no tracepoint marks a send
+            // call's start.
+            assert!(
+                reason.contains("EPERM") && reason.contains("no tracepoint"),
+                "{reason}"
+            );
+            return;
+        }
+        other => panic!("send-to-qdisc attached as {other}"),
+    }
+    let start = all_services(&set.snapshot().unwrap(), Probe::SendToQdisc);
+    send_for(sink.addr(), 2);
+    let (idle, seen) = gained(&mut set, &start, Probe::SendToQdisc);
+    eprintln!(
+        "send-to-qdisc, idle: {} sends, p50 <= {} ns",
+        idle.count(),
+        q(&idle, 0.5).upper_ns
+    );
+    assert!(idle.count() >= 200, "{} sends timed", idle.count());
+    assert!(
+        q(&idle, 0.5).upper_ns < MS,
+        "idle device, yet p50 {:?}",
+        q(&idle, 0.5)
+    );
+
+    // A queue longer than the socket's send buffer: the buffer fills first, so each send
+    // waits for the device to drain a packet (with a short queue the qdisc would drop
+    // instead, and a UDP sender never waits).
+    veth.set_root_qdisc(&["tbf", "rate", "1mbit", "burst", "5kb", "limit", "4mb"])
+        .unwrap();
+    let _fast = UdpStream::start(
+        sink.addr(),
+        None,
+        1000,
+        Duration::ZERO,
+        Duration::from_secs(8),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let (limited, _) = gained(&mut set, &seen, Probe::SendToQdisc);
+    assert!(limited.count() >= 50, "{} sends timed", limited.count());
+    // The kernel wakes a UDP writer once half its buffer has drained: most sends then go
+    // straight through, and one in about fifty waits for the device (hundreds of ms at
+    // 1 Mbit/s).
+    let waited = limited.count_from_bucket(model::hist::bucket_index(MS));
+    let max = q(&limited, 1.0);
+    eprintln!(
+        "send-to-qdisc, tbf 1mbit: {} sends, {waited} waited >= 1 ms, max >= {} ns",
+        limited.count(),
+        max.lower_ns
+    );
+    assert!(
+        waited >= 3 && max.lower_ns >= 50 * MS,
+        "the sender outruns a 1 Mbit/s device, yet {waited} sends waited and max {max:?}"
+    );
+}
