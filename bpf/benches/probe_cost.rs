@@ -23,7 +23,10 @@
 //!   what a 5.10 kernel runs (docs/probes.md);
 //! - `flight, no send side`: as `+ flight` with both send probes off: the receive probes'
 //!   cost without the send side, beside the default row's with it (the send side's own
-//!   programs, `send_*` and `qdisc_sojourn_tp`, are rows of the table like the others).
+//!   programs, `send_dev_queue` and `send_xmit`, are rows of the table like the others);
+//! - `flight, lo pfifo`: as `+ flight` with a pfifo qdisc on loopback for the phase (removed
+//!   after): loopback has no queue by default, which the send side skips, while a NIC's
+//!   traffic passes a qdisc, which it stamps and times.
 //!
 //! Scheduler hooks: armed capture also attaches the reader-wait split's programs on
 //! `sched_switch` and `sched_wakeup` (reader_wait.bpf.h; kernels with task storage), and
@@ -106,48 +109,65 @@ struct PhaseSpec {
     name: &'static str,
     load: Load,
     capture: Capture,
+    /// A qdisc (pfifo) on loopback for the phase: loopback has none by default, and the
+    /// send side times a device with a queue differently (docs/probes.md).
+    lo_queue: bool,
 }
 
-const PHASES: [PhaseSpec; 8] = [
+const PHASES: [PhaseSpec; 9] = [
     PhaseSpec {
         name: "no services",
         load: Load::Auto,
         capture: Capture::Off,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "services",
         load: Load::Services,
         capture: Capture::Off,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "+ flight",
         load: Load::Services,
         capture: Capture::Flight,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "armed",
         load: Load::Services,
         capture: Capture::Armed,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "flight, no ip ports",
         load: Load::NoIpStartPorts,
         capture: Capture::Flight,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "flight, ports only",
         load: Load::PortsOnly,
         capture: Capture::Flight,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "flight, 5.10 stand-ins",
         load: Load::Baseline,
         capture: Capture::Flight,
+        lo_queue: false,
     },
     PhaseSpec {
         name: "flight, no send side",
         load: Load::NoSendSide,
         capture: Capture::Flight,
+        lo_queue: false,
+    },
+    PhaseSpec {
+        name: "flight, lo pfifo",
+        load: Load::Services,
+        capture: Capture::Flight,
+        lo_queue: true,
     },
 ];
 /// The row users run by default (the daemon once baselines exist).
@@ -343,7 +363,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     }
                     _ => set_capture(&mut control, &mut set, phase.capture)?,
                 }
+                let lo_queue = phase.lo_queue.then(LoQueue::add).transpose()?;
                 results[i].push(measure(&set, &ids, &hook_names, &traffic, &reader, len)?);
+                drop(lo_queue);
                 drop(sched_links);
             }
             control.disarm_all(&mut set)?;
@@ -917,5 +939,37 @@ impl Traffic {
         for t in self.threads {
             let _ = t.join();
         }
+    }
+}
+
+/// A pfifo root qdisc on loopback while alive (`tc qdisc replace`, then `del`).
+struct LoQueue;
+
+impl LoQueue {
+    fn add() -> Result<LoQueue, String> {
+        tc(&["qdisc", "replace", "dev", "lo", "root", "pfifo"])?;
+        Ok(LoQueue)
+    }
+}
+
+impl Drop for LoQueue {
+    fn drop(&mut self) {
+        let _ = tc(&["qdisc", "del", "dev", "lo", "root"]);
+    }
+}
+
+fn tc(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("tc")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running tc: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "tc {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
     }
 }

@@ -16,7 +16,7 @@ use crate::config::{ProbeConfig, ServiceSpec};
 use crate::features::{KernelFeatures, MissingFeature};
 use crate::hist_read::HistReader;
 use crate::probes::{
-    variants, Variant, FIRST_STAMP_PROG, READER_WAIT_PROGS, SEND_DEV_QUEUE_PROG, SK_DATA_READY_PROG,
+    variants, Variant, FIRST_STAMP_PROG, READER_WAIT_PROGS, SEND_DEVICE_PROGS, SK_DATA_READY_PROG,
 };
 use crate::skel::types;
 use crate::skel::{OpenProbesSkel, ProbesSkel, ProbesSkelBuilder};
@@ -43,13 +43,6 @@ const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 /// Cgroups whose service is kept where the kernel has no socket storage for it.
 const CGROUP_RULE_CACHE_ENTRIES: usize = 4096;
-
-/// Threads inside a send call at once (send-to-qdisc's per-thread start; LRU).
-const SEND_CALLS: usize = 8192;
-
-/// Packets between the device layer and the driver at once, on all devices (qdisc-sojourn's
-/// per-packet stamp; LRU: 32 default-length queues, about 2 MiB of kernel memory).
-const QDISC_STAMPS: usize = 32768;
 
 /// How a probe is attached on the running kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -319,10 +312,17 @@ impl ProbeSet {
         if first_stamps {
             loaded.push(FIRST_STAMP_PROG);
         }
-        let send_side = uses_send_side(&plans);
-        if send_side {
-            loaded.push(SEND_DEV_QUEUE_PROG);
-        }
+        // The send side's device-layer programs serve both send probes: those the plans
+        // did not choose already (qdisc-sojourn's own) load beside them.
+        let send_device: Vec<&str> = if uses_send_side(&plans) {
+            SEND_DEVICE_PROGS
+                .into_iter()
+                .filter(|p| !chosen.contains(p))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        loaded.extend(&send_device);
         set_autoload(&mut open, &loaded)
             .map_err(bpf_err("setting the programs' attach targets"))?;
         configure(
@@ -348,10 +348,10 @@ impl ProbeSet {
 
         progress("attaching probes");
         let (mut links, mut attach_errors) = attach(&skel, &chosen);
-        if send_side {
-            // Both send probes take their packets here: without it neither measures.
-            let (queue, errors) = attach(&skel, &[SEND_DEV_QUEUE_PROG]);
-            links.extend(queue);
+        if !send_device.is_empty() {
+            // Both send probes take their packets here: without them neither measures.
+            let (device, errors) = attach(&skel, &send_device);
+            links.extend(device);
             if let Some(why) = errors.values().next() {
                 for probe in [Probe::SendToQdisc, Probe::QdiscSojourn] {
                     if let Some(Plan::Use(v, _)) = plans.get(&probe) {
@@ -1220,24 +1220,16 @@ fn configure(
     };
     let first_stamps = uses_first_hook_stamps(config, plans);
     let planned = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(..)));
+    let send_side = uses_send_side(plans);
     let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 14] = [
-        // Threads inside a send call at once, and packets queued on all devices at once
-        // (LRU: beyond that the oldest go unmeasured).
+        // Their slots (TT_SEND_CALL_SLOTS, TT_QDISC_SLOTS, the index masks) when used.
         (
             &mut open.maps.send_calls,
-            if planned(Probe::SendToQdisc) {
-                SEND_CALLS
-            } else {
-                0
-            },
+            if planned(Probe::SendToQdisc) { 8192 } else { 0 },
         ),
         (
-            &mut open.maps.qdisc_stamps,
-            if planned(Probe::QdiscSojourn) {
-                QDISC_STAMPS
-            } else {
-                0
-            },
+            &mut open.maps.queued_packets,
+            if send_side { 32768 } else { 0 },
         ),
         // Its slots per CPU (TT_FIRST_STAMP_SLOTS, the index mask) when used.
         (

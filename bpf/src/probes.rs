@@ -58,16 +58,17 @@ pub(crate) const READER_WAIT_PROGS: [&str; 2] = ["reader_wait_switch", "reader_w
 /// ip-start.
 pub(crate) const FIRST_STAMP_PROG: &str = "first_hook_stamp";
 
-/// The device-layer hook of the send probes (send.bpf.h): stamps packets for
-/// qdisc-sojourn and records send-to-qdisc; loaded when either send probe is.
-pub(crate) const SEND_DEV_QUEUE_PROG: &str = "send_dev_queue";
+/// The device-layer programs of the send probes (send.bpf.h): one notes each packet at
+/// net_dev_queue, the other records both send intervals at the driver's transmit (it is
+/// qdisc-sojourn's program, and send-to-qdisc's too); loaded when either send probe is.
+pub(crate) const SEND_DEVICE_PROGS: [&str; 2] = ["send_dev_queue", "send_xmit"];
 
 /// Programs that serve the probes without being one, and their tracepoints.
 pub(crate) const AUXILIARY: [(&str, &str); 4] = [
     (READER_WAIT_PROGS[0], "sched_switch"),
     (READER_WAIT_PROGS[1], "sched_wakeup"),
     (FIRST_STAMP_PROG, "netif_rx"),
-    (SEND_DEV_QUEUE_PROG, "net_dev_queue"),
+    (SEND_DEVICE_PROGS[0], "net_dev_queue"),
 ];
 
 /// The program shared by tcp-socket-enqueued and udp-socket-enqueued; which of the two it
@@ -195,7 +196,7 @@ const UDP_SOCKET_READ: &[Variant] = &[Variant::Fentry(&UDP_READ_FENTRY)];
 // No tracepoint marks a send call's start.
 const SEND_TO_QDISC: &[Variant] = &[Variant::Fentry(&SEND_TO_QDISC_FENTRY)];
 // No function marks the driver's transmit of one packet (see the model's table).
-const QDISC_SOJOURN: &[Variant] = &[tp_btf(Probe::QdiscSojourn, "qdisc_sojourn_tp")];
+const QDISC_SOJOURN: &[Variant] = &[tp_btf(Probe::QdiscSojourn, SEND_DEVICE_PROGS[1])];
 
 /// Attach variants of `probe`, preferred first.
 pub(crate) fn variants(probe: Probe) -> &'static [Variant] {

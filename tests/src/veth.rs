@@ -141,11 +141,6 @@ impl VethPair {
         run("tc", &tc).map(|_| ())
     }
 
-    /// Back to the host end's default root qdisc (for a veth: none, `noqueue`).
-    pub fn clear_root_qdisc(&self) -> Result<()> {
-        run("tc", &["qdisc", "del", "dev", &self.host_ifname, "root"]).map(|_| ())
-    }
-
     /// Caps the segments per GSO packet the host end sends (`ip link set ... gso_max_segs`).
     /// With 1, TCP hands the qdisc one MSS-sized packet at a time, so netem can reorder
     /// within a message; by default a whole message may travel as one GSO packet.

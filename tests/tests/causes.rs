@@ -585,6 +585,8 @@ fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_s
         read_delay: Duration::ZERO,
     })
     .unwrap();
+    // An idle queue on the host's end: qdisc-sojourn times devices with a queue only.
+    veth.set_root_qdisc(&["pfifo"]).unwrap();
     let scratch = ScratchDir::new("causes-send").unwrap();
     let dir = scratch.path().to_owned();
     let config = write_config(&dir, &[("web", server.addr().port())]);
@@ -651,7 +653,7 @@ fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_s
         veth.set_root_qdisc(&["tbf", "rate", "100kbit", "burst", "2kb", "latency", "1s"])
             .unwrap();
         let send = opened("a qdisc holding the replies", &known);
-        veth.clear_root_qdisc().unwrap();
+        veth.set_root_qdisc(&["pfifo"]).unwrap();
         assert_eq!(
             send["evidence"]["headline"]["probe"], "qdisc-sojourn",
             "{send}"

@@ -1,6 +1,6 @@
 //! The send-side probes against real traffic: a UDP sender on the host into a sink behind a
-//! veth, first with the device's default (no queue), then behind a rate-limiting qdisc
-//! (tbf, which this host's kernel and the guests' have). qdisc-sojourn is tp_btf on every
+//! veth, with the device's default (no queue), an idle queue (pfifo), then a rate-limiting
+//! qdisc (tbf; this host's kernel and the guests' have both). qdisc-sojourn is tp_btf on every
 //! kernel; send-to-qdisc needs fentry/fexit (stock kernels under qemu), and where the
 //! kernel refuses trampolines it must say so, not measure nonsense. Root.
 
@@ -60,19 +60,30 @@ fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
     );
     let start = all_services(&set.snapshot().unwrap(), Probe::QdiscSojourn);
 
-    // veth's default is no queue: the device layer hands each packet straight on.
+    // veth's default is no queue: nothing sojourns, and the device is not timed.
+    send_for(sink.addr(), 1);
+    let (none, start) = gained(&mut set, &start, Probe::QdiscSojourn);
+    let veth_packets = none.count();
+    // A queue that never fills: packets leave it at once.
+    veth.set_root_qdisc(&["pfifo"]).unwrap();
     send_for(sink.addr(), 2);
     let (idle, seen) = gained(&mut set, &start, Probe::QdiscSojourn);
     eprintln!(
-        "qdisc-sojourn, no queue: {} packets, p99 <= {} ns",
+        "qdisc-sojourn, idle pfifo: {} packets, p99 <= {} ns",
         idle.count(),
         q(&idle, 0.99).upper_ns
     );
     assert!(idle.count() >= 200, "{} packets timed", idle.count());
     assert!(
         q(&idle, 0.99).upper_ns < MS,
-        "no queue, yet p99 {:?}",
+        "an idle queue, yet p99 {:?}",
         q(&idle, 0.99)
+    );
+    // Without a queue the veth's 500 packets were not timed (other devices' may have been).
+    assert!(
+        veth_packets < idle.count() / 2,
+        "{veth_packets} timed without a queue, {} with one",
+        idle.count()
     );
 
     // 1 Mbit/s, with up to 300 ms of packets queued: sending 4 Mbit/s keeps it full.

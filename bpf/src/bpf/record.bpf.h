@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
-/* record_latency(): every probe's sample, the receive side's and the send side's, goes
- * through it. */
+/* record_latency() and record_measured(): every probe's sample, the receive side's and
+ * the send side's, goes through them. */
 #ifndef TT_RECORD_BPF_H
 #define TT_RECORD_BPF_H
 
@@ -17,10 +17,21 @@
 #include "hol.bpf.h"
 #include "capture.bpf.h"
 
+/* A sample already filtered, timed and attributed: into its histogram (unless a
+ * head-of-line suspect) and offered to capture. now_tai: 0 when no TAI reading was made. */
+static __always_inline void record_measured(const struct tt_sample *s, __u32 service,
+					    __u64 latency_ns, bool hol_suspect, __u64 now_tai)
+{
+	if (!hol_suspect)
+		hist_add(service, s->probe, latency_ns);
+	capture_sample(s, service, latency_ns, hol_suspect, now_tai);
+}
+
 /*
- * The one place a sample is filtered, timed, attributed, added to a histogram and offered
- * to capture. Head-of-line suspects stay out of the histograms but armed capture records
- * them, flagged.
+ * The one place a receive sample is filtered, timed, attributed, added to a histogram and
+ * offered to capture (the send side, which times two intervals per packet, filters and
+ * attributes once and calls record_measured for each). Head-of-line suspects stay out of
+ * the histograms but armed capture records them, flagged.
  */
 static __always_inline void record_latency(const struct tt_sample *s)
 {
@@ -41,9 +52,7 @@ static __always_inline void record_latency(const struct tt_sample *s)
 		hol_suspect = true;
 	}
 	service = s->sk ? service_of_sock(s->sk) : service_of_port(s->local_port);
-	if (!hol_suspect)
-		hist_add(service, s->probe, latency_ns);
-	capture_sample(s, service, latency_ns, hol_suspect, now_tai);
+	record_measured(s, service, latency_ns, hol_suspect, now_tai);
 }
 
 #endif /* TT_RECORD_BPF_H */

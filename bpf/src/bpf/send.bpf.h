@@ -1,22 +1,31 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
 /*
  * The send-side probes. A packet leaving the host carries no kernel stamp to subtract
- * (skb->tstamp is TCP's departure time or 0), so each probe keeps its own start:
+ * (skb->tstamp is TCP's departure time or 0), so the start of each interval is kept here:
  *
- * send-to-qdisc: the send call's start, per thread (send_calls), from fentry of
- *   tcp_sendmsg / udp_sendmsg / udpv6_sendmsg; fexit removes it, so packets the kernel sends
- *   after the call (TCP's window, pacing and small-queue limits: the network's and the
- *   peer's time) are never timed from it. fexit of sk_stream_wait_memory restarts the clock
- *   after a wait for send-buffer space (unacknowledged data: the peer's time). Each packet
- *   the call hands to the device layer (net_dev_queue, still inside the call, from the
- *   same socket) is one sample.
- * qdisc-sojourn: net_dev_queue stamps the skb (qdisc_stamps, keyed by its address, with
- *   its device and length as a check against a reused address); the driver's transmit
- *   (net_dev_start_xmit) takes the stamp and records the time in between.
+ * - the send call's start, per thread: fentry of tcp_sendmsg / udp_sendmsg / udpv6_sendmsg
+ *   writes it, fexit clears it, so packets the kernel sends after the call (TCP's window,
+ *   pacing and small-queue limits: the network's and the peer's time) are never timed from
+ *   it; fexit of sk_stream_wait_memory restarts it after a wait for send-buffer space
+ *   (unacknowledged data: the peer's time);
+ * - per packet, at the device layer (net_dev_queue): when it got there, and the call's start
+ *   if it got there inside its sender's call, from the same socket.
  *
- * Both maps are LRU hashes: a thread killed inside a send call, or an skb the qdisc drops,
- * leaves an entry the LRU evicts; no entry outlives its use otherwise. Both use the
- * MONOTONIC clock at both ends.
+ * The driver's transmit (net_dev_start_xmit) takes the packet's entry and records both
+ * intervals at once: send-to-qdisc (the call's start to the device layer) and qdisc-sojourn
+ * (the device layer to the driver), one service lookup and one filter pass for the two.
+ * A device without a queue (noqueue: loopback, veth, most virtual devices) gets no entry
+ * and no clock read at the device layer: its transmit follows at once, in the sender's
+ * context, and times send-to-qdisc from the call alone; it has no qdisc-sojourn.
+ *
+ * Both tables are plain arrays indexed by a hash of their key (the thread id, the skb's
+ * address), like first_stamp.bpf.h's, not hash maps: an LRU hash update and delete cost
+ * about 100 ns each on the development host, per packet. A slot taken over by another
+ * thread or packet is simply not measured; the key is checked (and the packet's device and
+ * length), so a start is never given to the wrong packet. No entry needs deleting: a stale
+ * one never matches a live key... except a recycled skb address, which must also arrive
+ * at the same device with the same length without passing net_dev_queue (only a qdisc
+ * bypass, such as AF_PACKET's, could).
  */
 #ifndef TT_SEND_BPF_H
 #define TT_SEND_BPF_H
@@ -31,40 +40,72 @@
 #include "record.bpf.h"
 #include "sample.bpf.h"
 
-/* Which send probes the loader planned; the shared net_dev_queue program serves both. */
+/* Which send probes the loader planned; the device-layer programs serve both. */
 const volatile bool send_to_qdisc_on = false;
 const volatile bool qdisc_sojourn_on = false;
+
+/* Qdisc flag of a multiqueue root (mq, mqprio), which has no enqueue of its own
+ * (include/net/sch_generic.h; a #define, so not in BTF). */
+#define TT_TCQ_F_MQROOT 0x08
 
 /* TCP states of sockets that are not full sockets (include/net/tcp_states.h). */
 #define TT_TCP_TIME_WAIT 6
 #define TT_TCP_NEW_SYN_RECV 12
 
-struct send_call {
+/* Threads inside a send call at once, as slots (a power of two: the index is masked). */
+#define TT_SEND_CALL_SLOTS 8192
+/* Packets between the device layer and the driver at once, on all devices. */
+#define TT_QDISC_SLOTS 32768
+
+struct tt_send_call {
+	__u64 thread; /* pid_tgid; 0: free */
 	__u64 start_ns;
-	const struct sock *sk;
+	__u64 sk;
+	/* The packet last timed from this call at a device without a queue: a device below
+	 * it (a VLAN's, a bond's) must not time it again. */
+	__u64 last_skb;
 };
 
-/* Thread (pid_tgid) inside a send call -> the call's start; max_entries set by the loader. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u64);
-	__type(value, struct send_call);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TT_SEND_CALL_SLOTS);
+	__type(key, __u32);
+	__type(value, struct tt_send_call);
 } send_calls SEC(".maps");
 
-struct qdisc_stamp {
+struct tt_queued_packet {
+	__u64 skb; /* the skb's address; 0: free */
 	__u64 queued_ns;
+	__u64 call_start_ns; /* 0: not sent inside its sender's call */
 	__u32 ifindex;
 	__u32 len;
 };
 
-/* skb address -> when it reached the device layer; max_entries set by the loader. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 1);
-	__type(key, __u64);
-	__type(value, struct qdisc_stamp);
-} qdisc_stamps SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TT_QDISC_SLOTS);
+	__type(key, __u32);
+	__type(value, struct tt_queued_packet);
+} queued_packets SEC(".maps");
+
+/* The thread's slot: thread ids are handed out in sequence, so their low bits spread. */
+static __always_inline struct tt_send_call *send_call_slot(__u64 thread)
+{
+	__u32 slot = (__u32)thread & (TT_SEND_CALL_SLOTS - 1);
+
+	return bpf_map_lookup_elem(&send_calls, &slot);
+}
+
+/* skbs are slab objects of a few hundred bytes: the address above bit 8 tells neighbours
+ * apart, the higher bits spread the rest. Only the low 32 bits: the verifier allows no
+ * shift of a pointer, but a 32-bit copy of one is a plain number. */
+static __always_inline struct tt_queued_packet *queued_slot(const struct sk_buff *skb)
+{
+	__u32 low = (__u32)(unsigned long)skb;
+	__u32 slot = ((low >> 8) ^ (low >> 23)) & (TT_QDISC_SLOTS - 1);
+
+	return bpf_map_lookup_elem(&queued_packets, &slot);
+}
 
 /* The skb's owner when it is a full TCP or UDP socket (a request or timewait socket is
  * smaller than struct sock: nothing past the common part may be read from it). */
@@ -84,16 +125,23 @@ static __always_inline const struct sock *sending_sock(const struct sk_buff *skb
 static __always_inline void send_call_start(const struct sock *sk)
 {
 	__u64 thread = bpf_get_current_pid_tgid();
-	struct send_call call = { .start_ns = bpf_ktime_get_ns(), .sk = sk };
+	struct tt_send_call *call = send_call_slot(thread);
 
-	bpf_map_update_elem(&send_calls, &thread, &call, BPF_ANY);
+	if (!call)
+		return;
+	call->thread = thread;
+	call->start_ns = bpf_ktime_get_ns();
+	call->sk = (__u64)(unsigned long)sk;
+	call->last_skb = 0;
 }
 
 static __always_inline void send_call_end(void)
 {
 	__u64 thread = bpf_get_current_pid_tgid();
+	struct tt_send_call *call = send_call_slot(thread);
 
-	bpf_map_delete_elem(&send_calls, &thread);
+	if (call && call->thread == thread)
+		call->thread = 0;
 }
 
 SEC("fentry")
@@ -143,81 +191,130 @@ SEC("fexit")
 int BPF_PROG(send_wait_memory_exit, struct sock *sk)
 {
 	__u64 thread = bpf_get_current_pid_tgid();
-	struct send_call *call = bpf_map_lookup_elem(&send_calls, &thread);
+	struct tt_send_call *call = send_call_slot(thread);
 
-	if (call && call->sk == sk)
+	if (call && call->thread == thread && call->sk == (__u64)(unsigned long)sk)
 		call->start_ns = bpf_ktime_get_ns();
 	return 0;
 }
 
+/* The device has no queue (noqueue, the default of loopback, veth and most virtual
+ * devices): its root qdisc has no enqueue and is not a multiqueue root, whose children
+ * queue. The driver's transmit then follows the device layer at once, in the sender's
+ * context: nothing to stamp, no clock to read. */
+static __always_inline bool without_queue(const struct net_device *dev)
+{
+	const struct Qdisc *root;
+
+	if (!dev)
+		return false;
+	root = dev->qdisc;
+	return root && !root->enqueue && !(root->flags & TT_TCQ_F_MQROOT);
+}
+
 /* The packet reaches the device layer (__dev_queue_xmit). A virtual device's packet comes
- * here again on the device below it: the later stamp wins, so qdisc-sojourn is the last
- * device's queue, and send-to-qdisc takes the first. */
+ * here again on the device below it: the later entry wins, so qdisc-sojourn times the last
+ * device's queue, and the call's start is kept from the first. */
 SEC("tp_btf")
 int BPF_PROG(send_dev_queue, struct sk_buff *skb)
 {
-	const struct sock *sk = sending_sock(skb);
-	__u64 now = bpf_ktime_get_ns();
+	__u64 addr = (__u64)(unsigned long)skb, now, call_start = 0;
+	struct tt_queued_packet *q;
 
-	if (qdisc_sojourn_on) {
-		__u64 key = (__u64)(unsigned long)skb;
-		struct qdisc_stamp stamp = {
-			.queued_ns = now,
-			.ifindex = skb->dev ? skb->dev->ifindex : 0,
-			.len = skb->len,
-		};
-
-		bpf_map_update_elem(&qdisc_stamps, &key, &stamp, BPF_ANY);
-	}
-	if (send_to_qdisc_on && sk) {
+	if (without_queue(skb->dev))
+		return 0;
+	q = queued_slot(skb);
+	if (!q)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (send_to_qdisc_on && skb->sk) {
 		__u64 thread = bpf_get_current_pid_tgid();
-		struct send_call *call = bpf_map_lookup_elem(&send_calls, &thread);
+		struct tt_send_call *call = send_call_slot(thread);
 
-		if (call && call->sk == sk) {
-			struct tt_sample s = {
-				.skb = skb,
-				.sk = sk,
-				.stamp_ns = call->start_ns,
-				.probe = TT_PROBE_SEND_TO_QDISC,
-				.clock = TT_CLOCK_MONOTONIC,
-				.process_context = true,
-				.send = true,
-			};
-
-			/* One sample per packet: the next packet of this call starts from its
-			 * handoff, not the call's start, so a call of many packets is not timed
-			 * as the sum of their sends. */
+		if (call && call->thread == thread && call->sk == (__u64)(unsigned long)skb->sk &&
+		    call->last_skb != addr) {
+			call_start = call->start_ns;
+			/* The call's next packet is timed from this one's handoff: a call of many
+			 * packets is not timed as the sum of their sends. */
 			call->start_ns = now;
-			record_latency(&s);
+		} else if (q->skb == addr) {
+			/* Again, on the device below: keep the first device's call start. */
+			call_start = q->call_start_ns;
 		}
 	}
+	/* Cleared first and set last: a reader on another CPU never takes a half-written
+	 * entry for this packet's. */
+	q->skb = 0;
+	q->queued_ns = now;
+	q->call_start_ns = call_start;
+	q->ifindex = skb->dev ? skb->dev->ifindex : 0;
+	q->len = skb->len;
+	q->skb = addr;
 	return 0;
 }
 
-SEC("tp_btf")
-int BPF_PROG(qdisc_sojourn_tp, const struct sk_buff *skb, const struct net_device *dev)
+/* A device without a queue: send-to-qdisc from the sender's call, which is still running
+ * (nothing deferred the transmit). No qdisc-sojourn: there was no queue to sojourn in. */
+static __always_inline void send_unqueued(const struct sk_buff *skb, struct tt_sample *s)
 {
-	__u64 key = (__u64)(unsigned long)skb;
-	struct qdisc_stamp *stamp = bpf_map_lookup_elem(&qdisc_stamps, &key);
+	__u64 thread = bpf_get_current_pid_tgid(), addr = (__u64)(unsigned long)skb, now;
+	struct tt_send_call *call = send_call_slot(thread);
+	__u32 service;
+
+	if (!call || call->thread != thread || call->sk != (__u64)(unsigned long)skb->sk)
+		return;
+	s->sk = sending_sock(skb);
+	if (!s->sk || !filters_pass(skb, s->sk, false, true))
+		return;
+	now = bpf_ktime_get_ns();
+	if (call->start_ns > now)
+		return;
+	service = service_of_sock(s->sk);
+	s->probe = TT_PROBE_SEND_TO_QDISC;
+	record_measured(s, service, now - call->start_ns, false, 0);
+	call->start_ns = now;
+	call->last_skb = addr;
+}
+
+/* The driver's transmit: both intervals of the packet, if it was seen at the device
+ * layer. */
+SEC("tp_btf")
+int BPF_PROG(send_xmit, const struct sk_buff *skb, const struct net_device *dev)
+{
+	__u64 addr = (__u64)(unsigned long)skb, queued, call_start, now;
+	struct tt_queued_packet *q = queued_slot(skb);
 	struct tt_sample s = {
 		.skb = skb,
-		.probe = TT_PROBE_QDISC_SOJOURN,
 		.clock = TT_CLOCK_MONOTONIC,
 		.send = true,
 	};
-	bool same;
+	__u32 service;
 
-	if (!stamp)
+	if (!q || q->skb != addr) {
+		if (send_to_qdisc_on && skb->sk && without_queue(dev))
+			send_unqueued(skb, &s);
 		return 0;
-	s.stamp_ns = stamp->queued_ns;
-	same = stamp->ifindex == dev->ifindex && stamp->len == skb->len;
-	bpf_map_delete_elem(&qdisc_stamps, &key);
-	/* Another packet at a reused address, or one changed on the way (segmented): no
-	 * sound start. */
-	if (!same)
+	}
+	queued = q->queued_ns;
+	call_start = q->call_start_ns;
+	/* Another packet at a reused address, or one changed on the way (segmented), or the
+	 * entry rewritten while it was read: no sound start. */
+	if (q->ifindex != dev->ifindex || q->len != skb->len || q->skb != addr)
 		return 0;
+	q->skb = 0;
 	s.sk = sending_sock(skb);
-	record_latency(&s);
+	if (!filters_pass(skb, s.sk, false, true))
+		return 0;
+	now = bpf_ktime_get_ns();
+	service = s.sk ? service_of_sock(s.sk) : TT_SERVICE_HOST;
+	if (send_to_qdisc_on && call_start && call_start <= queued) {
+		s.probe = TT_PROBE_SEND_TO_QDISC;
+		record_measured(&s, service, queued - call_start, false, 0);
+	}
+	if (qdisc_sojourn_on && queued <= now) {
+		s.probe = TT_PROBE_QDISC_SOJOURN;
+		record_measured(&s, service, now - queued, false, 0);
+	}
 	return 0;
 }
 
