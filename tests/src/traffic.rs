@@ -91,7 +91,7 @@ impl UdpServer {
         Server::spawn("udp-server", &opts, false).map(UdpServer)
     }
     /// Starts a server that reads and discards each datagram (no echo), for senders that
-    /// do not wait for one ([`UdpStream`]).
+    /// do not wait for one ([`SinkStream`]).
     pub fn spawn_sink(opts: ServerOpts<'_>) -> Result<UdpServer> {
         Server::spawn("udp-server", &opts, true).map(UdpServer)
     }
@@ -417,41 +417,48 @@ impl Drop for LoopingClient {
     }
 }
 
-/// A UDP sender that does not wait for echoes, in its own process until its deadline or
-/// until dropped (killed then): steady traffic into a sink ([`UdpServer::spawn_sink`]), or
-/// with no pause a flood as fast as its CPU allows.
+/// A sender that does not wait for echoes, in its own process until its deadline or until
+/// dropped (killed then): steady traffic into a sink ([`UdpServer::spawn_sink`],
+/// [`TcpServer::spawn`] with no echo read), or with no pause a flood (UDP) or a bulk stream
+/// (TCP) as fast as its CPU and the path allow.
 #[derive(Debug)]
-pub struct UdpStream {
+pub struct SinkStream {
     child: Child,
 }
 
-impl UdpStream {
-    /// Start sending datagrams of `size` bytes to `target` from `netns` (the host's when
-    /// `None`), sleeping `pause` after each (none: a flood), for at most `deadline`.
+impl SinkStream {
+    /// Start sending messages of `size` bytes over `proto` to `target` from `netns` (the
+    /// host's when `None`), sleeping `pause` after each (none: as fast as it can), for at
+    /// most `deadline`.
     pub fn start(
+        proto: Proto,
         target: SocketAddr,
         netns: Option<&Netns>,
         size: usize,
         pause: Duration,
         deadline: Duration,
-    ) -> Result<UdpStream> {
+    ) -> Result<SinkStream> {
         let opts = ClientOpts {
             target,
             netns,
-            proto: Proto::Udp,
+            proto,
             messages: u32::MAX,
             size,
             pause,
         };
-        let mut cmd = client_command("udp-client", &opts, deadline);
+        let mode = match proto {
+            Proto::Tcp => "tcp-client",
+            Proto::Udp => "udp-client",
+        };
+        let mut cmd = client_command(mode, &opts, deadline);
         cmd.arg("--sink");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = cmd
             .spawn()
-            .map_err(Error::io("cannot start a UDP stream (udp-client --sink)"))?;
-        Ok(UdpStream { child })
+            .map_err(Error::io(format!("cannot start a stream ({mode} --sink)")))?;
+        Ok(SinkStream { child })
     }
 
     /// The sender's process id.
@@ -460,7 +467,7 @@ impl UdpStream {
     }
 }
 
-impl Drop for UdpStream {
+impl Drop for SinkStream {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

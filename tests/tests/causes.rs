@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tailtrap_tests::{
     baselines_warm, cli, cli_json, pin, run_client, ClientOpts, Daemon, EchoServer, Error, Hog,
-    LoopingClient, Netns, Proto, ScratchDir, ServerOpts, TcpServer, UdpServer, UdpStream, VethPair,
+    LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream, TcpServer, UdpServer,
+    VethPair,
 };
 
 const SERVICE: &str = "echo";
@@ -507,7 +508,8 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
     .unwrap();
     pin(server.pid(), 0).unwrap();
     renice(server.pid(), -5);
-    let stream = UdpStream::start(
+    let stream = SinkStream::start(
+        Proto::Udp,
         server.addr(),
         Some(&ns),
         100,
@@ -533,7 +535,8 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
     let started = Instant::now();
     let hogs: Vec<Hog> = (0..3).map(|_| Hog::spawn(Some(cpu)).unwrap()).collect();
     let target = veth.routing_loop(&ns).unwrap();
-    let flood = UdpStream::start(
+    let flood = SinkStream::start(
+        Proto::Udp,
         (target, 9).into(),
         Some(&ns),
         100,
