@@ -338,7 +338,7 @@ from collections import defaultdict
 results, bpf, kernel, runs, secs, wrk_desc, already = sys.argv[1:8]
 rows = list(csv.DictReader(open(results), delimiter="\t"))
 by = {(r["size"], r["conns"], r["run"], r["config"]): r for r in rows}
-configs = [c for c in ("daemon", "armed", "hist", "floor", "clock") if any(r["config"] == c for r in rows)]
+configs = [c for c in ("daemon", "receive", "armed", "hist", "floor", "clock") if any(r["config"] == c for r in rows)]
 print(f"tailtrap overhead: kernel {kernel}, nginx on loopback, {wrk_desc}, {runs} run(s) x {secs} s")
 print("ratios to 'none' of the same run: median [min-max]; req/s below 1 is a loss, latency above 1 an inflation")
 if already != "0":
