@@ -71,6 +71,11 @@ impl TcpServer {
     pub fn spawn(opts: ServerOpts<'_>) -> Result<TcpServer> {
         Server::spawn("tcp-server", &opts, false).map(TcpServer)
     }
+    /// Starts a server that reads and discards what it gets (no echo), for senders that do
+    /// not read one ([`SinkStream`]).
+    pub fn spawn_sink(opts: ServerOpts<'_>) -> Result<TcpServer> {
+        Server::spawn("tcp-server", &opts, true).map(TcpServer)
+    }
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.0.addr

@@ -13,12 +13,32 @@ mod probes_support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bpf::{AttachMethod, ProbeConfig, ProbeSet};
+use bpf::{AttachMethod, Filters, ProbeConfig, ProbeSet};
 use model::{Histogram, Probe};
 use probes_support::{all_services, attached, load, q, server};
 use tailtrap_tests::{Netns, Proto, ServerOpts, SinkStream, TcpServer, UdpServer, VethPair};
 
 const MS: u64 = 1_000_000;
+
+/// The tests here shape devices and time what leaves them: one at a time (`cargo test`
+/// runs a file's tests in parallel unless told otherwise; the VM tier runs them in turn).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The probes, counting only packets on `veth`'s host end: what the rest of the host
+/// sends (another test's traffic, the machine's own) stays out of the figures.
+fn load_on(veth: &VethPair) -> ProbeSet {
+    load(&ProbeConfig {
+        filters: Filters {
+            ifindexes: vec![veth.host_ifindex],
+            ..Filters::default()
+        },
+        ..ProbeConfig::default()
+    })
+}
 
 /// Every service's histogram at `probe` gained since `before`.
 fn gained(set: &mut ProbeSet, before: &Histogram, probe: Probe) -> (Histogram, Histogram) {
@@ -43,6 +63,7 @@ fn send_for(target: SocketAddr, secs: u64) {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
+    let _serial = serial();
     let ns = Netns::new("tt-send").unwrap();
     let veth = VethPair::new(&ns).unwrap();
     let sink = UdpServer::spawn_sink(server(
@@ -52,7 +73,7 @@ fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
         Duration::ZERO,
     ))
     .unwrap();
-    let mut set = load(&ProbeConfig::default());
+    let mut set = load_on(&veth);
     let on = attached(&set);
     assert!(
         on.contains(&Probe::QdiscSojourn),
@@ -116,6 +137,7 @@ fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
+    let _serial = serial();
     let ns = Netns::new("tt-send2").unwrap();
     let veth = VethPair::new(&ns).unwrap();
     let sink = UdpServer::spawn_sink(server(
@@ -125,7 +147,7 @@ fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
         Duration::ZERO,
     ))
     .unwrap();
-    let mut set = load(&ProbeConfig::default());
+    let mut set = load_on(&veth);
     let attachment = set
         .attachments()
         .iter()
@@ -198,20 +220,22 @@ fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
 /// TCP into the same slow device: the device's queue fills (qdisc-sojourn), but the packets
 /// TCP holds back and sends after the call (small queues, the window) and the waits for
 /// send-buffer space are not the send call's time: send-to-qdisc stays at the host's own
-/// work. A send-side incident must blame the host only for host time.
+/// work. A send-side incident must blame the host only for host time. (On Debian's 7.2,
+/// before the sleep check in send.bpf.h, one in-call packet carried a 1 s wait.)
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_tcp_bulk_sender_behind_a_slow_qdisc_is_not_timed_for_the_peers_time() {
+    let _serial = serial();
     let ns = Netns::new("tt-send3").unwrap();
     let veth = VethPair::new(&ns).unwrap();
-    let sink = TcpServer::spawn(ServerOpts {
+    let sink = TcpServer::spawn_sink(ServerOpts {
         bind: SocketAddr::from((veth.peer_v4, 0)),
         netns: Some(&ns),
         cgroup: None,
         read_delay: Duration::ZERO,
     })
     .unwrap();
-    let mut set = load(&ProbeConfig::default());
+    let mut set = load_on(&veth);
     // Not on the development host (trampolines refused): the queue alone is checked there.
     let timed_calls = attached(&set).contains(&Probe::SendToQdisc);
     veth.set_root_qdisc(&["tbf", "rate", "2mbit", "burst", "10kb", "latency", "200ms"])
@@ -251,10 +275,14 @@ fn a_tcp_bulk_sender_behind_a_slow_qdisc_is_not_timed_for_the_peers_time() {
     if !timed_calls {
         return;
     }
-    assert!(call.count() >= 10, "{} sends timed", call.count());
+    // Few packets leave inside the call (the connection's first; then whatever the
+    // small-queue budget lets through): some, and none carrying the queue's time.
+    assert!(call.count() >= 1, "no send timed");
+    let (p90, queue_p50) = (q(&call, 0.9), q(&queued, 0.5));
+    // Under emulation the call's own work takes milliseconds; the queue's time is tens of
+    // them, the peer's (a wait for buffer space) up to a second.
     assert!(
-        q(&call, 0.9).upper_ns < 5 * MS,
-        "send-to-qdisc took the queue's or the peer's time: p90 {:?}",
-        q(&call, 0.9)
+        p90.upper_ns < queue_p50.lower_ns,
+        "send-to-qdisc took the queue's or the peer's time: p90 {p90:?}, the queue's p50 {queue_p50:?}"
     );
 }

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli_json, find_on_path, http_get, Daemon, LoopingClient, Prometheus, Proto,
-    ScratchDir, ServerOpts, TcpServer, SLOW_READER_DETECTOR,
+    baselines_warm, cli_json, find_on_path, http_get, Daemon, LoopingClient, Netns, Prometheus,
+    Proto, ScratchDir, ServerOpts, SinkStream, TcpServer, UdpServer, VethPair,
+    SLOW_READER_DETECTOR,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
@@ -221,6 +222,27 @@ fn prometheus_scrapes_histograms_incidents_and_every_dashboard_query() {
     };
     let slow = server(Duration::ZERO);
     let quiet = server(Duration::ZERO);
+    // The send panel needs packets through a device with a queue (loopback has none):
+    // datagrams into a namespace over a veth with an idle pfifo.
+    let ns = Netns::new("tt-prom").unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    veth.set_root_qdisc(&["pfifo"]).unwrap();
+    let sink = UdpServer::spawn_sink(ServerOpts {
+        bind: (veth.peer_v4, 0).into(),
+        netns: Some(&ns),
+        cgroup: None,
+        read_delay: Duration::ZERO,
+    })
+    .unwrap();
+    let _queued_traffic = SinkStream::start(
+        Proto::Udp,
+        sink.addr(),
+        None,
+        200,
+        Duration::from_millis(5),
+        Duration::from_secs(600),
+    )
+    .unwrap();
     let config = dir.join("tailtrap.toml");
     std::fs::write(
         &config,

@@ -9,6 +9,7 @@
 
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 
 #include "cgroup.bpf.h"
 
@@ -48,6 +49,11 @@ struct {
 	__type(value, __u8);
 } allowed_netns SEC(".maps");
 
+/* struct inet_sock before 5.18 (CO-RE flavour: matched by name without the suffix). */
+struct inet_sock___pre_5_18 {
+	int rx_dst_ifindex;
+} __attribute__((preserve_access_index));
+
 static __always_inline __u32 sample_ifindex(const struct sk_buff *skb, const struct sock *sk)
 {
 	if (skb) {
@@ -56,7 +62,12 @@ static __always_inline __u32 sample_ifindex(const struct sk_buff *skb, const str
 		if (skb->skb_iif)
 			return skb->skb_iif;
 	}
-	return sk ? sk->sk_rx_dst_ifindex : 0;
+	if (!sk)
+		return 0;
+	/* In struct sock since 5.18; before, inet_sock's. */
+	if (bpf_core_field_exists(sk->sk_rx_dst_ifindex))
+		return sk->sk_rx_dst_ifindex;
+	return BPF_CORE_READ((const struct inet_sock___pre_5_18 *)sk, rx_dst_ifindex);
 }
 
 static __always_inline __u32 sample_netns(const struct sk_buff *skb, const struct sock *sk)

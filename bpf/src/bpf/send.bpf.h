@@ -61,9 +61,11 @@ struct tt_send_call {
 	__u64 thread; /* pid_tgid; 0: free */
 	__u64 start_ns;
 	__u64 sk;
-	/* The packet last timed from this call at a device without a queue: a device below
-	 * it (a VLAN's, a bond's) must not time it again. */
+	/* The packet last timed from this call: a device below the one that timed it (a
+	 * VLAN's, a bond's) must not time it again. */
 	__u64 last_skb;
+	/* The thread's voluntary context switches when start_ns was taken (see slept()). */
+	__u64 switches;
 };
 
 struct {
@@ -122,6 +124,37 @@ static __always_inline const struct sock *sending_sock(const struct sk_buff *skb
 	return is_tcp_sock(sk) || is_udp_sock(sk) ? sk : NULL;
 }
 
+/* The current thread's voluntary context switches: it slept once for each. */
+static __always_inline __u64 voluntary_switches(void)
+{
+	const struct task_struct *task = (const struct task_struct *)bpf_get_current_task();
+
+	return BPF_CORE_READ(task, nvcsw);
+}
+
+/*
+ * A TCP sender that slept inside its call since start_ns waited for the peer: for send
+ * buffer space (unacknowledged data) or for its socket. Its packet is not timed, and the
+ * call's clock restarts from now. fexit of sk_stream_wait_memory restarts it too, but a
+ * kernel may inline that wait where tcp_sendmsg calls it (Debian's 7.2 showed a 1 s
+ * in-call wait): the switch count does not depend on it. A UDP sender's sleep is the
+ * device's queue holding its buffer (host time), and stays in.
+ */
+static __always_inline bool tcp_call_slept(struct tt_send_call *call, const struct sock *sk,
+					   __u64 now)
+{
+	__u64 switches;
+
+	if (!is_tcp_sock(sk))
+		return false;
+	switches = voluntary_switches();
+	if (switches == call->switches)
+		return false;
+	call->switches = switches;
+	call->start_ns = now;
+	return true;
+}
+
 static __always_inline void send_call_start(const struct sock *sk)
 {
 	__u64 thread = bpf_get_current_pid_tgid();
@@ -133,6 +166,8 @@ static __always_inline void send_call_start(const struct sock *sk)
 	call->start_ns = bpf_ktime_get_ns();
 	call->sk = (__u64)(unsigned long)sk;
 	call->last_skb = 0;
+	if (is_tcp_sock(sk))
+		call->switches = voluntary_switches();
 }
 
 static __always_inline void send_call_end(void)
@@ -233,10 +268,12 @@ int BPF_PROG(send_dev_queue, struct sk_buff *skb)
 
 		if (call && call->thread == thread && call->sk == (__u64)(unsigned long)skb->sk &&
 		    call->last_skb != addr) {
-			call_start = call->start_ns;
+			call_start = tcp_call_slept(call, skb->sk, now) ? 0 : call->start_ns;
 			/* The call's next packet is timed from this one's handoff: a call of many
-			 * packets is not timed as the sum of their sends. */
+			 * packets is not timed as the sum of their sends. A device below this one
+			 * (a VLAN's, with a queue of its own) must not time this packet again. */
 			call->start_ns = now;
+			call->last_skb = addr;
 		} else if (q->skb == addr) {
 			/* Again, on the device below: keep the first device's call start. */
 			call_start = q->call_start_ns;
@@ -267,7 +304,7 @@ static __always_inline void send_unqueued(const struct sk_buff *skb, struct tt_s
 	if (!s->sk || !filters_pass(skb, s->sk, false, true))
 		return;
 	now = bpf_ktime_get_ns();
-	if (call->start_ns > now)
+	if (call->start_ns > now || tcp_call_slept(call, s->sk, now))
 		return;
 	service = service_of_sock(s->sk);
 	s->probe = TT_PROBE_SEND_TO_QDISC;
