@@ -1063,13 +1063,18 @@ fn detect_features(mode: crate::KernelFeatureMode) -> (KernelFeatures, Vec<Missi
 fn plan_attach_methods(config: &ProbeConfig, features: KernelFeatures) -> BTreeMap<Probe, Plan> {
     let _one_at_a_time = PLANNING.lock().unwrap_or_else(|e| e.into_inner());
     let capture = CaptureLibbpf::new();
-    let enabled: Vec<Probe> = Probe::ALL
-        .into_iter()
-        .filter(|p| config.is_enabled(*p))
-        .collect();
     let mut plans: BTreeMap<Probe, Plan> = Probe::ALL
         .into_iter()
         .map(|p| (p, Plan::Disabled))
+        .collect();
+    let blocked_fexit = config.is_enabled(Probe::SendToQdisc) && !fexit_detaches_while_called();
+    if blocked_fexit {
+        plans.insert(Probe::SendToQdisc, Plan::Unavailable(SLEEPING_FEXIT.into()));
+    }
+    let enabled: Vec<Probe> = Probe::ALL
+        .into_iter()
+        .filter(|p| config.is_enabled(*p))
+        .filter(|p| !(blocked_fexit && *p == Probe::SendToQdisc))
         .collect();
     let preferred: Vec<&str> = enabled
         .iter()
@@ -1104,6 +1109,25 @@ fn plan_attach_methods(config: &ProbeConfig, features: KernelFeatures) -> BTreeM
         plans.insert(p, plan.unwrap_or(Plan::Unavailable(reasons.join("; "))));
     }
     plans
+}
+
+/// Why send-to-qdisc does not attach on kernels before 5.12.
+const SLEEPING_FEXIT: &str = "its fexit programs on the send calls (which sleep while a \
+     peer is slow) would keep the probes from detaching on kernels before 5.12 (no \
+     bpf_tramp_image in the kernel's BTF): a slow peer would hang every reload and stop";
+
+/// Whether detaching an fexit program returns while a task sleeps inside the traced
+/// function. Before 5.12 (bpf_tramp_image, "bpf: Fix fexit trampoline") the kernel waited
+/// for every such task to leave it: a sender blocked in tcp_sendmsg on a reader that never
+/// reads held the detach, and the daemon's stop, for as long (seen on Debian's 5.10 under
+/// qemu: the e2e test's daemon never stopped, with RCU stall reports in tcp_sendmsg).
+fn fexit_detaches_while_called() -> bool {
+    match libbpf_rs::btf::Btf::from_path(BTF_VMLINUX) {
+        Ok(btf) => btf
+            .type_by_name::<libbpf_rs::btf::types::Struct<'_>>("bpf_tramp_image")
+            .is_some(),
+        Err(_) => false,
+    }
 }
 
 fn kind_name(v: Variant) -> &'static str {

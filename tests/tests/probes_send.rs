@@ -160,11 +160,16 @@ fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
         }
         AttachMethod::Unavailable { reason } => {
             // The development host: trampolines refused, and no tracepoint marks a send
-            // call's start.
-            assert!(
-                reason.contains("EPERM") && reason.contains("no tracepoint"),
-                "{reason}"
-            );
+            // call's start. 5.10: its fexit would hold every detach while a sender sleeps.
+            let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+            if kernel.starts_with("5.10.") {
+                assert!(reason.contains("kernels before 5.12"), "{reason}");
+            } else {
+                assert!(
+                    reason.contains("EPERM") && reason.contains("no tracepoint"),
+                    "{reason}"
+                );
+            }
             return;
         }
         other => panic!("send-to-qdisc attached as {other}"),
