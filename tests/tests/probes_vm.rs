@@ -25,6 +25,9 @@ fn traffic_gives_sane_latencies(context: &str) {
     let mut probes = load(&ProbeConfig::default());
     let ns = Netns::new("tt-vm").unwrap();
     let veth = VethPair::new(&ns).unwrap();
+    // A queue on the host's end, so that qdisc-sojourn (which times devices with one) has
+    // packets to check the clock on.
+    veth.set_root_qdisc(&["pfifo"]).unwrap();
     for (peer, netns) in [
         (SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), None),
         (SocketAddr::from((veth.peer_v4, 0)), Some(&ns)),
