@@ -46,6 +46,20 @@ fn gained(set: &mut ProbeSet, before: &Histogram, probe: Probe) -> (Histogram, H
     (now.delta_since(before).hist, now)
 }
 
+/// A namespace behind a veth, with a UDP sink in it at the peer's address.
+fn udp_sink_behind_veth(name: &str) -> (Netns, VethPair, UdpServer) {
+    let ns = Netns::new(name).unwrap();
+    let veth = VethPair::new(&ns).unwrap();
+    let sink = UdpServer::spawn_sink(server(
+        SocketAddr::from((veth.peer_v4, 0)),
+        Some(&ns),
+        None,
+        Duration::ZERO,
+    ))
+    .unwrap();
+    (ns, veth, sink)
+}
+
 /// Datagrams of 1000 bytes every 2 ms (4 Mbit/s) for `secs` seconds, waited for.
 fn send_for(target: SocketAddr, secs: u64) {
     let _stream = SinkStream::start(
@@ -64,15 +78,7 @@ fn send_for(target: SocketAddr, secs: u64) {
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
     let _serial = serial();
-    let ns = Netns::new("tt-send").unwrap();
-    let veth = VethPair::new(&ns).unwrap();
-    let sink = UdpServer::spawn_sink(server(
-        SocketAddr::from((veth.peer_v4, 0)),
-        Some(&ns),
-        None,
-        Duration::ZERO,
-    ))
-    .unwrap();
+    let (_ns, veth, sink) = udp_sink_behind_veth("tt-send");
     let mut set = load_on(&veth);
     let on = attached(&set);
     assert!(
@@ -138,15 +144,7 @@ fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
     let _serial = serial();
-    let ns = Netns::new("tt-send2").unwrap();
-    let veth = VethPair::new(&ns).unwrap();
-    let sink = UdpServer::spawn_sink(server(
-        SocketAddr::from((veth.peer_v4, 0)),
-        Some(&ns),
-        None,
-        Duration::ZERO,
-    ))
-    .unwrap();
+    let (_ns, veth, sink) = udp_sink_behind_veth("tt-send2");
     let mut set = load_on(&veth);
     let attachment = set
         .attachments()
