@@ -359,6 +359,10 @@ pub struct CauseFigures {
     /// before it existed, and where they did not concentrate).
     #[serde(default)]
     pub rx_queue_spread: Option<RxQueueSpread>,
+    /// The stage judged, by name: the incident's stage when the verdict was decided
+    /// (absent in verdicts stored before it existed, and where no stage was attributed).
+    #[serde(default)]
+    pub stage: Option<String>,
 }
 
 /// Decide the verdict for `input`. Order: the reader's own figures first for a read stage
@@ -400,6 +404,7 @@ pub fn decide(input: &CauseInput) -> Cause {
         softirq: input.softirq.clone(),
         slow_reads: split.cloned(),
         rx_queue_spread: rx_spread.clone(),
+        stage: None,
     };
     let verdict = |kind, summary| Cause {
         kind,

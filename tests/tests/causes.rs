@@ -218,9 +218,9 @@ fn wait_quiet(daemon: &Daemon, incidents: impl Fn() -> Vec<Value>) -> Vec<u64> {
 /// intervals (1 s here) and keeps the first clear verdict.
 const CLEAR_WITHIN: Duration = Duration::from_secs(10);
 
-/// The first incident in `incidents()` whose id is not in `known`, once its verdict is
-/// clear, or it closed, or its verdict stayed unclear for [`CLEAR_WITHIN`]: its id and
-/// `cause`. Waits up to 90 s (see [`Daemon::wait_for`]).
+/// The first incident in `incidents()` whose id is not in `known`, once its verdict judged
+/// its current stage and is clear, or it closed, or its verdict stayed unclear for
+/// [`CLEAR_WITHIN`]: its id and `cause`. Waits up to 90 s (see [`Daemon::wait_for`]).
 fn first_verdict(
     daemon: &Daemon,
     what: &str,
@@ -234,6 +234,13 @@ fn first_verdict(
             .filter(|i| i["id"].as_u64().is_some_and(|id| !known.contains(&id)))
             .min_by_key(|i| i["id"].as_u64())?;
         let cause = new.get("cause").filter(|c| !c.is_null())?.clone();
+        // A verdict judged for a stage the open incident has since left is replaced by
+        // one for its new stage within a few intervals: wait for that one.
+        let judged = cause["figures"]["stage"].as_str();
+        let current = new["stages"]["verdict"].as_str();
+        if new["state"] == "open" && judged.is_some() && judged != current {
+            return None;
+        }
         let settled = kind(&cause) != "no-clear-cause"
             || new["state"] != "open"
             || unclear_since.get_or_insert_with(Instant::now).elapsed() >= CLEAR_WITHIN;

@@ -164,6 +164,11 @@ fn detail(i: &Incident) -> Option<detector::Incident> {
     detector::Incident::deserialize(&i.evidence).ok()
 }
 
+/// The stage a cause verdict judged (verdicts stored before it was recorded have none).
+fn judged_stage(c: &crate::api::CauseAnswer) -> Option<String> {
+    c.figures.get("stage")?.as_str().map(str::to_owned)
+}
+
 fn lasted(i: &Incident) -> String {
     match i.closed_ns {
         Some(c) => fmt_span(c.saturating_sub(i.opened_ns)),
@@ -284,16 +289,27 @@ fn print_show(view: &IncidentView) {
             ]);
         }
     }
-    // The cause verdict: a sentence with its figures, or why there is none yet.
+    // The cause verdict: a sentence with its figures, or why there is none yet. A verdict
+    // judged for a stage the incident has since left says which.
+    let current_stage = d
+        .as_ref()
+        .and_then(|d| d.stage.as_ref())
+        .map(|s| s.verdict.as_str());
     t.add_row([
         "cause".to_owned(),
         match &i.cause {
-            Some(c) => format!(
-                "{}: {} (decided {})",
-                c.kind,
-                c.summary,
-                fmt_time(c.decided_ns)
-            ),
+            Some(c) => {
+                let judged = judged_stage(c)
+                    .filter(|s| Some(s.as_str()) != current_stage)
+                    .map(|s| format!("for stage {s}, "))
+                    .unwrap_or_default();
+                format!(
+                    "{}: {} ({judged}decided {})",
+                    c.kind,
+                    c.summary,
+                    fmt_time(c.decided_ns)
+                )
+            }
             None if i.state == storage::IncidentState::Open => "not decided yet".into(),
             None => "-".into(),
         },

@@ -119,6 +119,8 @@ struct ArmedSlot {
     capture: IncidentCapture,
     service: String,
     counters_at_arm: CaptureCounters,
+    /// The thresholds armed so far, ns, in the order they were armed.
+    thresholds: Vec<(Probe, u64)>,
 }
 
 impl CaptureController {
@@ -185,6 +187,7 @@ impl CaptureController {
                 capture: IncidentCapture::new(incident, now, active.incident_limits),
                 service: inc.service.clone(),
                 counters_at_arm,
+                thresholds: thresholds.clone(),
             },
         );
         let pre_trigger = active.flight.take(&slot, incident, unix_ns(wall));
@@ -192,6 +195,45 @@ impl CaptureController {
             pre_trigger,
             thresholds,
         })
+    }
+
+    /// Incident `incident` gained hot probes: arm them too, so that its samples cover
+    /// the stage the detector attributes now (an incident that opened at the read can turn
+    /// out to be the softirq's). Returns every threshold armed when any was added.
+    pub(super) fn widen(
+        &mut self,
+        kernel: &mut impl Kernel,
+        detector: &Detector,
+        incident: u64,
+        inc: &detector::Incident,
+    ) -> Result<Option<Armed>, ArmError> {
+        let State::Active(active) = &mut self.state else {
+            return Ok(None);
+        };
+        let Some((&slot, armed)) = active
+            .armed
+            .iter_mut()
+            .find(|(_, a)| a.capture.incident() == incident)
+        else {
+            return Ok(None);
+        };
+        let added: Vec<(Probe, u64)> = inc
+            .probes
+            .iter()
+            .filter(|&&p| armed.thresholds.iter().all(|&(q, _)| q != p))
+            .filter_map(|&p| {
+                threshold_ns(self.cfg.threshold, detector, &inc.service, p).map(|ns| (p, ns))
+            })
+            .collect();
+        if added.is_empty() {
+            return Ok(None);
+        }
+        kernel.arm(slot, &added).map_err(ArmError::Kernel)?;
+        armed.thresholds.extend(added);
+        Ok(Some(Armed {
+            pre_trigger: Vec::new(),
+            thresholds: armed.thresholds.clone(),
+        }))
     }
 
     /// Disarm the slot armed for `incident`, if one is.

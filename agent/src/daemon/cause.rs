@@ -39,8 +39,45 @@ pub(super) struct Causes {
     open: HashMap<u64, Tracked>,
 }
 
+/// What an incident's verdicts judge: the stage that grew, as the detector attributed it.
+struct Target {
+    /// The stage's name, as operators read it.
+    stage: Option<String>,
+    /// Probe at the end of the stage.
+    probe: Probe,
+    /// Probe at the start of the read stage (socket enqueue), when the stage is the read.
+    enqueued: Option<Probe>,
+    /// The baseline's value at the stage's end, ns.
+    baseline_ns: f64,
+}
+
+impl Target {
+    fn of(inc: &detector::Incident) -> Target {
+        match &inc.stage {
+            Some(s) => {
+                let row = s.stages.iter().find(|r| r.stage == s.stage);
+                let read = s.stage.to.is_read();
+                Target {
+                    stage: Some(s.stage.name()),
+                    probe: s.stage.to,
+                    enqueued: if read { s.stage.from } else { None },
+                    baseline_ns: row.map_or(inc.headline.baseline.value_ns, |r| r.baseline_ns),
+                }
+            }
+            None => Target {
+                stage: None,
+                probe: inc.headline.probe,
+                enqueued: None,
+                baseline_ns: inc.headline.baseline.value_ns,
+            },
+        }
+    }
+}
+
 struct Tracked {
     service: String,
+    /// The stage judged (its name), when the detector attributed one.
+    stage: Option<String>,
     probe: Probe,
     /// Probe at the start of the read stage (socket enqueue), when the stage is the read.
     enqueued: Option<Probe>,
@@ -117,20 +154,16 @@ impl Causes {
         cumulative: &Cumulative,
         now: Instant,
     ) {
-        let (probe, enqueued, baseline_ns) = match &inc.stage {
-            Some(s) => {
-                let row = s.stages.iter().find(|r| r.stage == s.stage);
-                let read = s.stage.to.is_read();
-                (
-                    s.stage.to,
-                    if read { s.stage.from } else { None },
-                    row.map_or(inc.headline.baseline.value_ns, |r| r.baseline_ns),
-                )
-            }
-            None => (inc.headline.probe, None, inc.headline.baseline.value_ns),
-        };
+        let target = Target::of(inc);
+        let Target {
+            probe,
+            enqueued,
+            baseline_ns,
+            ..
+        } = target;
         let mut t = Tracked {
             service: inc.service.clone(),
+            stage: target.stage,
             probe,
             enqueued,
             slow_ns: (baseline_ns * SLOW_FACTOR).max(1.0) as u64,
@@ -162,6 +195,34 @@ impl Causes {
             .filter_map(|p| Some((p, cumulative_of(cumulative, &t.service, p)?)))
             .collect();
         self.open.insert(id, t);
+    }
+
+    /// Incident `id` was updated: when the stage that grew is another one now, its verdicts
+    /// judge that stage from here on, from figures taken now. The earlier stage's readers,
+    /// CPUs and samples say nothing about it, and its last clear verdict is no longer kept
+    /// over a mixed one.
+    pub(super) fn updated<K: Kernel>(
+        &mut self,
+        id: u64,
+        inc: &detector::Incident,
+        kernel: &mut K,
+        cumulative: &Cumulative,
+        now: Instant,
+    ) {
+        let Some(t) = self.open.get(&id) else {
+            return;
+        };
+        let target = Target::of(inc);
+        if (t.probe, t.enqueued) == (target.probe, target.enqueued) {
+            return;
+        }
+        tracing::info!(
+            incident = id,
+            service = %inc.service,
+            stage = target.stage.as_deref().unwrap_or(""),
+            "cause verdicts follow the incident's new stage"
+        );
+        self.opened(id, inc, kernel, cumulative, now);
     }
 
     /// Samples of open incidents: the readers to follow are the processes that read slow
@@ -439,7 +500,7 @@ impl Tracked {
                 }
             })
             .collect();
-        diagnosis::decide(&CauseInput {
+        let mut cause = diagnosis::decide(&CauseInput {
             window_ns,
             read_stage: self.enqueued.is_some(),
             per_cpu,
@@ -453,7 +514,9 @@ impl Tracked {
             rx_queues: (receive && !self.rx_slow.is_empty())
                 .then(|| self.rx_queues(rx_queues::packets().as_ref()))
                 .flatten(),
-        })
+        });
+        cause.figures.stage = self.stage.clone();
+        cause
     }
 
     /// The slow reads' own split, with the tasks that held their CPUs, longest wait first.
@@ -555,6 +618,7 @@ mod tests {
     fn tracked(probe: Probe, slow_ns: u64) -> Tracked {
         Tracked {
             service: "web".into(),
+            stage: None,
             probe,
             enqueued: None,
             slow_ns,

@@ -265,7 +265,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         for event in events {
             match event {
                 Event::Opened(inc) => self.opened(inc, now),
-                Event::Updated(inc) => self.incidents.updated(inc),
+                Event::Updated(inc) => self.updated(inc, now),
                 Event::Noticed(notice) => self.noticed(notice),
                 Event::Closed(inc) => {
                     if let Some(id) = self.incidents.id_of(&inc.key()) {
@@ -400,6 +400,35 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
 
     /// An incident opened: store it, arm capture for its hot probes, store the flight
     /// recorder's samples as pre-trigger, and ask for pwru on the flows they show.
+    /// An open incident's evidence changed: its capture covers its new hot probes, its
+    /// verdicts follow its stage.
+    fn updated(&mut self, inc: detector::Incident, now: Now) {
+        let Some(id) = self.incidents.id_of(&inc.key()) else {
+            return;
+        };
+        match self
+            .capture
+            .widen(&mut self.kernel, &self.detector, id, &inc)
+        {
+            Ok(Some(armed)) => {
+                let thresholds = armed.thresholds_text();
+                tracing::info!(incident = id, service = %inc.service, thresholds = %thresholds, "capture widened");
+                self.incidents.update(id, |r| {
+                    if r.capture.state == CaptureState::Armed {
+                        r.capture.message = format!("armed at {thresholds}");
+                    }
+                });
+            }
+            Ok(None) => {}
+            Err(why) => {
+                tracing::warn!(incident = id, service = %inc.service, reason = %why, "capture not widened");
+            }
+        }
+        self.causes
+            .updated(id, &inc, &mut self.kernel, &self.deltas.prev, now.mono);
+        self.incidents.updated(inc);
+    }
+
     fn opened(&mut self, inc: detector::Incident, now: Now) {
         let Some(id) = self.incidents.opened(inc.clone()) else {
             return;

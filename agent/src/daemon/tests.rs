@@ -153,7 +153,13 @@ impl Kernel for FakeKernel {
     }
 
     fn arm(&mut self, slot: u32, thresholds: &[(Probe, u64)]) -> Result<(), CaptureError> {
-        self.state().armed.insert(slot, thresholds.to_vec());
+        // As the real one: arming adds to (or replaces per probe) what the slot has armed.
+        let mut st = self.state();
+        let armed = st.armed.entry(slot).or_default();
+        for &(p, ns) in thresholds {
+            armed.retain(|&(q, _)| q != p);
+            armed.push((p, ns));
+        }
         Ok(())
     }
 
@@ -1007,6 +1013,102 @@ fn a_slow_cpu_is_named_in_the_cause_and_an_even_spread_is_not() {
     let even = incident_with_cause(&[0, 1, 2, 3]);
     let cause = even.cause.unwrap();
     assert_eq!(cause.kind, "no-clear-cause", "{}", cause.summary);
+}
+
+/// The incident opens at the read stage, then the packets turn out to wait before IP, on
+/// one CPU: capture arms the new hot probes, and the verdicts judge the new stage from
+/// figures taken when it changed (the first, judged for the read, named no CPU).
+#[test]
+fn when_the_stage_moves_capture_widens_and_the_verdict_follows_it() {
+    const CPUS: usize = 4;
+    // Every probe's latency on each CPU: (ip-start, tcp-start, tcp-socket-read).
+    fn interval(h: &mut Harness, kernel: &FakeKernel, per_cpu: impl Fn(usize) -> [u64; 3]) {
+        for cpu in 0..CPUS {
+            let [ip, tcp, read] = per_cpu(cpu);
+            let n = PER_INTERVAL / CPUS as u64;
+            kernel.traffic_on_cpu(Probe::IpStart, cpu, CPUS, ip, n);
+            kernel.traffic_on_cpu(Probe::TcpStart, cpu, CPUS, tcp, n);
+            kernel.traffic_on_cpu(HOT, cpu, CPUS, read, n);
+        }
+        h.run_interval();
+        h.core.sync_storage();
+    }
+    let quiet = |_| [5_000, 10_000, QUIET_NS];
+    let slow_read = |_| [5_000, 10_000, SLOW_NS];
+    let slow_cpu2 = |cpu| {
+        if cpu == 2 {
+            [SLOW_NS, SLOW_NS + 5_000, SLOW_NS + QUIET_NS]
+        } else {
+            [5_000, 10_000, QUIET_NS]
+        }
+    };
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    for _ in 0..8 {
+        interval(&mut h, &kernel, quiet);
+    }
+    assert!(h.open_ids().is_empty());
+    let mut id = None;
+    for _ in 0..5 {
+        interval(&mut h, &kernel, slow_read);
+        if let [open] = h.open_ids()[..] {
+            id = Some(open);
+            break;
+        }
+    }
+    let id = id.expect("no incident opened");
+    let stage_of = |h: &Harness| {
+        let rec = h.incident(id);
+        let stages: serde_json::Value = serde_json::from_str(&rec.stages_json).unwrap();
+        stages["verdict"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(stage_of(&h), "tcp-start to tcp-socket-read");
+    assert_eq!(
+        kernel.state().armed[&SLOT]
+            .iter()
+            .map(|(p, _)| *p)
+            .collect::<Vec<_>>(),
+        [HOT]
+    );
+    for _ in 0..3 {
+        interval(&mut h, &kernel, slow_read);
+    }
+    let judged = |h: &Harness| {
+        let cause = h.incident(id).cause.expect("a verdict");
+        let figures: serde_json::Value = serde_json::from_str(&cause.figures_json).unwrap();
+        (
+            cause.kind,
+            cause.summary,
+            figures["stage"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let (_, _, stage) = judged(&h);
+    assert_eq!(stage, "tcp-start to tcp-socket-read");
+
+    // Now the wait is before IP, on cpu 2.
+    interval(&mut h, &kernel, slow_cpu2);
+    assert_eq!(h.open_ids(), [id], "the same incident, updated");
+    assert_eq!(stage_of(&h), "driver and softirq (arrival to IP)");
+    let mut armed: Vec<Probe> = kernel.state().armed[&SLOT]
+        .iter()
+        .map(|(p, _)| *p)
+        .collect();
+    armed.sort();
+    assert_eq!(armed, [Probe::IpStart, Probe::TcpStart, HOT]);
+    let capture = h.incident(id).capture;
+    assert_eq!(capture.state, CaptureState::Armed);
+    assert!(
+        capture.message.contains("ip-start ≥ "),
+        "{}",
+        capture.message
+    );
+    for _ in 0..3 {
+        interval(&mut h, &kernel, slow_cpu2);
+    }
+    let (kind, summary, stage) = judged(&h);
+    assert_eq!(stage, "driver and softirq (arrival to IP)");
+    assert_eq!(kind, "one-cpu", "{summary}");
+    assert!(summary.starts_with("one CPU: cpu 2: "), "{summary}");
 }
 
 /// Issue 32, item 5, on the scripted kernel: two services whose read tails shift in the same
