@@ -46,6 +46,9 @@ pub struct ProbeConfig {
     pub first_hook_stamps: bool,
     /// Use the kernel's features where it has them, or the stand-ins of 5.10 everywhere.
     pub kernel_features: KernelFeatureMode,
+    /// Hardware RX stamps (docs/probes.md, "NIC hardware stamps"): use them where a
+    /// device already stamps, turn stamping on, or leave the devices alone.
+    pub hw_rx_timestamps: HwRxStamps,
     /// Override the histogram map's entry count (normally service slots x probes).
     #[serde(skip)]
     pub hist_map_entries: Option<u32>,
@@ -62,9 +65,23 @@ impl Default for ProbeConfig {
             ip_start_ports: true,
             first_hook_stamps: true,
             kernel_features: KernelFeatureMode::Detect,
+            hw_rx_timestamps: HwRxStamps::Use,
             hist_map_entries: None,
         }
     }
+}
+
+/// `[probes] hw_rx_timestamps`: RX stamping is a device-wide setting that PTP daemons own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HwRxStamps {
+    /// Use hardware stamps where a device already makes them (`"use"`, the default).
+    Use,
+    /// Turn RX stamping on (`rx_filter` all) on devices that can, and put it back as it was
+    /// when the daemon stops (`"enable"`).
+    Enable,
+    /// Neither look at nor touch the devices (`"off"`).
+    Off,
 }
 
 /// `[probes] kernel_features`.

@@ -40,7 +40,8 @@ pub use capture::{
 };
 pub use cgroup::cgroup2_mount;
 pub use config::{
-    Filters, KernelFeatureMode, ProbeConfig, ServiceSpec, DEFAULTS_TOML, DEFAULT_AUTO_SERVICE_LIMIT,
+    Filters, HwRxStamps, KernelFeatureMode, ProbeConfig, ServiceSpec, DEFAULTS_TOML,
+    DEFAULT_AUTO_SERVICE_LIMIT,
 };
 pub use features::MissingFeature;
 pub use loader::{AttachMethod, Attachment, LoadError, ProbeSet, ProgStats, ReadError};

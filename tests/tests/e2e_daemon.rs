@@ -131,8 +131,10 @@ cooldown = "1s"
         .unwrap();
     assert!(check.status.success(), "{check:?}");
 
+    let interfaces_before = interface_names();
     let daemon = Daemon::start(&config, dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(60));
+    check_nic_stamps(&daemon, &config, &interfaces_before);
     let (status, _) = cli_json(&config, &["status", "--json"]);
     assert_eq!(status["services"], serde_json::json!(["slow", "quiet"]));
     assert_eq!(status["pwru"]["prerequisites_ignored"], true);
@@ -545,5 +547,56 @@ fn the_cli_takes_its_global_options_anywhere_and_answers_json_all_the_way_down()
     assert!(
         stderr.contains("--socket means nothing to `tailtrap config check`"),
         "{stderr}"
+    );
+}
+
+fn interface_names() -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+/// Status lists hardware RX stamping on every interface there was before the daemon and
+/// still is: stamps in use with their clock's offset, or "no hardware RX stamps on <dev>"
+/// and why (no device here stamps: neither this host's nor the guests' emulated NICs).
+fn check_nic_stamps(daemon: &Daemon, config: &Path, before: &[String]) {
+    let rows = daemon.wait_for(
+        Duration::from_secs(60),
+        "the interfaces' RX stamping",
+        || {
+            let (s, _) = cli_json(config, &["status", "--json"]);
+            s["nic_stamps"]
+                .as_array()
+                .filter(|rows| !rows.is_empty())
+                .cloned()
+        },
+    );
+    let listed: Vec<&str> = rows
+        .iter()
+        .map(|r| r["interface"].as_str().unwrap())
+        .collect();
+    let now = interface_names();
+    for name in before.iter().filter(|n| now.contains(n)) {
+        assert!(listed.contains(&name.as_str()), "{name} missing: {rows:?}");
+    }
+    for r in &rows {
+        let name = r["interface"].as_str().unwrap();
+        let summary = r["summary"].as_str().unwrap();
+        if r["state"] == "on" {
+            assert!(r["phc"].is_string() && r["offset_ns"].is_i64(), "{r}");
+        } else {
+            assert!(
+                summary.starts_with(&format!("no hardware RX stamps on {name}: ")),
+                "{r}"
+            );
+            assert!(r["offset_ns"].is_null(), "{r}");
+        }
+    }
+    let text = cli(config, &["status"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        rows.iter().all(|r| r["state"] == "on") || text.contains("no hardware RX stamps on "),
+        "{text}"
     );
 }

@@ -64,6 +64,9 @@ pub struct StatusReport {
     /// Incidents exported over OTLP (`None`: `[otlp]` is off).
     #[serde(default)]
     pub otlp: Option<crate::otlp::OtlpReport>,
+    /// Hardware RX stamping per interface (empty with `hw_rx_timestamps = "off"`).
+    #[serde(default)]
+    pub nic_stamps: Vec<crate::daemon::NicStampRow>,
 }
 
 /// How many incidents of a service opened with a stage verdict since the daemon started.

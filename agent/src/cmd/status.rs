@@ -180,6 +180,8 @@ fn print_report(r: &StatusReport) {
         println!("{t}");
     }
 
+    print_nic_stamps(&r.nic_stamps);
+
     if r.latency.is_empty() {
         println!("no samples in the last interval");
     } else {
@@ -338,5 +340,59 @@ fn print_report(r: &StatusReport) {
         if !stats_on {
             println!("(run time per call: `sysctl kernel.bpf_stats_enabled=1` turns the kernel's accounting on)");
         }
+    }
+}
+
+/// Hardware RX stamping: a row per interface with a PTP clock; the others, which cannot
+/// stamp received packets, one line per reason (a host has hundreds of veths).
+fn print_nic_stamps(rows: &[crate::daemon::NicStampRow]) {
+    let (with_clock, without): (Vec<_>, Vec<_>) = rows.iter().partition(|n| n.phc.is_some());
+    if !with_clock.is_empty() {
+        let mut t = table([
+            "interface",
+            "hardware RX stamps",
+            "rx_filter",
+            "clock",
+            "offset to system",
+            "read",
+        ]);
+        for n in with_clock {
+            let offset = match (n.offset_ns, &n.offset_error) {
+                (Some(o), _) => format!(
+                    "{}{} ±{} ({})",
+                    if o < 0 { "-" } else { "" },
+                    fmt_ns(o.unsigned_abs() as f64),
+                    fmt_ns(n.offset_uncertainty_ns.unwrap_or(0) as f64),
+                    n.offset_method.as_deref().unwrap_or("?")
+                ),
+                (None, Some(e)) => format!("not read: {e}"),
+                (None, None) => "-".into(),
+            };
+            t.add_row([
+                n.interface.clone(),
+                n.state.clone()
+                    + if n.enabled_by_tailtrap {
+                        " (turned on by tailtrap)"
+                    } else {
+                        ""
+                    },
+                n.rx_filter.clone().unwrap_or_else(|| "-".into()),
+                n.phc.clone().unwrap_or_default(),
+                offset,
+                n.offset_read_ns.map_or_else(|| "-".into(), fmt_time),
+            ]);
+        }
+        println!("{t}");
+    }
+    let mut by_reason: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for n in without {
+        let reason = n
+            .summary
+            .split_once(": ")
+            .map_or(n.summary.as_str(), |(_, why)| why);
+        by_reason.entry(reason).or_default().push(&n.interface);
+    }
+    for (reason, names) in by_reason {
+        println!("no hardware RX stamps on {}: {reason}", names.join(", "));
     }
 }

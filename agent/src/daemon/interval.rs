@@ -18,6 +18,7 @@ use super::incidents::Incidents;
 use super::kernel::Kernel;
 use super::live::LoopStatus;
 use super::lock;
+use super::nic_stamps::NicStamps;
 use super::pwru::{self, Finished, PwruStarter, QueueVerdict, SessionNews, SessionQueue};
 use super::standing::Standing;
 use super::writer::{SamplesWritten, Writer};
@@ -133,6 +134,8 @@ pub(super) struct DaemonCore<K, P> {
     last_retention: Instant,
     /// The sample writer refusing batches (logged when it starts and ends).
     samples_behind: Standing,
+    /// Hardware RX stamping per interface and the PTP clocks' offsets.
+    nic_stamps: NicStamps,
 }
 
 /// Interval histograms from cumulative ones.
@@ -158,6 +161,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         now: Instant,
     ) -> Self {
         let capture = CaptureController::start(&mut kernel, &config.capture);
+        let config_hw_rx = config.probes.hw_rx_timestamps;
         let writer = Writer::start(store.clone());
         DaemonCore {
             incidents: Incidents::new(store.clone(), writer.flush_soon(), writer.records()),
@@ -177,6 +181,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             last_baseline_save: now,
             last_retention: now,
             samples_behind: Standing::default(),
+            nic_stamps: NicStamps::new(config_hw_rx),
         }
     }
 
@@ -313,6 +318,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         // Built before taking the lock: it reads a BPF map, and scrapes and status requests
         // wait on that lock.
         let capture = self.capture.report(&mut self.kernel);
+        let nic_stamps = self.nic_stamps.refresh(now.wall);
         {
             let mut status = lock(&self.status);
             status.intervals = intervals;
@@ -321,6 +327,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             status.open_incidents = self.incidents.open_summaries();
             self.host_wide.annotate(&mut status.open_incidents);
             status.capture = capture;
+            status.nic_stamps = nic_stamps;
             status.dropped_history_intervals = self.writer.dropped();
             status.dropped_samples = self.writer.dropped_samples();
             if let Some(stats) = prog_stats {

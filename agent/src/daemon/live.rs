@@ -10,6 +10,7 @@ use capture::pwru::{Prerequisites, SessionManager};
 use storage::{Store, StoreStats};
 
 use super::lock;
+use super::nic_stamps::NicStampRow;
 
 use crate::api::{
     CaptureReport, CauseCount, DaemonInfo, KernelCounters, LatencyRow, MissingFeatureRow,
@@ -68,6 +69,8 @@ pub(super) struct LoopStatus {
     pub(super) dropped_history_intervals: u64,
     /// Samples the sample writer dropped while behind.
     pub(super) dropped_samples: u64,
+    /// Hardware RX stamping per interface.
+    pub(super) nic_stamps: Vec<NicStampRow>,
 }
 
 impl Default for LoopStatus {
@@ -96,6 +99,7 @@ impl Default for LoopStatus {
             pwru_sessions: BTreeMap::new(),
             dropped_history_intervals: 0,
             dropped_samples: 0,
+            nic_stamps: Vec::new(),
         }
     }
 }
@@ -288,6 +292,7 @@ impl Live {
                 })
                 .collect(),
             otlp: self.otlp.as_ref().map(crate::otlp::Outbox::report),
+            nic_stamps: status.nic_stamps.clone(),
         }
     }
 }

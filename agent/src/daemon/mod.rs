@@ -15,6 +15,8 @@ mod incidents;
 mod interval;
 mod kernel;
 mod live;
+mod nic_stamps;
+pub(crate) use nic_stamps::NicStampRow;
 mod pwru;
 mod reload;
 mod standing;

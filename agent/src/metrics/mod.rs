@@ -307,6 +307,7 @@ mod tests {
                 failing_since_ns: Some(5),
                 ..Default::default()
             }),
+            nic_stamps: Vec::new(),
         }
     }
 
