@@ -676,6 +676,52 @@ impl Collector for View {
             }
         }
 
+        // NIC hardware RX stamps, for the devices with a PTP clock (the others, veths
+        // among them, cannot stamp: status lists them, series would only be noise).
+        let clocks: Vec<_> = r.nic_stamps.iter().filter(|n| n.phc.is_some()).collect();
+        values(
+            &mut enc,
+            family(
+                "tailtrap_nic_hw_rx_stamping",
+                "1 while the device stamps received packets in hardware and its clock's offset is known",
+                Gauge,
+            ),
+            clocks.iter().map(|n| {
+                (
+                    vec![("interface", n.interface.as_str())],
+                    flag(n.state == "on" && n.offset_ns.is_some()),
+                )
+            }),
+        )?;
+        values(
+            &mut enc,
+            family(
+                "tailtrap_nic_phc_offset_seconds",
+                "The device's PTP clock offset to the system clock (CLOCK_REALTIME minus PHC) as last read",
+                Gauge,
+            ),
+            clocks.iter().filter_map(|n| {
+                Some((
+                    vec![("interface", n.interface.as_str())],
+                    n.offset_ns? as f64 / NS,
+                ))
+            }),
+        )?;
+        values(
+            &mut enc,
+            family(
+                "tailtrap_nic_phc_offset_read_time_seconds",
+                "When the device's clock offset was last read, seconds since the Unix epoch",
+                Gauge,
+            ),
+            clocks.iter().filter_map(|n| {
+                Some((
+                    vec![("interface", n.interface.as_str())],
+                    secs(n.offset_read_ns?),
+                ))
+            }),
+        )?;
+
         // The daemon.
         let d = &r.daemon;
         info(

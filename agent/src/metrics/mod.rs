@@ -307,7 +307,40 @@ mod tests {
                 failing_since_ns: Some(5),
                 ..Default::default()
             }),
-            nic_stamps: Vec::new(),
+            nic_stamps: vec![
+                nic(
+                    "eth0",
+                    "on",
+                    Some(-36_999_999_588),
+                    Some(1_700_000_000_000_000_000),
+                ),
+                nic("eth1", "off", None, None),
+                crate::daemon::NicStampRow {
+                    phc: None,
+                    ..nic("veth0", "unsupported", None, None)
+                },
+            ],
+        }
+    }
+
+    fn nic(
+        interface: &str,
+        state: &str,
+        offset_ns: Option<i64>,
+        read_ns: Option<u64>,
+    ) -> crate::daemon::NicStampRow {
+        crate::daemon::NicStampRow {
+            interface: interface.into(),
+            state: state.into(),
+            summary: String::new(),
+            phc: Some("/dev/ptp0".into()),
+            rx_filter: Some("all".into()),
+            enabled_by_tailtrap: false,
+            offset_ns,
+            offset_uncertainty_ns: offset_ns.map(|_| 500),
+            offset_method: offset_ns.map(|_| "extended".into()),
+            offset_read_ns: read_ns,
+            offset_error: None,
         }
     }
 
@@ -365,9 +398,15 @@ mod tests {
             "tailtrap_otlp_events_dropped_total 1",
             "tailtrap_otlp_export_failures_total 3",
             "tailtrap_otlp_failing 1",
+            "tailtrap_nic_hw_rx_stamping{interface=\"eth0\"} 1",
+            "tailtrap_nic_hw_rx_stamping{interface=\"eth1\"} 0",
+            "tailtrap_nic_phc_offset_seconds{interface=\"eth0\"} -36.999999588",
+            "tailtrap_nic_phc_offset_read_time_seconds{interface=\"eth0\"} 1700000000",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
+        // Devices without a clock (veths) make no series.
+        assert!(!text.contains("veth0"), "{text}");
         // Absent, not zero, while the baseline warms up.
         assert!(!text.contains("percentile=\"99.9\""));
         assert!(!text.contains("# EOF") && !text.contains("# UNIT"));
