@@ -62,6 +62,120 @@ fn vm_only_udp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daem
     slow_reader_scenario(Proto::Udp);
 }
 
+/// NIC hardware stamps on a device with a PTP clock (docs/probes.md, "NIC hardware
+/// stamps"): the VM runner gives each guest QEMU's e1000e, whose clock answers the offset
+/// reads (all but the cross-timestamp) and which takes SIOCSHWTSTAMP, but stamps no packet.
+/// With `hw_rx_timestamps = "use"` the daemon leaves the device alone and says stamping is
+/// off; with `"enable"` it turns RX stamping on, reads the clock's offset by the next method
+/// down, and puts the setting back when it stops, which a third run with `"use"` sees.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn vm_only_a_nic_with_a_clock_is_stamped_only_when_enabled_and_put_back_at_stop() {
+    require_vm();
+    let status = Command::new("modprobe").arg("e1000e").status().unwrap();
+    assert!(status.success(), "modprobe e1000e: {status}");
+    let nic = Instant::now();
+    let name = loop {
+        let found = interface_names().into_iter().find(|n| {
+            std::fs::read_link(format!("/sys/class/net/{n}/device/driver"))
+                .is_ok_and(|d| d.ends_with("e1000e"))
+        });
+        match found {
+            Some(n) => break n,
+            None if nic.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            None => panic!(
+                "no e1000e interface (the VM runner's VM_NIC): {:?}",
+                interface_names()
+            ),
+        }
+    };
+    let scratch = ScratchDir::new("nic-stamps").unwrap();
+    let dir = scratch.path();
+    let row_with = |mode: &str| -> Value {
+        let config = dir.join(format!("tailtrap-{mode}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[daemon]
+interval = "200ms"
+db = "{dir}/db-{mode}"
+
+[api]
+socket = "{dir}/api-{mode}.sock"
+
+[probes]
+hw_rx_timestamps = "{mode}"
+
+[pwru]
+enabled = false
+"#,
+                dir = dir.display()
+            ),
+        )
+        .unwrap();
+        let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
+        daemon.wait_for_api(&config, Duration::from_secs(120));
+        let row = daemon.wait_for(Duration::from_secs(60), "the NIC's row", || {
+            let (s, _) = cli_json(&config, &["status", "--json"]);
+            s["nic_stamps"]
+                .as_array()?
+                .iter()
+                .find(|r| r["interface"] == name.as_str())
+                .filter(|r| r["state"] != "on" || !r["offset_read_ns"].is_null())
+                .cloned()
+        });
+        let text = cli(&config, &["status"]);
+        eprintln!("[{mode}] {row}\n{}", String::from_utf8_lossy(&text.stdout));
+        daemon.signal(Signal::SIGTERM).unwrap();
+        let exit = daemon.wait_exit(Duration::from_secs(60)).unwrap();
+        assert!(
+            exit.is_some_and(|e| e.success()),
+            "{exit:?}\n{}",
+            daemon.log()
+        );
+        row
+    };
+
+    let untouched = row_with("use");
+    assert_eq!(untouched["state"], "off", "{untouched}");
+    assert!(
+        untouched["phc"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/dev/ptp")),
+        "{untouched}"
+    );
+    assert_eq!(untouched["rx_filter"], "none", "{untouched}");
+    assert_eq!(
+        untouched["summary"],
+        format!(
+            "no hardware RX stamps on {name}: RX stamping is off (rx_filter none); \
+             hw_rx_timestamps = \"enable\" turns it on"
+        )
+    );
+    assert!(untouched["offset_ns"].is_null(), "{untouched}");
+
+    let enabled = row_with("enable");
+    assert_eq!(enabled["state"], "on", "{enabled}");
+    assert_eq!(enabled["enabled_by_tailtrap"], true, "{enabled}");
+    assert_eq!(enabled["rx_filter"], "all", "{enabled}");
+    // e1000e has no cross-timestamp: the bracketing read.
+    assert_eq!(enabled["offset_method"], "extended", "{enabled}");
+    assert!(enabled["offset_ns"].is_i64(), "{enabled}");
+    assert!(
+        enabled["offset_uncertainty_ns"]
+            .as_u64()
+            .is_some_and(|u| u < 10_000_000),
+        "{enabled}"
+    );
+
+    let after = row_with("use");
+    assert_eq!(after["rx_filter"], "none", "put back at stop: {after}");
+    assert_eq!(after["state"], "off", "{after}");
+}
+
 /// A service whose application reads 20 ms late, next to a quiet one, through the whole
 /// incident life cycle and a daemon kill.
 fn slow_reader_scenario(proto: Proto) {

@@ -28,6 +28,10 @@
 #   VM_CACHE             where the unpacked vmlinux and initramfs per kernel are kept
 #                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
 #   VM_QEMU=qemu-system-x86_64  VM_CPU=max
+#   VM_NIC=e1000e        an emulated NIC on a hub of its own (no traffic reaches it), for the
+#                        tests of NIC hardware stamps: QEMU's e1000e has a PTP clock (frozen
+#                        under TCG) and takes SIOCSHWTSTAMP, but stamps no packet. The guest
+#                        has no udev: a test loads its driver (modprobe e1000e). "none": no NIC.
 # Exit status: COMMAND's; 124 on timeout; 125 when the VM could not be set up or died; 126
 # when the guest kernel died: an unhandled int3 at a code-patching site, or a panic while
 # booting or while the command ran, or a CPU stuck in the kernel for VM_LOCKUP_SECS (see
@@ -169,6 +173,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+nicargs=()
+case ${VM_NIC:-e1000e} in
+    none) ;;
+    *[!a-z0-9-]*) die "VM_NIC=${VM_NIC} is not a qemu device name" ;;
+    *) nicargs=(-netdev hubport,id=nic0,hubid=0 -device "${VM_NIC:-e1000e},netdev=nic0") ;;
+esac
 RWDIRS=""; rwargs=(); i=0
 for d in ${VM_RW:-}; do
     d=$(readlink -f "$d"); [ -d "$d" ] || die "VM_RW: $d is not a directory"
@@ -207,7 +217,7 @@ timeout -k 10 "$TMO" "$QEMU" -accel tcg,thread=multi -cpu "${VM_CPU:-max}" -m "$
     -chardev pipe,id=err,path="$RUN/err" -serial chardev:err \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$SHARE,mount_tag=vmrun,security_model=none" \
-    "${rwargs[@]}" \
+    "${rwargs[@]}" "${nicargs[@]}" \
     </dev/null >"$RUN/qemu.log" 2>&1 &
 qpid=$!
 # A guest CPU stuck in the kernel never comes back: the watchdog repeats its report with a
