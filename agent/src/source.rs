@@ -4,11 +4,11 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use storage::{IncidentVerdict, PwruRecord, SamplePage, Store};
+use storage::{IncidentVerdict, PwruRecord, Store};
 
 use crate::api::client::Client;
 use crate::api::query::{
-    self, HistoryParams, IncidentsParams, MarkParams, PwruParams, SamplesParams,
+    self, HistoryParams, IncidentsParams, MarkParams, PwruParams, SamplesAnswer, SamplesParams,
 };
 use crate::api::{HistoryAnswer, IncidentList, IncidentView, StatusReport};
 
@@ -130,7 +130,7 @@ impl Source {
     }
 
     /// A page of an incident's samples.
-    pub async fn samples(&self, id: u64, p: &SamplesParams) -> anyhow::Result<SamplePage> {
+    pub async fn samples(&self, id: u64, p: &SamplesParams) -> anyhow::Result<SamplesAnswer> {
         match self {
             Source::Api(c) => c.get(&format!("/v1/incidents/{id}/samples"), p).await,
             Source::Db(s) => Ok(query::samples(s, id, p)?),

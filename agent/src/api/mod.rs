@@ -7,6 +7,7 @@ pub mod client;
 pub mod limits;
 pub mod query;
 pub mod server;
+pub mod timelines;
 
 #[cfg(test)]
 mod fuzz;

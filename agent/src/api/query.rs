@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use storage::{IncidentVerdict, Verdict};
 
+use super::timelines::{join_timelines, JoinedSample, TimelineSummary};
 use super::{ExportAnswer, HistoryAnswer, IncidentList, IncidentView, ProbeHistory};
 
 /// Parameters of `GET /v1/incidents` (all optional).
@@ -50,6 +51,21 @@ pub struct SamplesParams {
     pub limit: usize,
     /// `time` (the default: oldest first) or `slowest` (slowest first).
     pub order: SampleOrder,
+    /// Only samples with a pwru timeline: the join runs over a whole page (the maximum),
+    /// then the first `limit` with a timeline are kept.
+    pub with_timeline: bool,
+}
+
+/// The answer of `GET /v1/incidents/{id}/samples`: a page of samples, each with its pwru
+/// timeline, and how many of them got one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplesAnswer {
+    /// The samples.
+    pub samples: Vec<JoinedSample>,
+    /// Pass as `after_*` for the next page; `None` when this was the last.
+    pub next: Option<SampleCursor>,
+    /// The join with the stored pwru lines.
+    pub pwru_timelines: TimelineSummary,
 }
 
 /// The order of a samples page.
@@ -123,8 +139,32 @@ pub fn incident(store: &Store, id: u64) -> Result<IncidentView, QueryError> {
     })
 }
 
-/// A page of an incident's samples.
-pub fn samples(store: &Store, id: u64, p: &SamplesParams) -> Result<SamplePage, QueryError> {
+/// A page of an incident's samples joined with the pwru lines that traced their packets.
+pub fn samples(store: &Store, id: u64, p: &SamplesParams) -> Result<SamplesAnswer, QueryError> {
+    let limit = if p.with_timeline { 0 } else { p.limit };
+    let page = sample_page(store, id, &SamplesParams { limit, ..p.clone() })?;
+    let (joined, pwru_timelines) = join_timelines(store, id, &page.samples)?;
+    let mut samples: Vec<JoinedSample> = page
+        .samples
+        .into_iter()
+        .zip(joined)
+        .map(|(sample, pwru_timeline)| JoinedSample {
+            sample,
+            pwru_timeline,
+        })
+        .collect();
+    if p.with_timeline {
+        samples.retain(|s| s.pwru_timeline.is_some());
+        samples.truncate(if p.limit == 0 { usize::MAX } else { p.limit });
+    }
+    Ok(SamplesAnswer {
+        samples,
+        next: page.next,
+        pwru_timelines,
+    })
+}
+
+fn sample_page(store: &Store, id: u64, p: &SamplesParams) -> Result<SamplePage, QueryError> {
     let flow = match &p.flow {
         Some(f) => f
             .parse::<FlowFilter>()

@@ -429,6 +429,101 @@ mod tests {
         assert!(Client::connect(&path).await.unwrap().is_none());
     }
 
+    /// Issue 31: the samples answer carries each sample's pwru timeline, joined by the API,
+    /// and what the CLI prints for `samples --json` is that answer: deserialized by the
+    /// client and serialized again, it is the same bytes.
+    #[tokio::test]
+    async fn samples_come_joined_with_their_pwru_timelines_and_round_trip_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path().join("db"), StoreConfig::default()).unwrap());
+        let now = model::unix_ns(std::time::SystemTime::now());
+        let opened = store
+            .open_incident(&NewIncident {
+                service: "web".into(),
+                probes: vec![model::Probe::TcpSocketRead],
+                opened_ns: now - 10_000_000_000,
+                evidence_json: "{}".into(),
+                stages_json: "null".into(),
+            })
+            .unwrap();
+        let id = opened.id;
+        // Two slow reads of 20 ms; pwru traced the first one's packet, twice in its window.
+        let samples: Vec<model::Sample> = (0..2)
+            .map(|i| model::Sample {
+                latency_ns: 20_000_000,
+                ..model::fixtures::sample(id, 10 + i, now - 1_000_000_000 + i * 1_000_000)
+            })
+            .collect();
+        store.put_samples(&samples).unwrap();
+        let wall_minus_mono = capture::pwru::wall_minus_mono_ns().unwrap();
+        let traced = &samples[0];
+        let lines: Vec<storage::PwruRecord> =
+            [("tcp_v4_rcv", 15_000_000), ("tcp_queue_rcv", 5_000_000)]
+                .into_iter()
+                .enumerate()
+                .map(|(seq, (func, before_read))| {
+                    let wall = traced.time_ns - before_read;
+                    storage::PwruRecord {
+                        incident: id,
+                        seq: seq as u64,
+                        received_ns: wall + 2_000_000,
+                        pwru_time_ns: Some((i128::from(wall) - i128::from(wall_minus_mono)) as u64),
+                        func: func.into(),
+                        skb: traced.skb.unwrap(),
+                        flow: Some(traced.flow),
+                        raw: format!("{{\"func\":\"{func}\"}}"),
+                    }
+                })
+                .collect();
+        store.put_pwru(&lines).unwrap();
+        let path = dir.path().join("api.sock");
+        let socket = bind(&path).await.unwrap();
+        let state = Arc::new(AppState {
+            store,
+            status: Box::new(|| unreachable!("status is not queried here")),
+        });
+        let server = tokio::spawn(serve(socket, state));
+        let client = Client::connect(&path).await.unwrap().unwrap();
+        let url = format!("/v1/incidents/{id}/samples");
+
+        let body = client.get_raw(&url, &()).await.unwrap();
+        let answer: crate::api::query::SamplesAnswer = serde_json::from_slice(&body).unwrap();
+        assert_eq!(serde_json::to_vec(&answer).unwrap(), body);
+        assert_eq!(answer.samples.len(), 2);
+        assert_eq!(
+            (
+                answer.pwru_timelines.samples,
+                answer.pwru_timelines.with_timeline
+            ),
+            (2, 1),
+            "{}",
+            answer.pwru_timelines.note
+        );
+        let timeline = answer.samples[0].pwru_timeline.as_ref().expect("joined");
+        let funcs: Vec<&str> = timeline.steps.iter().map(|s| s.func.as_str()).collect();
+        assert_eq!(funcs, ["tcp_v4_rcv", "tcp_queue_rcv"]);
+        assert_eq!(answer.samples[0].sample, samples[0]);
+        assert_eq!(answer.samples[1].pwru_timeline, None);
+        // The sample's own fields at the top level, as before the join moved here.
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["samples"][0]["latency_ns"], 20_000_000);
+        assert_eq!(
+            v["samples"][0]["pwru_timeline"]["skb"],
+            format!("{:#x}", timeline.skb)
+        );
+
+        let only: crate::api::query::SamplesAnswer = client
+            .get(&url, &[("with_timeline", "true")])
+            .await
+            .unwrap();
+        assert_eq!(only.samples.len(), 1);
+        assert_eq!(only.samples[0].sample, samples[0]);
+        assert_eq!(only.pwru_timelines.samples, 2, "counted before the filter");
+
+        server.abort();
+        let _ = server.await;
+    }
+
     #[tokio::test]
     async fn a_socket_leaves_a_later_daemons_socket_file_alone() {
         let dir = tempfile::tempdir().unwrap();

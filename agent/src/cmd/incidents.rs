@@ -91,7 +91,7 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
                 let view = source.incident(id).await?;
                 // The slowest samples' pwru timelines, as `tailtrap samples ID` joins them
                 // (over the slowest page of samples, the largest the API serves).
-                let samples = source
+                let answer = source
                     .samples(
                         id,
                         &SamplesParams {
@@ -100,38 +100,36 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
                             ..SamplesParams::default()
                         },
                     )
-                    .await?
-                    .samples;
-                let (joined, note) = timelines::timelines(&source, id, &samples).await?;
+                    .await?;
+                let (samples, summary) = (answer.samples, answer.pwru_timelines);
                 if json {
                     let mut v = serde_json::to_value(&view)?;
-                    let slowest: Vec<serde_json::Value> =
-                        timelines::slowest_joined(&samples, &joined)
-                            .into_iter()
-                            .map(|(i, t)| {
-                                let s = &samples[i];
-                                serde_json::json!({
-                                    "time_ns": s.time_ns,
-                                    "probe": s.probe,
-                                    "latency_ns": s.latency_ns,
-                                    "flow": s.flow,
-                                    "pwru_timeline": t,
-                                })
+                    let slowest: Vec<serde_json::Value> = timelines::slowest_joined(&samples)
+                        .into_iter()
+                        .map(|(i, t)| {
+                            let s = &samples[i].sample;
+                            serde_json::json!({
+                                "time_ns": s.time_ns,
+                                "probe": s.probe,
+                                "latency_ns": s.latency_ns,
+                                "flow": s.flow,
+                                "pwru_timeline": t,
                             })
-                            .collect();
+                        })
+                        .collect();
                     v["pwru_timelines"] = serde_json::json!({
-                        "samples": samples.len(),
-                        "with_timeline": joined.iter().filter(|t| t.is_some()).count(),
-                        "note": note,
+                        "samples": summary.samples,
+                        "with_timeline": summary.with_timeline,
+                        "note": summary.note,
                         "slowest": slowest,
                     });
                     print_json(&v)?;
                 } else {
                     print_show(&view);
                     if !samples.is_empty() {
-                        println!("\n{note}");
-                        timelines::print_slowest_timelines(&samples, &joined, |i| {
-                            format!("sample at {}", fmt_time(samples[i].time_ns))
+                        println!("\n{}", summary.note);
+                        timelines::print_slowest_timelines(&samples, |i| {
+                            format!("sample at {}", fmt_time(samples[i].sample.time_ns))
                         });
                     }
                 }

@@ -4,11 +4,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use capture::pwru::Timeline;
 use model::Probe;
 
 use crate::api::query::{SampleOrder, SamplesParams};
-use crate::cmd::shared::timelines::{print_slowest_timelines, timelines};
+use crate::cmd::shared::timelines::print_slowest_timelines;
 use crate::output::{fmt_ns, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
@@ -69,36 +68,13 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
             } else {
                 SampleOrder::Slowest
             },
-            // The timeline filter applies after the join: take a whole page first.
-            limit: if args.with_timeline { 0 } else { args.limit },
+            limit: args.limit,
+            with_timeline: args.with_timeline,
         };
-        let mut page = source.samples(args.id, &params).await?;
-        let (mut joined, note) = timelines(&source, args.id, &page.samples).await?;
-        let with_timeline = joined.iter().filter(|t| t.is_some()).count();
-        let of = page.samples.len();
-        if args.with_timeline {
-            let kept: Vec<(model::Sample, Option<Timeline>)> = page
-                .samples
-                .into_iter()
-                .zip(joined)
-                .filter(|(_, t)| t.is_some())
-                .take(args.limit)
-                .collect();
-            (page.samples, joined) = kept.into_iter().unzip();
-        }
+        // The API's answer, joined there: `--json` prints it as it came.
+        let page = source.samples(args.id, &params).await?;
         if json {
-            let mut v = serde_json::to_value(&page)?;
-            if let Some(samples) = v.get_mut("samples").and_then(|s| s.as_array_mut()) {
-                for (s, t) in samples.iter_mut().zip(&joined) {
-                    s["pwru_timeline"] = serde_json::to_value(t)?;
-                }
-            }
-            v["pwru_timelines"] = serde_json::json!({
-                "samples": of,
-                "with_timeline": with_timeline,
-                "note": note,
-            });
-            print_json(&v)?;
+            print_json(&page)?;
             return Ok(ExitCode::SUCCESS);
         }
         if page.samples.is_empty() {
@@ -119,7 +95,8 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
             "flags",
             "pwru",
         ]);
-        for (i, (s, timeline)) in page.samples.iter().zip(&joined).enumerate() {
+        for (i, joined) in page.samples.iter().enumerate() {
+            let (s, timeline) = (&joined.sample, &joined.pwru_timeline);
             let process = match s.pid {
                 Some(pid) => format!("{} [{pid}]", s.comm),
                 None => "-".into(),
@@ -150,8 +127,8 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
         if page.next.is_some() {
             println!("(more samples: raise --limit)");
         }
-        println!("\n{note}");
-        print_slowest_timelines(&page.samples, &joined, |i| format!("sample #{}", i + 1));
+        println!("\n{}", page.pwru_timelines.note);
+        print_slowest_timelines(&page.samples, |i| format!("sample #{}", i + 1));
         Ok(ExitCode::SUCCESS)
     })
 }

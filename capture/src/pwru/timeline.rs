@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use model::Flow;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A pause between two events of one address longer than this means the address was
 /// freed and reused by another packet.
@@ -50,7 +50,7 @@ pub struct TracePoint {
 }
 
 /// One step of a packet's timeline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     /// The kernel function.
     pub func: String,
@@ -61,10 +61,10 @@ pub struct Step {
 }
 
 /// A sample's packet as pwru saw it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeline {
     /// The skb address (hex in JSON: 64-bit integers lose digits in many JSON readers).
-    #[serde(serialize_with = "hex")]
+    #[serde(serialize_with = "hex", deserialize_with = "from_hex")]
     pub skb: u64,
     /// Its events in time order.
     pub steps: Vec<Step>,
@@ -72,6 +72,13 @@ pub struct Timeline {
 
 fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format!("{v:#x}"))
+}
+
+fn from_hex<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let text = String::deserialize(d)?;
+    let digits = text.strip_prefix("0x").unwrap_or(&text);
+    u64::from_str_radix(digits, 16)
+        .map_err(|e| serde::de::Error::custom(format!("skb {text:?}: {e}")))
 }
 
 /// What is known of a sample for the join.
