@@ -326,6 +326,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 Load::Baseline => &baseline,
                 Load::NoSendSide => &no_send_side,
             };
+            // Attached and detached with the senders held (see Traffic::pause).
+            let mut held = Some(traffic.pause());
             let mut floor_links = Vec::new();
             let attach_probe_floors = |links: &mut Vec<Link>| attach_floor(&floor, links);
             let (mut set, floor_ids) = match order {
@@ -364,7 +366,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     _ => set_capture(&mut control, &mut set, phase.capture)?,
                 }
                 let lo_queue = phase.lo_queue.then(LoQueue::add).transpose()?;
+                drop(held.take());
                 results[i].push(measure(&set, &ids, &hook_names, &traffic, &reader, len)?);
+                held = Some(traffic.pause());
                 drop(lo_queue);
                 drop(sched_links);
             }
@@ -372,6 +376,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             drop(reader);
             drop(floor_links);
             drop(set);
+            drop(held);
         }
     }
     traffic.stop();
@@ -864,6 +869,9 @@ struct Traffic {
     tcp_port: u16,
     udp_port: u16,
     running: Arc<AtomicBool>,
+    /// Senders hold off while set, and count themselves in `idle` once they do.
+    paused: Arc<AtomicBool>,
+    idle: Arc<AtomicU64>,
     tcp: Arc<AtomicU64>,
     udp: Arc<AtomicU64>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -877,6 +885,8 @@ impl Traffic {
         let udp_addr = udp_server.local_addr()?;
         udp_server.set_read_timeout(Some(Duration::from_millis(200)))?;
         let running = Arc::new(AtomicBool::new(true));
+        let paused = Arc::new(AtomicBool::new(false));
+        let idle = Arc::new(AtomicU64::new(0));
         let (tcp, udp) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let mut threads = Vec::new();
         threads.push(std::thread::spawn(move || {
@@ -897,9 +907,11 @@ impl Traffic {
         let mut conn = TcpStream::connect(tcp_addr)?;
         conn.set_nodelay(true)?;
         let (run, count) = (running.clone(), tcp.clone());
+        let hold = Hold(paused.clone(), idle.clone());
         threads.push(std::thread::spawn(move || {
             let mut buf = [0u8; MESSAGE.len()];
             while run.load(Ordering::Relaxed) {
+                hold.wait(&run);
                 if conn.write_all(&MESSAGE).is_err() || conn.read_exact(&mut buf).is_err() {
                     break;
                 }
@@ -909,9 +921,11 @@ impl Traffic {
         let sock = UdpSocket::bind("127.0.0.1:0")?;
         sock.set_read_timeout(Some(Duration::from_millis(200)))?;
         let (run, count) = (running.clone(), udp.clone());
+        let hold = Hold(paused.clone(), idle.clone());
         threads.push(std::thread::spawn(move || {
             let mut buf = [0u8; 2048];
             while run.load(Ordering::Relaxed) {
+                hold.wait(&run);
                 if sock.send_to(&MESSAGE, udp_addr).is_ok() && sock.recv_from(&mut buf).is_ok() {
                     count.fetch_add(1, Ordering::Relaxed);
                 }
@@ -921,6 +935,8 @@ impl Traffic {
             tcp_port: tcp_addr.port(),
             udp_port: udp_addr.port(),
             running,
+            paused,
+            idle,
             tcp,
             udp,
             threads,
@@ -934,11 +950,50 @@ impl Traffic {
         )
     }
 
+    /// Hold the two senders between round trips until the guard drops: programs are
+    /// attached and detached with no packet in flight. Under qemu's software emulation,
+    /// patching a call site that a packet is passing killed the guest (an int3 left at
+    /// tcp_v4_rcv+5); on real hardware it only keeps the phases' edges out of the figures.
+    fn pause(&self) -> Paused<'_> {
+        self.paused.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.idle.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Paused(self)
+    }
+
     fn stop(self) {
         self.running.store(false, Ordering::Relaxed);
+        self.paused.store(false, Ordering::SeqCst);
         for t in self.threads {
             let _ = t.join();
         }
+    }
+}
+
+/// Senders held by [`Traffic::pause`] until this drops.
+struct Paused<'a>(&'a Traffic);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.0.paused.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A sender's side of the pause: `(paused, idle senders)`.
+struct Hold(Arc<AtomicBool>, Arc<AtomicU64>);
+
+impl Hold {
+    fn wait(&self, running: &AtomicBool) {
+        if !self.0.load(Ordering::SeqCst) {
+            return;
+        }
+        self.1.fetch_add(1, Ordering::SeqCst);
+        while self.0.load(Ordering::SeqCst) && running.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.1.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
