@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod baseline;
+pub mod candidates;
 pub mod config;
 pub mod diagnosis;
 mod engine;
