@@ -405,8 +405,6 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         });
     }
 
-    /// An incident opened: store it, arm capture for its hot probes, store the flight
-    /// recorder's samples as pre-trigger, and ask for pwru on the flows they show.
     /// An open incident's evidence changed: its capture covers its new hot probes, its
     /// verdicts follow its stage.
     fn updated(&mut self, inc: detector::Incident, now: Now) {
@@ -436,6 +434,8 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.incidents.updated(inc);
     }
 
+    /// An incident opened: store it, arm capture for its hot probes, store the flight
+    /// recorder's samples as pre-trigger, and ask for pwru on the flows they show.
     fn opened(&mut self, inc: detector::Incident, now: Now) {
         let Some(id) = self.incidents.opened(inc.clone()) else {
             return;
