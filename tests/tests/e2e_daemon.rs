@@ -93,7 +93,7 @@ fn vm_only_a_nic_with_a_clock_is_stamped_only_when_enabled_and_put_back_at_stop(
     };
     let scratch = ScratchDir::new("nic-stamps").unwrap();
     let dir = scratch.path();
-    let row_with = |mode: &str| -> Value {
+    let row_with = |mode: &str, while_running: &dyn Fn(&Daemon, &Path)| -> Value {
         let config = dir.join(format!("tailtrap-{mode}.toml"));
         std::fs::write(
             &config,
@@ -118,17 +118,12 @@ enabled = false
         .unwrap();
         let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
         daemon.wait_for_api(&config, Duration::from_secs(120));
-        let row = daemon.wait_for(Duration::from_secs(60), "the NIC's row", || {
-            let (s, _) = cli_json(&config, &["status", "--json"]);
-            s["nic_stamps"]
-                .as_array()?
-                .iter()
-                .find(|r| r["interface"] == name.as_str())
-                .filter(|r| r["state"] != "on" || !r["offset_read_ns"].is_null())
-                .cloned()
+        let row = nic_row(&daemon, &config, &name, |r| {
+            r["state"] != "on" || !r["offset_read_ns"].is_null()
         });
         let text = cli(&config, &["status"]);
         eprintln!("[{mode}] {row}\n{}", String::from_utf8_lossy(&text.stdout));
+        while_running(&daemon, &config);
         daemon.signal(Signal::SIGTERM).unwrap();
         let exit = daemon.wait_exit(Duration::from_secs(60)).unwrap();
         assert!(
@@ -139,7 +134,7 @@ enabled = false
         row
     };
 
-    let untouched = row_with("use");
+    let untouched = row_with("use", &|_, _| {});
     assert_eq!(untouched["state"], "off", "{untouched}");
     assert!(
         untouched["phc"]
@@ -157,7 +152,7 @@ enabled = false
     );
     assert!(untouched["offset_ns"].is_null(), "{untouched}");
 
-    let enabled = row_with("enable");
+    let enabled = row_with("enable", &|_, _| {});
     assert_eq!(enabled["state"], "on", "{enabled}");
     assert_eq!(enabled["enabled_by_tailtrap"], true, "{enabled}");
     assert_eq!(enabled["rx_filter"], "all", "{enabled}");
@@ -171,9 +166,57 @@ enabled = false
         "{enabled}"
     );
 
-    let after = row_with("use");
+    // Put back at stop; then a PTP daemon's doing, seen while tailtrap runs: stamping
+    // turned on by someone else is used (and not put back), and its end is seen too.
+    let after = row_with("use", &|daemon, config| {
+        set_rx_filter(&name, libc::HWTSTAMP_FILTER_ALL as i32);
+        let on = nic_row(daemon, config, &name, |r| {
+            r["state"] == "on" && !r["offset_read_ns"].is_null()
+        });
+        assert_eq!(on["enabled_by_tailtrap"], false, "{on}");
+        assert_eq!(on["rx_filter"], "all", "{on}");
+        set_rx_filter(&name, libc::HWTSTAMP_FILTER_NONE as i32);
+        nic_row(daemon, config, &name, |r| r["state"] == "off");
+    });
     assert_eq!(after["rx_filter"], "none", "put back at stop: {after}");
     assert_eq!(after["state"], "off", "{after}");
+}
+
+/// The status row of interface `name` once `ready` holds (waits up to 60 s).
+fn nic_row(daemon: &Daemon, config: &Path, name: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    daemon.wait_for(Duration::from_secs(60), "the NIC's row", || {
+        let (s, _) = cli_json(config, &["status", "--json"]);
+        s["nic_stamps"]
+            .as_array()?
+            .iter()
+            .find(|r| r["interface"] == name && ready(r))
+            .cloned()
+    })
+}
+
+/// Set `name`'s RX stamping filter as a PTP daemon would (SIOCSHWTSTAMP, TX off).
+fn set_rx_filter(name: &str, rx_filter: i32) {
+    let mut cfg = libc::hwtstamp_config {
+        flags: 0,
+        tx_type: 0,
+        rx_filter,
+    };
+    // SAFETY: plain data; ifreq is zeroed, then its name and data pointer are set.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, &b) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *d = b as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut cfg as *mut libc::hwtstamp_config).cast();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: `req` points at `cfg`, which outlives the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSHWTSTAMP, &mut req) };
+    assert_eq!(
+        rc,
+        0,
+        "SIOCSHWTSTAMP on {name}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// A service whose application reads 20 ms late, next to a quiet one, through the whole

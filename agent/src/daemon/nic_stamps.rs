@@ -303,6 +303,8 @@ impl NicStamps {
         if due {
             self.scan();
             self.scanned = Some(now);
+        } else {
+            self.recheck();
         }
         for nic in self.nics.values_mut() {
             if let Some(fd) = &nic.phc {
@@ -328,9 +330,34 @@ impl NicStamps {
         self.nics.values().map(|n| n.row.clone()).collect()
     }
 
+    /// Devices with a clock whose RX filter changed since they were read (a PTP daemon
+    /// started, or stopped, after tailtrap) are read again: one ioctl per such device per
+    /// interval, the only devices that can stamp. Those tailtrap turned on are its own.
+    fn recheck(&mut self) {
+        let Some(sock) = &self.sock else { return };
+        let changed: Vec<String> = self
+            .nics
+            .iter()
+            .filter(|(_, n)| n.row.phc.is_some() && n.restore.is_none())
+            .filter(|(name, n)| {
+                let now = hwtstamp_config(sock, name)
+                    .ok()
+                    .map(|c| rx_filter_name(c.rx_filter));
+                now != n.row.rx_filter
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in changed {
+            let nic = self.follow(&name);
+            tracing::info!(interface = %name, state = %nic.row.state, rx_filter = nic.row.rx_filter.as_deref().unwrap_or("-"), "hardware RX stamping changed on the device");
+            self.nics.insert(name, nic);
+        }
+    }
+
     fn scan(&mut self) {
         let names = interface_names();
         self.nics.retain(|name, _| names.contains(name));
+        self.recheck();
         for name in names {
             if self.nics.contains_key(&name) {
                 continue;
