@@ -327,7 +327,9 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             status.open_incidents = self.incidents.open_summaries();
             self.host_wide.annotate(&mut status.open_incidents);
             status.capture = capture;
-            status.nic_stamps = nic_stamps;
+            if let Some(rows) = nic_stamps {
+                status.nic_stamps = rows;
+            }
             status.dropped_history_intervals = self.writer.dropped();
             status.dropped_samples = self.writer.dropped_samples();
             if let Some(stats) = prog_stats {

@@ -292,22 +292,27 @@ impl NicStamps {
         }
     }
 
-    /// Read the interfaces again when due, and every PHC offset in use; the rows after.
-    pub(crate) fn refresh(&mut self, now: SystemTime) -> Vec<NicStampRow> {
+    /// Read the interfaces again when due, and every PHC offset in use; the rows after,
+    /// when any of them may have changed (`None`: the last rows stand). The interval loop
+    /// copies them into status: on a host with hundreds of veths and no stamping device,
+    /// that happens once per rescan, not every interval.
+    pub(crate) fn refresh(&mut self, now: SystemTime) -> Option<Vec<NicStampRow>> {
         if self.mode == HwRxStamps::Off {
-            return Vec::new();
+            return None;
         }
         let due = self
             .scanned
             .is_none_or(|at| now.duration_since(at).unwrap_or_default() >= RESCAN_EVERY);
+        let mut changed = due;
         if due {
             self.scan();
             self.scanned = Some(now);
         } else {
-            self.recheck();
+            changed |= self.recheck();
         }
         for nic in self.nics.values_mut() {
             if let Some(fd) = &nic.phc {
+                changed = true;
                 let row = &mut nic.row;
                 match read_offset(fd) {
                     Ok(o) => {
@@ -327,14 +332,17 @@ impl NicStamps {
                 }
             }
         }
-        self.nics.values().map(|n| n.row.clone()).collect()
+        changed.then(|| self.nics.values().map(|n| n.row.clone()).collect())
     }
 
     /// Devices with a clock whose RX filter changed since they were read (a PTP daemon
     /// started, or stopped, after tailtrap) are read again: one ioctl per such device per
     /// interval, the only devices that can stamp. Those tailtrap turned on are its own.
-    fn recheck(&mut self) {
-        let Some(sock) = &self.sock else { return };
+    /// Whether any was read again.
+    fn recheck(&mut self) -> bool {
+        let Some(sock) = &self.sock else {
+            return false;
+        };
         let changed: Vec<String> = self
             .nics
             .iter()
@@ -347,16 +355,20 @@ impl NicStamps {
             })
             .map(|(name, _)| name.clone())
             .collect();
+        let any = !changed.is_empty();
         for name in changed {
             let nic = self.follow(&name);
             tracing::info!(interface = %name, state = %nic.row.state, rx_filter = nic.row.rx_filter.as_deref().unwrap_or("-"), "hardware RX stamping changed on the device");
             self.nics.insert(name, nic);
         }
+        any
     }
 
     fn scan(&mut self) {
         let names = interface_names();
-        self.nics.retain(|name, _| names.contains(name));
+        // `names` is sorted.
+        self.nics
+            .retain(|name, _| names.binary_search(name).is_ok());
         self.recheck();
         for name in names {
             if self.nics.contains_key(&name) {
@@ -585,7 +597,7 @@ mod tests {
     fn the_loopback_device_is_reported_without_hardware_stamps() {
         // Real ioctls on this kernel: lo stamps in software only.
         let mut nics = NicStamps::new(HwRxStamps::Use);
-        let rows = nics.refresh(SystemTime::now());
+        let rows = nics.refresh(SystemTime::now()).unwrap_or_default();
         let lo = rows
             .iter()
             .find(|r| r.interface == "lo")
@@ -599,6 +611,7 @@ mod tests {
         assert_eq!((lo.phc.as_deref(), lo.offset_ns), (None, None));
         assert!(NicStamps::new(HwRxStamps::Off)
             .refresh(SystemTime::now())
+            .unwrap_or_default()
             .is_empty());
     }
 
