@@ -52,6 +52,11 @@ pub struct ProbeConfig {
     /// Override the histogram map's entry count (normally service slots x probes).
     #[serde(skip)]
     pub hist_map_entries: Option<u32>,
+    /// Why nic-to-stack cannot measure on this host, as the daemon found its devices at
+    /// load (no device has a PTP hardware clock): the stage is then not set up, and its
+    /// histograms take no map memory. Not a configuration key.
+    #[serde(skip)]
+    pub nic_to_stack_unavailable: Option<String>,
 }
 
 impl Default for ProbeConfig {
@@ -67,6 +72,7 @@ impl Default for ProbeConfig {
             kernel_features: KernelFeatureMode::Detect,
             hw_rx_timestamps: HwRxStamps::Use,
             hist_map_entries: None,
+            nic_to_stack_unavailable: None,
         }
     }
 }

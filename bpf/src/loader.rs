@@ -12,7 +12,7 @@ use model::{Histogram, Probe};
 use serde::Serialize;
 
 use crate::cgroup::{cgroup2_mount_or_default, cgroup_id, CgroupNames};
-use crate::config::{ProbeConfig, ServiceSpec};
+use crate::config::{HwRxStamps, ProbeConfig, ServiceSpec};
 use crate::features::{KernelFeatures, MissingFeature};
 use crate::hist_read::HistReader;
 use crate::probes::{
@@ -36,6 +36,9 @@ const _: () = {
     assert!(types::tt_probe::TT_PROBE_UDP_SOCKET_ENQUEUED.0 == Probe::UdpSocketEnqueued.id());
     assert!(types::tt_probe::TT_PROBE_TCP_SOCKET_READ.0 == Probe::TcpSocketRead.id());
     assert!(types::tt_probe::TT_PROBE_UDP_SOCKET_READ.0 == Probe::UdpSocketRead.id());
+    assert!(types::tt_probe::TT_PROBE_SEND_TO_QDISC.0 == Probe::SendToQdisc.id());
+    assert!(types::tt_probe::TT_PROBE_QDISC_SOJOURN.0 == Probe::QdiscSojourn.id());
+    assert!(types::tt_probe::TT_PROBE_NIC_TO_STACK.0 == Probe::NicToStack.id());
     assert!(types::tt_probe::TT_NUM_PROBES.0 as usize == Probe::ALL.len());
 };
 
@@ -43,6 +46,18 @@ const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 /// Cgroups whose service is kept where the kernel has no socket storage for it.
 const CGROUP_RULE_CACHE_ENTRIES: usize = 4096;
+
+/// One device's clock as nic-to-stack converts its hardware RX stamps
+/// ([`ProbeSet::set_nic_clocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NicClock {
+    /// The device.
+    pub ifindex: u32,
+    /// CLOCK_REALTIME minus the device's PTP hardware clock, ns.
+    pub offset_ns: i64,
+    /// How far the offset may be off, ns.
+    pub uncertainty_ns: u64,
+}
 
 /// How a probe is attached on the running kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -65,6 +80,12 @@ pub enum AttachMethod {
     },
     /// Switched off in the configuration.
     Disabled,
+    /// No programs of its own: the named probe's programs take its samples (nic-to-stack,
+    /// in ip-start's).
+    Within {
+        /// The probe whose programs measure it.
+        probe: Probe,
+    },
 }
 
 impl std::fmt::Display for AttachMethod {
@@ -74,6 +95,7 @@ impl std::fmt::Display for AttachMethod {
             AttachMethod::TpBtf { tracepoint } => write!(f, "tp_btf {tracepoint}"),
             AttachMethod::Unavailable { reason } => write!(f, "unavailable: {reason}"),
             AttachMethod::Disabled => f.write_str("disabled"),
+            AttachMethod::Within { probe } => write!(f, "within {probe}'s programs"),
         }
     }
 }
@@ -224,8 +246,8 @@ pub struct ProbeSet {
     hist_reader: HistReader,
     /// What the kernel lacks and the probes stand in for.
     missing_features: Vec<MissingFeature>,
-    /// Histogram entries per service slot ([`hist_stride`]).
-    hist_stride: u32,
+    /// Where each probe's histogram sits within a service slot's entries.
+    hist_columns: HistColumns,
     _rx_timestamping: OwnedFd,
 }
 
@@ -245,6 +267,15 @@ enum Plan {
     Use(Variant, Option<String>),
     Unavailable(String),
     Disabled,
+    /// Measured by this probe's programs (which must be in use).
+    Within(Probe),
+}
+
+impl Plan {
+    /// The probe takes samples: it has a histogram column.
+    fn measures(&self) -> bool {
+        matches!(self, Plan::Use(..) | Plan::Within(_))
+    }
 }
 
 impl ProbeSet {
@@ -430,7 +461,7 @@ impl ProbeSet {
             auto_freed: 0,
             hist_reader,
             missing_features,
-            hist_stride: hist_stride(&plans),
+            hist_columns: HistColumns::of(&plans),
             _rx_timestamping: rx_timestamping,
         })
     }
@@ -438,6 +469,59 @@ impl ProbeSet {
     /// The attach method of every probe, in [`Probe::ALL`] order.
     pub fn attachments(&self) -> &[Attachment] {
         &self.attachments
+    }
+
+    /// Hand nic-to-stack the clock of every device whose hardware RX stamps it may time
+    /// (ifindex, CLOCK_REALTIME − PHC in ns, that offset's uncertainty in ns): entries of
+    /// devices left out are removed, so their stamps are counted and skipped from now on.
+    /// At most `TT_NIC_CLOCKS_MAX` devices; the rest are left out. Whether the stage
+    /// runs (a no-op when it does not).
+    pub fn set_nic_clocks(&mut self, clocks: &[NicClock]) -> Result<bool, ReadError> {
+        if !self.attachments.iter().any(|a| {
+            a.probe == Probe::NicToStack && matches!(a.method, AttachMethod::Within { .. })
+        }) {
+            return Ok(false);
+        }
+        let max = types::tt_nic_limit::TT_NIC_CLOCKS_MAX.0 as usize;
+        let clocks = &clocks[..clocks.len().min(max)];
+        let map_err = |source| ReadError::Map {
+            map: "nic_clocks",
+            source,
+        };
+        let map = &self.skel.maps.nic_clocks;
+        let stale: Vec<Vec<u8>> = map
+            .keys()
+            .filter(|k| {
+                let ifindex = k
+                    .get(..4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_ne_bytes);
+                !clocks.iter().any(|c| Some(c.ifindex) == ifindex)
+            })
+            .collect();
+        // Removed first: a stamp is never converted with a clock the daemon dropped.
+        for key in stale {
+            map.delete(&key).map_err(map_err)?;
+        }
+        for c in clocks {
+            let value = types::tt_nic_clock {
+                offset_ns: c.offset_ns,
+                uncertainty_ns: c.uncertainty_ns.max(1),
+            };
+            // SAFETY: tt_nic_clock is plain old data (two 8-byte integers, no padding).
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&value as *const types::tt_nic_clock).cast::<u8>(),
+                    std::mem::size_of::<types::tt_nic_clock>(),
+                )
+            };
+            map.update(&c.ifindex.to_ne_bytes(), bytes, MapFlags::ANY)
+                .map_err(map_err)?;
+        }
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.nic_clocks_live = clocks.len() as u32;
+        }
+        Ok(true)
     }
 
     /// The kernel features the probes stand in for on this kernel (empty on 6.1 and newer).
@@ -539,12 +623,12 @@ impl ProbeSet {
         let Some(slot) = slot else {
             return Ok(None);
         };
-        let index = slot
-            .saturating_mul(self.hist_stride)
-            .saturating_add(probe.id());
-        if probe.id() >= self.hist_stride {
+        let Some(column) = self.hist_columns.column(probe) else {
             return Ok(None);
-        }
+        };
+        let index = slot
+            .saturating_mul(self.hist_columns.stride)
+            .saturating_add(column);
         if index >= self.skel.maps.hists.max_entries() {
             return Ok(None);
         }
@@ -600,7 +684,8 @@ impl ProbeSet {
             SlotNames::Configured(_) => HashMap::new(),
         };
         let entries = self.entries_in_use(&auto_slots);
-        let probes = self.hist_stride;
+        let columns = &self.hist_columns;
+        let probes = columns.stride;
         let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
         let auto = matches!(self.slot_names, SlotNames::Auto(_));
         let slot_names = &mut self.slot_names;
@@ -611,7 +696,7 @@ impl ProbeSet {
                 if only_changed && !changed {
                     return Ok(true); // the caller has it from before
                 }
-                let Some(probe) = Probe::from_id(probe) else {
+                let Some(probe) = columns.probe_at(probe) else {
                     return Ok(true);
                 };
                 if sums.iter().all(|&n| n == 0) {
@@ -660,7 +745,7 @@ impl ProbeSet {
                 .map_or(first, |&s| s.saturating_add(1).max(first)),
         };
         slots
-            .saturating_mul(self.hist_stride)
+            .saturating_mul(self.hist_columns.stride)
             .min(self.skel.maps.hists.max_entries())
     }
 
@@ -677,7 +762,7 @@ impl ProbeSet {
         let first = types::tt_service_slot::TT_SERVICE_FIRST.0;
         let maps = &self.skel.maps;
         let map_err = |map: &'static str| move |source| ReadError::Map { map, source };
-        let probes = self.hist_stride;
+        let probes = self.hist_columns.stride;
         let cpus = libbpf_rs::num_possible_cpus().map_err(map_err("hists"))?;
         let zero = vec![vec![0u8; std::mem::size_of::<types::tt_hist>()]; cpus];
         // A slot leaves the quarantine only once it is in the queue: after a failed map
@@ -809,6 +894,8 @@ impl ProbeSet {
             hol_excluded: read(types::tt_counter::TT_COUNTER_HOL_EXCLUDED)?,
             auto_overflow: read(types::tt_counter::TT_COUNTER_AUTO_OVERFLOW)?,
             auto_freed: 0,
+            nic_stamp_no_clock: read(types::tt_counter::TT_COUNTER_NIC_STAMP_NO_CLOCK)?,
+            nic_stamp_out_of_bounds: read(types::tt_counter::TT_COUNTER_NIC_STAMP_OUT_OF_BOUNDS)?,
         })
     }
 }
@@ -841,18 +928,48 @@ const RECEIVE_PROBES: u32 = Probe::SendToQdisc.id();
 const _: () = {
     let mut i = 0;
     while i < Probe::ALL.len() {
-        assert!(Probe::ALL[i].is_send() == (Probe::ALL[i].id() >= RECEIVE_PROBES));
+        let p = Probe::ALL[i];
+        assert!(p.is_own_interval() == (p.id() >= RECEIVE_PROBES));
         i += 1;
     }
 };
 
-/// Histogram entries per service slot: every probe with the send side, the receive probes
-/// without it, so that a receive-only configuration's map stays the size it always was.
-fn hist_stride(plans: &BTreeMap<Probe, Plan>) -> u32 {
-    if uses_send_side(plans) {
-        types::tt_probe::TT_NUM_PROBES.0
-    } else {
-        RECEIVE_PROBES
+/// Where each probe's histogram sits among a service slot's entries: the receive probes
+/// at their ids, as always (so a receive-only configuration's map keeps its size), then a
+/// column for each other probe that measures, in id order. A probe that does not run has
+/// no column past the receive ones: the send side and nic-to-stack cost no map memory
+/// when off.
+#[derive(Debug, Clone)]
+struct HistColumns {
+    /// Entries per service slot.
+    stride: u32,
+    /// Column of each probe, by id.
+    columns: [Option<u32>; Probe::ALL.len()],
+}
+
+impl HistColumns {
+    fn of(plans: &BTreeMap<Probe, Plan>) -> HistColumns {
+        let mut columns = [None; Probe::ALL.len()];
+        let mut stride = RECEIVE_PROBES;
+        for p in Probe::ALL {
+            if p.id() < RECEIVE_PROBES {
+                columns[p.id() as usize] = Some(p.id());
+            } else if plans.get(&p).is_some_and(Plan::measures) {
+                columns[p.id() as usize] = Some(stride);
+                stride += 1;
+            }
+        }
+        HistColumns { stride, columns }
+    }
+
+    fn column(&self, probe: Probe) -> Option<u32> {
+        self.columns.get(probe.id() as usize).copied().flatten()
+    }
+
+    fn probe_at(&self, column: u32) -> Option<Probe> {
+        Probe::ALL
+            .into_iter()
+            .find(|&p| self.column(p) == Some(column))
     }
 }
 
@@ -902,6 +1019,25 @@ fn attachments(
                 Plan::Disabled => AttachMethod::Disabled,
                 Plan::Unavailable(reason) => AttachMethod::Unavailable {
                     reason: reason.clone(),
+                },
+                Plan::Within(by) => match plans.get(by) {
+                    Some(Plan::Use(v, _)) => {
+                        let failed: Vec<&str> = v
+                            .programs()
+                            .iter()
+                            .filter_map(|p| attach_errors.get(*p).map(String::as_str))
+                            .collect();
+                        if failed.is_empty() {
+                            AttachMethod::Within { probe: *by }
+                        } else {
+                            AttachMethod::Unavailable {
+                                reason: format!("{by} did not attach: {}", failed.join("; ")),
+                            }
+                        }
+                    }
+                    _ => AttachMethod::Unavailable {
+                        reason: format!("{by}, whose programs measure it, is not running"),
+                    },
                 },
                 Plan::Use(v, _) => {
                     let failed: Vec<&str> = v
@@ -1075,6 +1211,8 @@ fn plan_attach_methods(config: &ProbeConfig, features: KernelFeatures) -> BTreeM
         .into_iter()
         .filter(|p| config.is_enabled(*p))
         .filter(|p| !(blocked_fexit && *p == Probe::SendToQdisc))
+        // Probes without programs of their own are planned after the ones that host them.
+        .filter(|p| p.measured_by() == *p)
         .collect();
     let preferred: Vec<&str> = enabled
         .iter()
@@ -1084,9 +1222,38 @@ fn plan_attach_methods(config: &ProbeConfig, features: KernelFeatures) -> BTreeM
         for p in enabled {
             plans.insert(p, Plan::Use(variants(p)[0], None));
         }
-        return plans;
+    } else {
+        plan_one_by_one(&mut plans, &enabled, features, &capture);
     }
-    for p in enabled {
+    plan_hosted(&mut plans, config);
+    plans
+}
+
+/// The probes measured within another's programs: nic-to-stack, in ip-start's.
+fn plan_hosted(plans: &mut BTreeMap<Probe, Plan>, config: &ProbeConfig) {
+    let p = Probe::NicToStack;
+    let by = p.measured_by();
+    let plan = if !config.is_enabled(p) || config.hw_rx_timestamps == HwRxStamps::Off {
+        Plan::Disabled
+    } else if let Some(why) = &config.nic_to_stack_unavailable {
+        Plan::Unavailable(why.clone())
+    } else if matches!(plans.get(&by), Some(Plan::Use(..))) {
+        Plan::Within(by)
+    } else {
+        Plan::Unavailable(format!("{by}, whose programs measure it, is not running"))
+    };
+    plans.insert(p, plan);
+}
+
+/// Each probe's variants in preference order, each loaded on its own: the first that
+/// loads is used, and the refusals before it are kept as the reasons.
+fn plan_one_by_one(
+    plans: &mut BTreeMap<Probe, Plan>,
+    enabled: &[Probe],
+    features: KernelFeatures,
+    capture: &CaptureLibbpf,
+) {
+    for &p in enabled {
         let mut reasons = Vec::new();
         let mut plan = None;
         for v in variants(p) {
@@ -1108,7 +1275,6 @@ fn plan_attach_methods(config: &ProbeConfig, features: KernelFeatures) -> BTreeM
         }
         plans.insert(p, plan.unwrap_or(Plan::Unavailable(reasons.join("; "))));
     }
-    plans
 }
 
 /// Why send-to-qdisc does not attach on kernels before 5.12.
@@ -1224,8 +1390,9 @@ fn configure(
     } else {
         config.services.len()
     };
-    // Indexed by service * stride + probe: every probe that runs has its entry.
-    let stride = hist_stride(plans);
+    // Indexed by service * stride + column: every probe that runs has its entry.
+    let columns = HistColumns::of(plans);
+    let stride = columns.stride;
     let probes = stride as usize;
     let entries = match config.hist_map_entries {
         Some(n) => n,
@@ -1243,9 +1410,9 @@ fn configure(
         0
     };
     let first_stamps = uses_first_hook_stamps(config, plans);
-    let planned = |p: Probe| matches!(plans.get(&p), Some(Plan::Use(..)));
+    let planned = |p: Probe| plans.get(&p).is_some_and(Plan::measures);
     let send_side = uses_send_side(plans);
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 14] = [
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 15] = [
         // Their slots (TT_SEND_CALL_SLOTS, TT_QDISC_SLOTS, the index masks) when used.
         (
             &mut open.maps.send_calls,
@@ -1261,6 +1428,14 @@ fn configure(
             if first_stamps { 1024 } else { 0 },
         ),
         (&mut open.maps.hists, entries as usize),
+        (
+            &mut open.maps.nic_clocks,
+            if planned(Probe::NicToStack) {
+                types::tt_nic_limit::TT_NIC_CLOCKS_MAX.0 as usize
+            } else {
+                0
+            },
+        ),
         (&mut open.maps.service_cgroups, cgroup_rules),
         // Indexed by port: every port has an entry once any rule exists.
         (
@@ -1309,6 +1484,11 @@ fn configure(
     ro.sk_data_ready_tcp = uses_sk_data_ready(Probe::TcpSocketEnqueued);
     ro.sk_data_ready_udp = uses_sk_data_ready(Probe::UdpSocketEnqueued);
     ro.hist_stride = stride;
+    for p in Probe::ALL {
+        // A probe without a column never records (its programs are not loaded).
+        ro.hist_column[p.id() as usize] = columns.column(p).unwrap_or(0);
+    }
+    ro.nic_to_stack_on = planned(Probe::NicToStack);
     ro.send_to_qdisc_on = planned(Probe::SendToQdisc);
     ro.qdisc_sojourn_on = planned(Probe::QdiscSojourn);
     Ok(())

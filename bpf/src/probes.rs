@@ -210,6 +210,8 @@ pub(crate) fn variants(probe: Probe) -> &'static [Variant] {
         Probe::UdpSocketRead => UDP_SOCKET_READ,
         Probe::SendToQdisc => SEND_TO_QDISC,
         Probe::QdiscSojourn => QDISC_SOJOURN,
+        // ip-start's programs measure it.
+        Probe::NicToStack => &[],
     }
 }
 

@@ -43,4 +43,10 @@ pub struct Counters {
     pub auto_overflow: u64,
     /// Auto-service slots freed (their cgroup was gone) and reusable since load.
     pub auto_freed: u64,
+    /// nic-to-stack: hardware stamps from a device whose clock offset the daemon did not
+    /// hold (not stamping at its last look, or the offset read failed), skipped.
+    pub nic_stamp_no_clock: u64,
+    /// nic-to-stack: converted stamps too far after the software stamp or over 10 s
+    /// before it (a clock stepped since its offset was read), skipped.
+    pub nic_stamp_out_of_bounds: u64,
 }

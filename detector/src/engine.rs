@@ -563,12 +563,13 @@ pub(crate) fn stage<'a>(
     key: &dyn Fn(Probe) -> KeyView<'a>,
 ) -> Option<StageAttribution> {
     let q = headline.quantile;
-    // A send probe times its own interval (none includes another's): its stage is itself.
+    // A send probe and nic-to-stack time their own interval (none includes another's):
+    // the stage is the probe itself.
     let deepest = Probe::ALL
         .iter()
         .rev()
         .copied()
-        .filter(|_| !headline.probe.is_send())
+        .filter(|p| !headline.probe.is_own_interval() && !p.is_own_interval())
         .find(|&p| on_path(p, headline.probe) && key(p).is_some_and(|(_, evaluated, _)| evaluated))
         .unwrap_or(headline.probe);
     let mut chain = vec![deepest];

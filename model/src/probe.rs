@@ -33,6 +33,11 @@ pub enum Probe {
     /// Send side: from the device layer (__dev_queue_xmit) to the driver's transmit call:
     /// the time a packet sat in the device's queueing discipline (qdisc).
     QdiscSojourn,
+    /// Receive side, before the kernel's software stamp: from the NIC's hardware RX stamp
+    /// (converted to the system clock with the device's PHC offset) to the software stamp
+    /// the kernel takes once the driver hands the packet up. Measured at ip-start, only for
+    /// packets a device stamped in hardware.
+    NicToStack,
 }
 
 /// Which protocol path a probe lies on.
@@ -47,6 +52,9 @@ pub enum Path {
     Udp,
     /// Send path (TCP and UDP). Its probes time separate intervals, not cumulative ones.
     Send,
+    /// The NIC's part of the receive path (hardware stamp to software stamp): its own
+    /// interval, before every receive probe's.
+    Nic,
 }
 
 /// Where a probe hooks into the kernel. The BPF loader attaches to these and the pwru
@@ -68,7 +76,7 @@ pub struct KernelHooks {
 
 impl Probe {
     /// Every probe, in path order (ip-start first, reads last).
-    pub const ALL: [Probe; 9] = [
+    pub const ALL: [Probe; 10] = [
         Probe::IpStart,
         Probe::TcpStart,
         Probe::UdpStart,
@@ -78,6 +86,7 @@ impl Probe {
         Probe::UdpSocketRead,
         Probe::SendToQdisc,
         Probe::QdiscSojourn,
+        Probe::NicToStack,
     ];
 
     /// Probe names joined by commas, as logs and tables show a set: `ip-start,tcp-socket-read`.
@@ -101,6 +110,7 @@ impl Probe {
             Probe::UdpSocketRead => "udp-socket-read",
             Probe::SendToQdisc => "send-to-qdisc",
             Probe::QdiscSojourn => "qdisc-sojourn",
+            Probe::NicToStack => "nic-to-stack",
         }
     }
 
@@ -116,6 +126,7 @@ impl Probe {
             Probe::TcpStart | Probe::TcpSocketEnqueued | Probe::TcpSocketRead => Path::Tcp,
             Probe::UdpStart | Probe::UdpSocketEnqueued | Probe::UdpSocketRead => Path::Udp,
             Probe::SendToQdisc | Probe::QdiscSojourn => Path::Send,
+            Probe::NicToStack => Path::Nic,
         }
     }
 
@@ -123,7 +134,7 @@ impl Probe {
     /// ip-start and for the send probes, which each time their own interval).
     pub const fn previous(self) -> Option<Probe> {
         match self {
-            Probe::IpStart | Probe::SendToQdisc | Probe::QdiscSojourn => None,
+            Probe::IpStart | Probe::SendToQdisc | Probe::QdiscSojourn | Probe::NicToStack => None,
             Probe::TcpStart | Probe::UdpStart => Some(Probe::IpStart),
             Probe::TcpSocketEnqueued => Some(Probe::TcpStart),
             Probe::UdpSocketEnqueued => Some(Probe::UdpStart),
@@ -142,13 +153,29 @@ impl Probe {
             | Probe::TcpSocketEnqueued
             | Probe::UdpSocketEnqueued
             | Probe::SendToQdisc
-            | Probe::QdiscSojourn => false,
+            | Probe::QdiscSojourn
+            | Probe::NicToStack => false,
         }
     }
 
     /// On the send path: the probe's sample is a packet leaving the host.
     pub const fn is_send(self) -> bool {
         matches!(self.path(), Path::Send)
+    }
+
+    /// The probe whose kernel programs take this probe's samples: itself, except for
+    /// nic-to-stack, which ip-start's programs measure (it has no hook of its own).
+    pub const fn measured_by(self) -> Probe {
+        match self {
+            Probe::NicToStack => Probe::IpStart,
+            p => p,
+        }
+    }
+
+    /// Times an interval of its own rather than the time since the kernel's software
+    /// stamp that the later receive probes include: its stage is itself.
+    pub const fn is_own_interval(self) -> bool {
+        matches!(self.path(), Path::Send | Path::Nic)
     }
 
     /// The Prometheus histogram family netstacklat's ebpf_exporter configuration gives this
@@ -191,6 +218,10 @@ impl Probe {
             Probe::QdiscSojourn => (
                 "netstack_latency_qdisc_sojourn_seconds",
                 "Time packets spent in the device's queueing discipline, per service",
+            ),
+            Probe::NicToStack => (
+                "netstack_latency_nic_to_stack_seconds",
+                "Time from the NIC's hardware receive stamp to the kernel's software stamp, per service",
             ),
         }
     }
@@ -281,6 +312,19 @@ impl Probe {
                 tracepoint: Some("net_dev_start_xmit"),
                 pwru_functions: &["__dev_queue_xmit", "sch_direct_xmit", "dev_hard_start_xmit"],
             },
+            // No hook of its own: ip-start's programs read the hardware stamp of the packets
+            // they see. pwru follows the driver's hand-over to the stack, where the
+            // software stamp is taken.
+            Probe::NicToStack => KernelHooks {
+                functions: &[],
+                tracepoint: None,
+                pwru_functions: &[
+                    "napi_gro_receive",
+                    "netif_receive_skb",
+                    "__netif_receive_skb",
+                    "netif_rx",
+                ],
+            },
         }
     }
 
@@ -341,7 +385,16 @@ mod tests {
     fn every_probe_has_hooks_and_pwru_functions() {
         for p in Probe::ALL {
             let h = p.hooks();
-            assert!(!h.functions.is_empty() || h.tracepoint.is_some(), "{p}");
+            let hooked = p.measured_by().hooks();
+            assert!(
+                !hooked.functions.is_empty() || hooked.tracepoint.is_some(),
+                "{p}"
+            );
+            assert_eq!(
+                h.functions.is_empty() && h.tracepoint.is_none(),
+                p.measured_by() != p,
+                "{p}"
+            );
             assert!(!h.pwru_functions.is_empty(), "{p}");
             // pwru follows the hooked function wherever it takes a selectable skb;
             // tcp_recv_timestamp and the send calls take none.

@@ -619,6 +619,14 @@ fn compare_status_and_scrape(config: &Path, target: SocketAddr) -> bool {
                 "auto_overflow",
             ),
             ("tailtrap_kernel_auto_service_freed_total", "auto_freed"),
+            (
+                "tailtrap_kernel_nic_stamp_no_clock_total",
+                "nic_stamp_no_clock",
+            ),
+            (
+                "tailtrap_kernel_nic_stamp_out_of_bounds_total",
+                "nic_stamp_out_of_bounds",
+            ),
         ] {
             assert_eq!(get(metric, &[]), k[field].as_f64(), "{metric}");
         }

@@ -314,6 +314,12 @@ pub struct KernelCounters {
     /// Auto-service slots freed because their cgroup was gone.
     #[serde(default)]
     pub auto_freed: u64,
+    /// nic-to-stack: hardware stamps from a device without a clock offset, skipped.
+    #[serde(default)]
+    pub nic_stamp_no_clock: u64,
+    /// nic-to-stack: converted stamps out of bounds (a clock stepped), skipped.
+    #[serde(default)]
+    pub nic_stamp_out_of_bounds: u64,
 }
 
 impl From<bpf::Counters> for KernelCounters {
@@ -325,6 +331,8 @@ impl From<bpf::Counters> for KernelCounters {
             hol_excluded: c.hol_excluded,
             auto_overflow: c.auto_overflow,
             auto_freed: c.auto_freed,
+            nic_stamp_no_clock: c.nic_stamp_no_clock,
+            nic_stamp_out_of_bounds: c.nic_stamp_out_of_bounds,
         }
     }
 }

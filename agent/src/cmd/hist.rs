@@ -44,10 +44,12 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 /// Run `tailtrap hist`.
 pub fn run(args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCode> {
-    let config = match target.config_path() {
+    let mut config = match target.config_path() {
         Some(path) => crate::config::load_probe_config(path)?,
         None => bpf::ProbeConfig::default(),
     };
+    config.nic_to_stack_unavailable =
+        crate::daemon::nic_to_stack_unavailable(config.hw_rx_timestamps);
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     spinner.enable_steady_tick(Duration::from_millis(100));

@@ -260,6 +260,15 @@ fn print_report(r: &StatusReport) {
             c.map_full_drops, c.zero_tstamp, c.future_tstamp, c.hol_excluded, c.auto_overflow, c.auto_freed
         ),
     ]);
+    if c.nic_stamp_no_clock + c.nic_stamp_out_of_bounds > 0 {
+        t.add_row([
+            "NIC stamps skipped".to_owned(),
+            format!(
+                "no clock offset for the device {}, out of bounds {}",
+                c.nic_stamp_no_clock, c.nic_stamp_out_of_bounds
+            ),
+        ]);
+    }
     println!("{t}");
 
     let mut t = table(["pwru", ""]);
@@ -355,6 +364,7 @@ fn print_nic_stamps(rows: &[crate::daemon::NicStampRow]) {
             "clock",
             "offset to system",
             "read",
+            "nic-to-stack",
         ]);
         for n in with_clock {
             let offset = match (n.offset_ns, &n.offset_error) {
@@ -380,6 +390,12 @@ fn print_nic_stamps(rows: &[crate::daemon::NicStampRow]) {
                 n.phc.clone().unwrap_or_default(),
                 offset,
                 n.offset_read_ns.map_or_else(|| "-".into(), fmt_time),
+                if n.timed_by_nic_to_stack {
+                    "timed"
+                } else {
+                    "not timed"
+                }
+                .into(),
             ]);
         }
         println!("{t}");

@@ -318,7 +318,19 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         // Built before taking the lock: it reads a BPF map, and scrapes and status requests
         // wait on that lock.
         let capture = self.capture.report(&mut self.kernel);
-        let nic_stamps = self.nic_stamps.refresh(now.wall);
+        let mut nic_stamps = self.nic_stamps.refresh(now.wall);
+        if let Some(rows) = &mut nic_stamps {
+            // The offsets were read again (or a device changed): nic-to-stack converts
+            // with them from now on, and drops the devices that stopped stamping.
+            let timed = match self.kernel.set_nic_clocks(&self.nic_stamps.clocks()) {
+                Ok(runs) => runs,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the NIC clocks could not be handed to the probes");
+                    false
+                }
+            };
+            self.nic_stamps.mark_timed(rows, timed);
+        }
         {
             let mut status = lock(&self.status);
             status.intervals = intervals;

@@ -40,6 +40,8 @@ pub(super) trait Kernel {
     /// The reader-wait split of slow reads: whether its scheduler hooks are attached now
     /// (only while capture is armed), or why the kernel cannot give it.
     fn reader_wait(&self) -> Result<bool, String>;
+    /// Hand nic-to-stack the clocks of the devices stamping now; whether the stage runs.
+    fn set_nic_clocks(&mut self, clocks: &[bpf::NicClock]) -> Result<bool, ReadError>;
 }
 
 /// The real thing: a loaded probe set and, once started, its capture.
@@ -117,6 +119,10 @@ impl Kernel for BpfKernel {
             .reader_wait()
             .map(|()| self.probes.following_readers())
             .map_err(str::to_owned)
+    }
+
+    fn set_nic_clocks(&mut self, clocks: &[bpf::NicClock]) -> Result<bool, ReadError> {
+        self.probes.set_nic_clocks(clocks)
     }
 
     fn take_records(&mut self, out: &mut Vec<CaptureRecord>) {

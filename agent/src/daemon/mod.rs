@@ -16,7 +16,7 @@ mod interval;
 mod kernel;
 mod live;
 mod nic_stamps;
-pub(crate) use nic_stamps::NicStampRow;
+pub(crate) use nic_stamps::{nic_to_stack_unavailable, NicStampRow};
 mod pwru;
 mod reload;
 mod standing;
@@ -390,7 +390,11 @@ async fn open_store(config: &Config) -> anyhow::Result<Store> {
 }
 
 fn load_probes(config: &bpf::ProbeConfig) -> anyhow::Result<ProbeSet> {
-    let probes = ProbeSet::load(config, &mut |step| tracing::debug!("{step}"))
+    let config = bpf::ProbeConfig {
+        nic_to_stack_unavailable: nic_stamps::nic_to_stack_unavailable(config.hw_rx_timestamps),
+        ..config.clone()
+    };
+    let probes = ProbeSet::load(&config, &mut |step| tracing::debug!("{step}"))
         .context("cannot start the probes")?;
     for m in probes.missing_features() {
         tracing::warn!(

@@ -53,6 +53,10 @@ pub struct NicStampRow {
     pub offset_read_ns: Option<u64>,
     /// Why the offset could not be read, when it could not.
     pub offset_error: Option<String>,
+    /// The probes hold this device's clock: nic-to-stack times its stamped packets (set
+    /// once the kernel took the offset, each interval).
+    #[serde(default)]
+    pub timed_by_nic_to_stack: bool,
 }
 
 /// A PHC's offset to the system clock at one instant.
@@ -265,6 +269,8 @@ pub(crate) fn rx_filter_name(filter: libc::c_int) -> String {
 /// One interface followed.
 struct Nic {
     row: NicStampRow,
+    /// Its index, the key under which the probes find its clock (`None`: unreadable).
+    ifindex: Option<u32>,
     /// The PHC, open while stamping is on.
     phc: Option<OwnedFd>,
     /// The configuration found, when tailtrap changed it (put back at stop).
@@ -392,6 +398,7 @@ impl NicStamps {
             offset_method: None,
             offset_read_ns: None,
             offset_error: None,
+            timed_by_nic_to_stack: false,
         };
         let none = |row: &mut NicStampRow, state: &str, why: String| {
             row.state = state.to_owned();
@@ -405,6 +412,7 @@ impl NicStamps {
             );
             return Nic {
                 row,
+                ifindex: None,
                 phc: None,
                 restore: None,
             };
@@ -419,6 +427,7 @@ impl NicStamps {
                 );
                 return Nic {
                     row,
+                    ifindex: None,
                     phc: None,
                     restore: None,
                 };
@@ -432,6 +441,7 @@ impl NicStamps {
             );
             return Nic {
                 row,
+                ifindex: None,
                 phc: None,
                 restore: None,
             };
@@ -444,6 +454,7 @@ impl NicStamps {
             );
             return Nic {
                 row,
+                ifindex: None,
                 phc: None,
                 restore: None,
             };
@@ -461,6 +472,7 @@ impl NicStamps {
                 );
                 return Nic {
                     row,
+                    ifindex: None,
                     phc: None,
                     restore: None,
                 };
@@ -497,11 +509,13 @@ impl NicStamps {
             none(&mut row, "off", hint.into());
             return Nic {
                 row,
+                ifindex: None,
                 phc: None,
                 restore,
             };
         }
         let phc = File::open(&phc_path).map(OwnedFd::from);
+        let ifindex = ifindex_of(name);
         match phc {
             Ok(fd) => {
                 row.state = "on".into();
@@ -511,6 +525,7 @@ impl NicStamps {
                 );
                 Nic {
                     row,
+                    ifindex,
                     phc: Some(fd),
                     restore,
                 }
@@ -523,10 +538,43 @@ impl NicStamps {
                 );
                 Nic {
                     row,
+                    ifindex,
                     phc: None,
                     restore,
                 }
             }
+        }
+    }
+
+    /// The clock of every device stamping now with an offset read this interval: what
+    /// nic-to-stack converts stamps with. A device that stopped stamping, or whose offset
+    /// read failed, is left out (its stamps are counted and skipped in the kernel).
+    pub(crate) fn clocks(&self) -> Vec<bpf::NicClock> {
+        self.clocks_by_name().into_iter().map(|(_, c)| c).collect()
+    }
+
+    /// [`NicStamps::clocks`] with each device's name.
+    fn clocks_by_name(&self) -> Vec<(&str, bpf::NicClock)> {
+        self.nics
+            .values()
+            .filter(|n| n.phc.is_some())
+            .filter_map(|n| {
+                let clock = bpf::NicClock {
+                    ifindex: n.ifindex?,
+                    offset_ns: n.row.offset_ns?,
+                    uncertainty_ns: n.row.offset_uncertainty_ns?,
+                };
+                Some((n.row.interface.as_str(), clock))
+            })
+            .collect()
+    }
+
+    /// Mark in `rows` the devices whose clocks the probes took (`timed`: the stage runs and
+    /// the kernel accepted them).
+    pub(crate) fn mark_timed(&self, rows: &mut [NicStampRow], timed: bool) {
+        let names: Vec<&str> = self.clocks_by_name().into_iter().map(|(n, _)| n).collect();
+        for row in rows {
+            row.timed_by_nic_to_stack = timed && names.contains(&row.interface.as_str());
         }
     }
 
@@ -552,6 +600,37 @@ impl Drop for NicStamps {
     fn drop(&mut self) {
         self.restore();
     }
+}
+
+/// Why nic-to-stack cannot measure on this host, or `None` when some device can stamp
+/// received packets with a PTP hardware clock to convert them (whether it stamps now or
+/// not: that is followed every interval). Asked before the probes load, so that a host
+/// without such a device gives the stage no histogram memory.
+pub(crate) fn nic_to_stack_unavailable(mode: HwRxStamps) -> Option<String> {
+    if mode == HwRxStamps::Off {
+        return None; // the loader says why: hw_rx_timestamps = "off"
+    }
+    let stamps = NicStamps::new(HwRxStamps::Off);
+    let sock = stamps.sock.as_ref()?;
+    let names = interface_names();
+    let capable = names
+        .iter()
+        .any(|name| ts_info(sock, name).is_ok_and(|i| i.rx_hardware && i.phc_index.is_some()));
+    (!capable).then(|| {
+        format!(
+            "no network device here stamps received packets with a PTP hardware clock \
+             (looked at {} interfaces when the probes loaded)",
+            names.len()
+        )
+    })
+}
+
+fn ifindex_of(name: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// This namespace's interfaces, by name.

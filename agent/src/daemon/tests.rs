@@ -182,6 +182,10 @@ impl Kernel for FakeKernel {
         Ok(!self.state().armed.is_empty())
     }
 
+    fn set_nic_clocks(&mut self, _clocks: &[bpf::NicClock]) -> Result<bool, ReadError> {
+        Ok(false)
+    }
+
     fn capture_counters(&mut self) -> Result<CaptureCounters, CaptureError> {
         Ok(self.state().counters)
     }

@@ -359,7 +359,7 @@ impl Collector for View {
         info(
             &mut enc,
             "tailtrap_probe",
-            "How each probe is attached: method fentry, tp_btf, disabled or unavailable; detail the attach points or why",
+            "How each probe is attached: method fentry, tp_btf, within (another probe's programs measure it), disabled or unavailable; detail the attach points or why",
             r.probes.iter().zip(&methods).map(|(p, (kind, detail))| {
                 vec![("probe", p.probe.name()), ("method", *kind), ("detail", *detail)]
             }),
@@ -395,6 +395,16 @@ impl Collector for View {
                 "tailtrap_kernel_auto_service_freed",
                 "Automatic service slots freed because their cgroup was gone, since the probes were loaded",
                 k.auto_freed,
+            ),
+            (
+                "tailtrap_kernel_nic_stamp_no_clock",
+                "NIC hardware stamps skipped by nic-to-stack because the device's clock offset was not known, since the probes were loaded",
+                k.nic_stamp_no_clock,
+            ),
+            (
+                "tailtrap_kernel_nic_stamp_out_of_bounds",
+                "NIC hardware stamps skipped by nic-to-stack because they converted to after the kernel's stamp or over 10 s before it, since the probes were loaded",
+                k.nic_stamp_out_of_bounds,
             ),
         ] {
             single(&mut enc, family(name, help, Counter), v as f64)?;

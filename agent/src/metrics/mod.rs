@@ -341,6 +341,7 @@ mod tests {
             offset_method: offset_ns.map(|_| "extended".into()),
             offset_read_ns: read_ns,
             offset_error: None,
+            timed_by_nic_to_stack: offset_ns.is_some(),
         }
     }
 

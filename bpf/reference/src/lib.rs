@@ -1,7 +1,8 @@
-//! The reference programs of the probe-cost bench (`bpf/src/bpf/floor.bpf.c`) as a
-//! libbpf-rs skeleton: empty programs and clock reads on the hooks tailtrap's probes use,
-//! to measure a probe's cost against. A crate of its own, a dev-dependency of `bpf`, so that
-//! only the bench and the `reference_programs` example build them, never the product.
+//! The reference programs of the probe-cost bench (`bpf/src/bpf/floor.bpf.c`: empty
+//! programs and clock reads on the hooks tailtrap's probes use, to measure a probe's cost
+//! against), and the test program of nic-to-stack's stamp conversion, as libbpf-rs
+//! skeletons. A crate of its own, a dev-dependency of `bpf`, so that only the bench, the
+//! tests and the `reference_programs` example build them, never the product.
 //! `bpf/benches/support/reference.rs` loads them.
 
 #[allow(
@@ -16,3 +17,16 @@ mod floor_skel {
 }
 
 pub use floor_skel::{FloorSkel, FloorSkelBuilder, OpenFloorSkel};
+
+/// nic-to-stack's stamp conversion (`bpf/src/bpf/nic_stamp.bpf.h`) in a `syscall` program
+/// that `bpf/tests/nic_stamp_conversion.rs` runs on its cases with `BPF_PROG_RUN`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    unreachable_pub,
+    missing_docs
+)]
+pub mod nic_stamp_check {
+    include!(concat!(env!("OUT_DIR"), "/nic_stamp_check.skel.rs"));
+}

@@ -224,8 +224,9 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		 * probes, where UDP reuses the field as scratch space (dev_scratch). */
 		if (!r->ifindex && skb->dev)
 			r->ifindex = skb->dev->ifindex;
-		/* At ip-start skb->data is the IP header; later the network header offset is set. */
-		if (s->probe == TT_PROBE_IP_START)
+		/* At ip-start (and nic-to-stack, which it measures) skb->data is the IP header;
+		 * later the network header offset is set. */
+		if (s->probe == TT_PROBE_IP_START || s->probe == TT_PROBE_NIC_TO_STACK)
 			tuple_from_packet(r, skb->data, false);
 		else
 			tuple_from_packet(r, head + skb->network_header, s->send);

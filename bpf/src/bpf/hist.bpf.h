@@ -11,15 +11,18 @@
 #include "counter.bpf.h"
 
 /*
- * Index service * hist_stride + probe. A per-CPU array, not a hash: the lookup is an index
- * (inlined by newer kernels) instead of hashing the key and inserting on first use.
- * max_entries is set by the loader: (service slots) x hist_stride, or a configured
- * override; a sample beyond it counts as a map-full drop.
+ * Index service * hist_stride + hist_column[probe]. A per-CPU array, not a hash: the
+ * lookup is an index (inlined by newer kernels) instead of hashing the key and inserting
+ * on first use. max_entries is set by the loader: (service slots) x hist_stride, or a
+ * configured override; a sample beyond it counts as a map-full drop.
  */
 
-/* Entries per service slot, set by the loader: TT_NUM_PROBES with the send side, else only
- * the receive probes (ids below the send probes'), so that map keeps its size. */
+/* Set by the loader: one column per probe that runs, in probe order, so that the map holds
+ * no entries for probes switched off (the send side, nic-to-stack where no device has a
+ * clock): every service slot costs a histogram per CPU per column. */
 const volatile __u32 hist_stride = TT_NUM_PROBES;
+const volatile __u32 hist_column[TT_NUM_PROBES] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+_Static_assert(TT_NUM_PROBES == 10, "hist_column's default lists every probe");
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -29,10 +32,12 @@ struct {
 
 static __always_inline void hist_add(__u32 service, __u32 probe, __u64 latency_ns)
 {
-	__u32 key = service * hist_stride + probe;
 	struct tt_hist *h;
-	__u32 idx;
+	__u32 idx, key;
 
+	if (probe >= TT_NUM_PROBES)
+		return;
+	key = service * hist_stride + hist_column[probe];
 	h = bpf_map_lookup_elem(&hists, &key);
 	if (!h) {
 		count_event(TT_COUNTER_MAP_FULL);

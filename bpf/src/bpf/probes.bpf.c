@@ -24,6 +24,7 @@
 #include "first_stamp.bpf.h"
 #include "record.bpf.h"
 #include "send.bpf.h"
+#include "nic_stamp.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -40,6 +41,8 @@ struct tt_capture_threshold tt_type_capture_threshold;
 enum tt_capture_mode tt_type_capture_mode;
 enum tt_capture_flag tt_type_capture_flag;
 enum tt_capture_limit tt_type_capture_limit;
+struct tt_nic_clock tt_type_nic_clock;
+enum tt_nic_limit tt_type_nic_limit;
 
 static __always_inline void record_skb(__u32 probe, const struct sk_buff *skb,
 				       const struct sock *sk, __u16 local_port)
@@ -159,7 +162,21 @@ static __always_inline const struct sk_buff *receive_queue_tail(const struct soc
 	return sk->sk_receive_queue.prev;
 }
 
-/* ---- ip-start ---- */
+/* ---- ip-start, and nic-to-stack which it measures ---- */
+
+/* The packet's NIC stage, after ip-start took its own sample: only packets with a receive
+ * stamp (REALTIME) and a hardware stamp; attributed by port like ip-start. */
+static __always_inline void record_nic_to_stack(struct tt_sample *s)
+{
+	__u64 latency_ns;
+
+	if (!nic_to_stack(s->skb, s->stamp_ns, &latency_ns))
+		return;
+	if (!filters_pass(s->skb, NULL, false, false))
+		return;
+	s->probe = TT_PROBE_NIC_TO_STACK;
+	record_measured(s, service_of_port(s->local_port), latency_ns, false, 0);
+}
 
 /*
  * At ip-start only a REALTIME stamp is a receive stamp. A MONOTONIC (or TAI) stamp is a
@@ -189,6 +206,8 @@ static __always_inline void ip_start(const struct sk_buff *skb, bool v6)
 	s.stamp_ns = stamp;
 	s.local_port = dport_at_network_header(skb, v6);
 	record_latency(&s);
+	if (s.clock == TT_CLOCK_REALTIME)
+		record_nic_to_stack(&s);
 }
 
 SEC("fentry")

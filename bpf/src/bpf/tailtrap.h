@@ -2,7 +2,8 @@
 /*
  * Types and constants shared by the BPF programs and the Rust loader. Rust sees them
  * through the skeleton's generated `types` module, never through hand-written mirrors.
- * Only __u32/__u64 here: this header is also compiled for the host by the bucket test.
+ * Only linux/types.h types here: this header is also compiled for the host by the bucket
+ * test.
  */
 #ifndef TAILTRAP_H
 #define TAILTRAP_H
@@ -22,7 +23,8 @@ enum tt_probe {
 	TT_PROBE_UDP_SOCKET_READ = 6,
 	TT_PROBE_SEND_TO_QDISC = 7,
 	TT_PROBE_QDISC_SOJOURN = 8,
-	TT_NUM_PROBES = 9,
+	TT_PROBE_NIC_TO_STACK = 9,
+	TT_NUM_PROBES = 10,
 };
 
 /* Service slots: the catch-alls first, then configured or auto-grouped services. */
@@ -52,7 +54,29 @@ enum tt_counter {
 	TT_CAPTURE_FLIGHT_EMITTED = 8,
 	TT_CAPTURE_FLIGHT_RING_FULL = 9,
 	TT_CAPTURE_FLIGHT_RATE_LIMITED = 10,
-	TT_NUM_COUNTERS = 11,
+	/* nic-to-stack (nic_stamp.bpf.h): a hardware stamp from a device whose clock offset
+	 * the daemon does not hold (not stamping by its last look, or its offset read
+	 * failed); a converted stamp too far after the software stamp or over 10 s before
+	 * it. Both skipped, never timed. */
+	TT_COUNTER_NIC_STAMP_NO_CLOCK = 11,
+	TT_COUNTER_NIC_STAMP_OUT_OF_BOUNDS = 12,
+	TT_NUM_COUNTERS = 13,
+};
+
+/* ---- NIC hardware RX stamps (nic_stamp.bpf.h) ---- */
+
+enum tt_nic_limit {
+	/* Devices whose clock offset the probes can hold at once. */
+	TT_NIC_CLOCKS_MAX = 64,
+};
+
+/* One stamping device's clock, keyed by ifindex in nic_clocks: written by the daemon each
+ * interval from its PHC offset read. */
+struct tt_nic_clock {
+	/* CLOCK_REALTIME minus the device's PHC, ns: a hardware stamp plus this is REALTIME. */
+	__s64 offset_ns;
+	/* How far the offset may be off (half the narrowest read bracket), ns; at least 1. */
+	__u64 uncertainty_ns;
 };
 
 /* One histogram; the count is the sum of the buckets. */
