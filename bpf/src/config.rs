@@ -49,6 +49,10 @@ pub struct ProbeConfig {
     /// Hardware RX stamps (docs/probes.md, "NIC hardware stamps"): use them where a
     /// device already stamps, turn stamping on, or leave the devices alone.
     pub hw_rx_timestamps: HwRxStamps,
+    /// Measure every receive stage from the NIC's hardware stamp (converted to the system
+    /// clock) for packets that carry one, instead of from the kernel's software stamp: each
+    /// stage then includes nic-to-stack's time.
+    pub hw_stamp_origin: bool,
     /// Override the histogram map's entry count (normally service slots x probes).
     #[serde(skip)]
     pub hist_map_entries: Option<u32>,
@@ -71,6 +75,7 @@ impl Default for ProbeConfig {
             first_hook_stamps: true,
             kernel_features: KernelFeatureMode::Detect,
             hw_rx_timestamps: HwRxStamps::Use,
+            hw_stamp_origin: false,
             hist_map_entries: None,
             nic_to_stack_unavailable: None,
         }

@@ -47,16 +47,17 @@ const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 /// Cgroups whose service is kept where the kernel has no socket storage for it.
 const CGROUP_RULE_CACHE_ENTRIES: usize = 4096;
 
-/// One device's clock as nic-to-stack converts its hardware RX stamps
+/// One device with a PTP hardware clock, as nic-to-stack converts its hardware RX stamps
 /// ([`ProbeSet::set_nic_clocks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NicClock {
     /// The device.
     pub ifindex: u32,
-    /// CLOCK_REALTIME minus the device's PTP hardware clock, ns.
-    pub offset_ns: i64,
-    /// How far the offset may be off, ns.
-    pub uncertainty_ns: u64,
+    /// It stamps received packets now (its `rx_filter` is not none).
+    pub stamping: bool,
+    /// CLOCK_REALTIME minus the clock and how far that may be off, ns, as read this
+    /// interval; `None` when the read failed.
+    pub offset: Option<(i64, u64)>,
 }
 
 /// How a probe is attached on the running kernel.
@@ -471,11 +472,11 @@ impl ProbeSet {
         &self.attachments
     }
 
-    /// Hand nic-to-stack the clock of every device whose hardware RX stamps it may time
-    /// (ifindex, CLOCK_REALTIME − PHC in ns, that offset's uncertainty in ns): entries of
-    /// devices left out are removed, so their stamps are counted and skipped from now on.
-    /// At most `TT_NIC_CLOCKS_MAX` devices; the rest are left out. Whether the stage
-    /// runs (a no-op when it does not).
+    /// Hand nic-to-stack every device with a PTP hardware clock: stamps of those stamping
+    /// with an offset read are timed, those of the others counted and skipped; devices
+    /// left out (no PHC) are ignored. While none stamps, ip-start does not look for
+    /// hardware stamps at all. At most `TT_NIC_CLOCKS_MAX` devices, stamping ones first.
+    /// Whether the stage runs (a no-op when it does not).
     pub fn set_nic_clocks(&mut self, clocks: &[NicClock]) -> Result<bool, ReadError> {
         if !self.attachments.iter().any(|a| {
             a.probe == Probe::NicToStack && matches!(a.method, AttachMethod::Within { .. })
@@ -483,7 +484,9 @@ impl ProbeSet {
             return Ok(false);
         }
         let max = types::tt_nic_limit::TT_NIC_CLOCKS_MAX.0 as usize;
-        let clocks = &clocks[..clocks.len().min(max)];
+        let mut clocks = clocks.to_vec();
+        clocks.sort_by_key(|c| !c.stamping);
+        clocks.truncate(max);
         let map_err = |source| ReadError::Map {
             map: "nic_clocks",
             source,
@@ -503,12 +506,15 @@ impl ProbeSet {
         for key in stale {
             map.delete(&key).map_err(map_err)?;
         }
-        for c in clocks {
+        for c in &clocks {
+            let (offset_ns, uncertainty_ns) = c.offset.unwrap_or_default();
             let value = types::tt_nic_clock {
-                offset_ns: c.offset_ns,
-                uncertainty_ns: c.uncertainty_ns.max(1),
+                offset_ns,
+                uncertainty_ns: uncertainty_ns.max(1),
+                usable: u32::from(c.stamping && c.offset.is_some()),
+                pad: 0,
             };
-            // SAFETY: tt_nic_clock is plain old data (two 8-byte integers, no padding).
+            // SAFETY: tt_nic_clock is plain old data (8- and 4-byte integers, no padding).
             let bytes = unsafe {
                 std::slice::from_raw_parts(
                     (&value as *const types::tt_nic_clock).cast::<u8>(),
@@ -519,7 +525,7 @@ impl ProbeSet {
                 .map_err(map_err)?;
         }
         if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            bss.nic_clocks_live = clocks.len() as u32;
+            bss.nic_clocks_live = clocks.iter().filter(|c| c.stamping).count() as u32;
         }
         Ok(true)
     }
@@ -1489,6 +1495,7 @@ fn configure(
         ro.hist_column[p.id() as usize] = columns.column(p).unwrap_or(0);
     }
     ro.nic_to_stack_on = planned(Probe::NicToStack);
+    ro.hw_stamp_origin = config.hw_stamp_origin && planned(Probe::NicToStack);
     ro.send_to_qdisc_on = planned(Probe::SendToQdisc);
     ro.qdisc_sojourn_on = planned(Probe::QdiscSojourn);
     Ok(())

@@ -37,6 +37,8 @@ fn convert(hw: u64, sw: u64, offset_ns: i64, uncertainty_ns: u64) -> Verdict {
         clock: tt_nic_clock {
             offset_ns,
             uncertainty_ns,
+            usable: 1,
+            ..Default::default()
         },
         ..Default::default()
     };

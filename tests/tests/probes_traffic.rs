@@ -21,7 +21,14 @@ const MS: u64 = 1_000_000;
 
 /// TCP and UDP to `peers` (servers in `netns`), then every attached probe must have samples.
 fn every_attached_probe_sees(peers: &[SocketAddr], netns: Option<&Netns>) {
-    let mut probes = load(&ProbeConfig::default());
+    every_attached_probe_sees_with(load(&ProbeConfig::default()), peers, netns);
+}
+
+fn every_attached_probe_sees_with(
+    mut probes: bpf::ProbeSet,
+    peers: &[SocketAddr],
+    netns: Option<&Netns>,
+) -> bpf::Snapshot {
     for &peer in peers {
         let tcp = TcpServer::spawn(server(peer, netns, None, Duration::ZERO)).unwrap();
         let udp = UdpServer::spawn(server(peer, netns, None, Duration::ZERO)).unwrap();
@@ -53,6 +60,7 @@ fn every_attached_probe_sees(peers: &[SocketAddr], netns: Option<&Netns>) {
             q(&h, 0.5)
         );
     }
+    snapshot
 }
 
 #[test]
@@ -399,6 +407,75 @@ fn a_tiny_histogram_map_reports_drops() {
         "{:?}",
         snapshot.counters
     );
+}
+
+/// nic-to-stack and hw_stamp_origin with a stamping device's clock in the kernel: every
+/// path that reads hardware stamps loads (the verifier takes it on this kernel) and runs
+/// for every packet, and packets without a hardware stamp (no device here stamps) are
+/// measured as before, with nothing timed at nic-to-stack and nothing counted.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn nic_to_stack_runs_within_ip_start_and_times_only_stamped_packets() {
+    let config = ProbeConfig {
+        hw_stamp_origin: true,
+        ..ProbeConfig::default()
+    };
+    let mut probes = load(&config);
+    let method = |probes: &bpf::ProbeSet| {
+        probes
+            .attachments()
+            .iter()
+            .find(|a| a.probe == Probe::NicToStack)
+            .unwrap()
+            .method
+            .clone()
+    };
+    assert_eq!(
+        method(&probes),
+        AttachMethod::Within {
+            probe: Probe::IpStart
+        }
+    );
+    // Loopback as if it stamped, with a clock 37 s ahead (TAI): the probes now look for a
+    // hardware stamp on every packet.
+    let lo = bpf::NicClock {
+        ifindex: 1,
+        stamping: true,
+        offset: Some((-37_000_000_000, 500)),
+    };
+    assert!(probes.set_nic_clocks(&[lo]).unwrap());
+    let snapshot = every_attached_probe_sees_with(
+        probes,
+        &[
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            SocketAddr::from((Ipv6Addr::LOCALHOST, 0)),
+        ],
+        None,
+    );
+    assert_eq!(all_services(&snapshot, Probe::NicToStack).count(), 0);
+    let c = snapshot.counters;
+    assert_eq!((c.nic_stamp_no_clock, c.nic_stamp_out_of_bounds), (0, 0));
+
+    // Where the daemon found no device with a clock, the stage is unavailable with its
+    // reason and takes no clocks; with hw_rx_timestamps = "off" it is disabled.
+    let config = ProbeConfig {
+        nic_to_stack_unavailable: Some("no device with a PTP clock".into()),
+        ..ProbeConfig::default()
+    };
+    let mut probes = load(&config);
+    assert_eq!(
+        method(&probes),
+        AttachMethod::Unavailable {
+            reason: "no device with a PTP clock".into()
+        }
+    );
+    assert!(!probes.set_nic_clocks(&[lo]).unwrap());
+    drop(probes);
+    let config = ProbeConfig {
+        hw_rx_timestamps: bpf::HwRxStamps::Off,
+        ..ProbeConfig::default()
+    };
+    assert_eq!(method(&load(&config)), AttachMethod::Disabled);
 }
 
 #[test]

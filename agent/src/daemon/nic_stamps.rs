@@ -509,7 +509,7 @@ impl NicStamps {
             none(&mut row, "off", hint.into());
             return Nic {
                 row,
-                ifindex: None,
+                ifindex: ifindex_of(name),
                 phc: None,
                 restore,
             };
@@ -546,9 +546,9 @@ impl NicStamps {
         }
     }
 
-    /// The clock of every device stamping now with an offset read this interval: what
-    /// nic-to-stack converts stamps with. A device that stopped stamping, or whose offset
-    /// read failed, is left out (its stamps are counted and skipped in the kernel).
+    /// Every device with a PTP clock, whether it stamps, and its offset as read this
+    /// interval: what nic-to-stack converts stamps with. The stamps of a device that
+    /// stopped stamping, or whose offset read failed, are counted and skipped.
     pub(crate) fn clocks(&self) -> Vec<bpf::NicClock> {
         self.clocks_by_name().into_iter().map(|(_, c)| c).collect()
     }
@@ -557,12 +557,13 @@ impl NicStamps {
     fn clocks_by_name(&self) -> Vec<(&str, bpf::NicClock)> {
         self.nics
             .values()
-            .filter(|n| n.phc.is_some())
+            .filter(|n| n.row.phc.is_some())
             .filter_map(|n| {
                 let clock = bpf::NicClock {
                     ifindex: n.ifindex?,
-                    offset_ns: n.row.offset_ns?,
-                    uncertainty_ns: n.row.offset_uncertainty_ns?,
+                    // The clock is held open exactly while the device stamps.
+                    stamping: n.phc.is_some(),
+                    offset: n.row.offset_ns.zip(n.row.offset_uncertainty_ns),
                 };
                 Some((n.row.interface.as_str(), clock))
             })
@@ -572,7 +573,12 @@ impl NicStamps {
     /// Mark in `rows` the devices whose clocks the probes took (`timed`: the stage runs and
     /// the kernel accepted them).
     pub(crate) fn mark_timed(&self, rows: &mut [NicStampRow], timed: bool) {
-        let names: Vec<&str> = self.clocks_by_name().into_iter().map(|(n, _)| n).collect();
+        let names: Vec<&str> = self
+            .clocks_by_name()
+            .into_iter()
+            .filter(|(_, c)| c.stamping && c.offset.is_some())
+            .map(|(n, _)| n)
+            .collect();
         for row in rows {
             row.timed_by_nic_to_stack = timed && names.contains(&row.interface.as_str());
         }

@@ -41,6 +41,17 @@ static __always_inline __u64 read_stamp_ns(const struct scm_timestamping_interna
 	return tss->ts[0].tv_sec * 1000000000ULL + tss->ts[0].tv_nsec;
 }
 
+/* The hardware stamp of the last skb a read copied (tss->ts[2], the NIC's clock), ns; 0
+ * when it had none. */
+static __always_inline __u64 read_hw_stamp_ns(const struct scm_timestamping_internal *tss)
+{
+	const struct scm_timestamping_internal___ktime *k = (const void *)tss;
+
+	if (bpf_core_field_exists(k->ts))
+		return k->ts[2];
+	return tss->ts[2].tv_sec * 1000000000ULL + tss->ts[2].tv_nsec;
+}
+
 /* CLOCK_TAI - CLOCK_REALTIME in ns, kept current by user space (leap seconds, NTP). */
 volatile __s64 tai_offset_ns;
 

@@ -154,6 +154,19 @@ static __always_inline __u16 dport_at_transport_header(const struct sk_buff *skb
 	return read_dport(skb->data);
 }
 
+/* Before 5.16 the device a connected socket's packets come in on lived in inet_sock. */
+struct inet_sock___pre_5_16 {
+	int rx_dst_ifindex;
+} __attribute__((preserve_access_index));
+
+/* The ifindex a socket's packets arrive on (the cached input route's device). */
+static __always_inline __u32 sock_rx_ifindex(const struct sock *sk)
+{
+	if (bpf_core_field_exists(sk->sk_rx_dst_ifindex))
+		return BPF_CORE_READ(sk, sk_rx_dst_ifindex);
+	return BPF_CORE_READ((const struct inet_sock___pre_5_16 *)sk, rx_dst_ifindex);
+}
+
 /* The newest skb on a socket's receive queue, or NULL. */
 static __always_inline const struct sk_buff *receive_queue_tail(const struct sock *sk)
 {
@@ -332,6 +345,11 @@ int BPF_PROG(tcp_socket_read_fentry, struct msghdr *msg, struct sock *sk,
 		.tcp_read = true,
 	};
 
+	/* The NIC's stamp of that skb, and the device the socket's packets come in on. */
+	if (nic_origin_wanted()) {
+		s.hw_stamp_ns = read_hw_stamp_ns(tss);
+		s.hw_ifindex = sock_rx_ifindex(sk);
+	}
 	/* The read ended where copying stopped. */
 	if (have_core_cast()) {
 		const struct tcp_sock *tp = bpf_core_cast(sk, struct tcp_sock);

@@ -16,6 +16,7 @@
 #include "filter.bpf.h"
 #include "hol.bpf.h"
 #include "capture.bpf.h"
+#include "nic_stamp.bpf.h"
 
 /* A sample already filtered, timed and attributed: into its histogram (unless a
  * head-of-line suspect) and offered to capture. now_tai: 0 when no TAI reading was made. */
@@ -36,14 +37,17 @@ static __always_inline void record_measured(const struct tt_sample *s, __u32 ser
 static __always_inline void record_latency(const struct tt_sample *s)
 {
 	bool hol_suspect = false;
-	__u64 latency_ns, now_tai;
+	__u64 latency_ns, now_tai, stamp = s->stamp_ns;
 	__u32 service;
 
 	if (!filters_pass(s->skb, s->sk, s->process_context, s->send))
 		return;
+	/* A receive stamp (REALTIME) moves back to the NIC's stamp with hw_stamp_origin. */
+	if (stamp && s->clock == TT_CLOCK_REALTIME && !s->send)
+		stamp = nic_origin(s->skb, s->hw_stamp_ns, s->hw_ifindex, stamp);
 	/* Timed first: a read without a usable stamp counts as that, not as head-of-line, so
 	 * each sample lands in exactly one of a histogram and the counters. */
-	if (!latency_since(s->stamp_ns, s->clock, &latency_ns, &now_tai))
+	if (!latency_since(stamp, s->clock, &latency_ns, &now_tai))
 		return;
 	if (s->tcp_read && s->sk && tcp_read_hol_blocked(s->sk, s->ooopack, s->read_end_seq)) {
 		count_event(TT_COUNTER_HOL_EXCLUDED);

@@ -22,6 +22,10 @@ struct tt_sample {
 	bool tcp_read;
 	__u32 ooopack;
 	__u32 read_end_seq;
+	/* A probe without the skb: the hardware stamp it found (0: none, or look in skb) and
+	 * the device it came in on, for hw_stamp_origin (nic_stamp.bpf.h). */
+	__u64 hw_stamp_ns;
+	__u32 hw_ifindex;
 };
 
 #endif /* TT_SAMPLE_BPF_H */

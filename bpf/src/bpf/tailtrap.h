@@ -70,13 +70,17 @@ enum tt_nic_limit {
 	TT_NIC_CLOCKS_MAX = 64,
 };
 
-/* One stamping device's clock, keyed by ifindex in nic_clocks: written by the daemon each
- * interval from its PHC offset read. */
+/* One device's clock, keyed by ifindex in nic_clocks: written by the daemon each interval
+ * for every device with a PTP hardware clock. */
 struct tt_nic_clock {
 	/* CLOCK_REALTIME minus the device's PHC, ns: a hardware stamp plus this is REALTIME. */
 	__s64 offset_ns;
 	/* How far the offset may be off (half the narrowest read bracket), ns; at least 1. */
 	__u64 uncertainty_ns;
+	/* 1: the offset was read this interval and the device stamps; 0: its stamps are
+	 * counted and skipped (stamping off by the daemon's last look, or the read failed). */
+	__u32 usable;
+	__u32 pad;
 };
 
 /* One histogram; the count is the sum of the buckets. */

@@ -39,7 +39,8 @@ pub fn check_expected_attach(set: &ProbeSet) {
             // send-to-qdisc refuses kernels before 5.12 whatever they allow (docs/probes.md).
             (AttachMethod::Unavailable { reason }, _) if reason.contains("kernels before 5.12") => {
             }
-            (AttachMethod::Disabled, _)
+            // nic-to-stack has no programs of its own: ip-start's measure it.
+            (AttachMethod::Disabled | AttachMethod::Within { .. }, _)
             | (AttachMethod::Fentry { .. }, "fentry")
             | (AttachMethod::TpBtf { .. }, "tp_btf")
             | (AttachMethod::Unavailable { .. }, "tp_btf") => {}
