@@ -119,8 +119,14 @@ enabled = false
         let mut daemon = Daemon::start(&config, dir, &[]).unwrap();
         daemon.wait_for_api(&config, Duration::from_secs(120));
         let row = nic_row(&daemon, &config, &name, |r| {
-            r["state"] != "on" || !r["offset_read_ns"].is_null()
+            r["state"] != "on" || r["timed_by_nic_to_stack"] == true
         });
+        // A device with a clock is here: nic-to-stack runs, within ip-start's programs.
+        assert_eq!(
+            nic_to_stack_method(&config),
+            "within ip-start's programs",
+            "{mode}"
+        );
         let text = cli(&config, &["status"]);
         eprintln!("[{mode}] {row}\n{}", String::from_utf8_lossy(&text.stdout));
         while_running(&daemon, &config);
@@ -151,6 +157,7 @@ enabled = false
         )
     );
     assert!(untouched["offset_ns"].is_null(), "{untouched}");
+    assert_eq!(untouched["timed_by_nic_to_stack"], false, "{untouched}");
 
     let enabled = row_with("enable", &|_, _| {});
     assert_eq!(enabled["state"], "on", "{enabled}");
@@ -159,6 +166,8 @@ enabled = false
     // e1000e has no cross-timestamp: the bracketing read.
     assert_eq!(enabled["offset_method"], "extended", "{enabled}");
     assert!(enabled["offset_ns"].is_i64(), "{enabled}");
+    // The kernel took its clock: nic-to-stack times the packets it stamps.
+    assert_eq!(enabled["timed_by_nic_to_stack"], true, "{enabled}");
     assert!(
         enabled["offset_uncertainty_ns"]
             .as_u64()
@@ -175,11 +184,26 @@ enabled = false
         });
         assert_eq!(on["enabled_by_tailtrap"], false, "{on}");
         assert_eq!(on["rx_filter"], "all", "{on}");
+        nic_row(daemon, config, &name, |r| {
+            r["timed_by_nic_to_stack"] == true
+        });
         set_rx_filter(&name, libc::HWTSTAMP_FILTER_NONE as i32);
-        nic_row(daemon, config, &name, |r| r["state"] == "off");
+        let off = nic_row(daemon, config, &name, |r| r["state"] == "off");
+        assert_eq!(off["timed_by_nic_to_stack"], false, "{off}");
     });
     assert_eq!(after["rx_filter"], "none", "put back at stop: {after}");
     assert_eq!(after["state"], "off", "{after}");
+}
+
+/// How status says nic-to-stack is attached.
+fn nic_to_stack_method(config: &Path) -> String {
+    let (s, _) = cli_json(config, &["status", "--json"]);
+    s["probes"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["probe"] == "nic-to-stack"))
+        .and_then(|r| r["method"].as_str())
+        .unwrap_or_else(|| panic!("no nic-to-stack row: {s}"))
+        .to_owned()
 }
 
 /// The status row of interface `name` once `ready` holds (waits up to 60 s).
@@ -740,6 +764,9 @@ fn check_nic_stamps(daemon: &Daemon, config: &Path, before: &[String]) {
     for r in &rows {
         let name = r["interface"].as_str().unwrap();
         let summary = r["summary"].as_str().unwrap();
+        if r["timed_by_nic_to_stack"] == true {
+            assert_eq!(r["state"], "on", "{r}");
+        }
         if r["state"] == "on" {
             assert!(r["phc"].is_string() && r["offset_ns"].is_i64(), "{r}");
         } else {
@@ -756,4 +783,17 @@ fn check_nic_stamps(daemon: &Daemon, config: &Path, before: &[String]) {
         rows.iter().all(|r| r["state"] == "on") || text.contains("no hardware RX stamps on "),
         "{text}"
     );
+    // nic-to-stack runs where some device has a clock, and says why not elsewhere (the
+    // development host: no device has a PHC).
+    let method = nic_to_stack_method(config);
+    if rows.iter().any(|r| r["phc"].is_string()) {
+        assert_eq!(method, "within ip-start's programs", "{rows:?}");
+    } else {
+        assert!(
+            method.starts_with(
+                "unavailable: no network device here stamps received packets with a PTP hardware clock"
+            ),
+            "{method}"
+        );
+    }
 }
