@@ -27,6 +27,11 @@
 //! - `flight, lo pfifo`: as `+ flight` with a pfifo qdisc on loopback for the phase (removed
 //!   after): loopback has no queue by default, which the send side skips, while a NIC's
 //!   traffic passes a qdisc, which it stamps and times.
+//! - `flight, NIC stamping`: as `+ flight` with `[probes] hw_stamp_origin = true` and
+//!   loopback's clock handed to nic-to-stack as if it stamped: every receive probe then
+//!   looks for a hardware stamp on every packet (none carries one), the most a host with a
+//!   stamping NIC pays for packets the NIC did not stamp. The `+ flight` row is what every
+//!   other host pays for the stage (one load and a compare at ip-start).
 //!
 //! Scheduler hooks: armed capture also attaches the reader-wait split's programs on
 //! `sched_switch` and `sched_wakeup` (reader_wait.bpf.h; kernels with task storage), and
@@ -102,6 +107,8 @@ enum Load {
     Baseline,
     /// The two services, the send probes off.
     NoSendSide,
+    /// The two services, `hw_stamp_origin = true`, loopback's clock live (see the phase).
+    NicStamping,
 }
 
 /// A phase: a load-time configuration and a capture state.
@@ -114,7 +121,7 @@ struct PhaseSpec {
     lo_queue: bool,
 }
 
-const PHASES: [PhaseSpec; 9] = [
+const PHASES: [PhaseSpec; 10] = [
     PhaseSpec {
         name: "no services",
         load: Load::Auto,
@@ -168,6 +175,12 @@ const PHASES: [PhaseSpec; 9] = [
         load: Load::Services,
         capture: Capture::Flight,
         lo_queue: true,
+    },
+    PhaseSpec {
+        name: "flight, NIC stamping",
+        load: Load::NicStamping,
+        capture: Capture::Flight,
+        lo_queue: false,
     },
 ];
 /// The row users run by default (the daemon once baselines exist).
@@ -292,6 +305,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         enabled: [(Probe::SendToQdisc, false), (Probe::QdiscSojourn, false)].into(),
         ..with_services.clone()
     };
+    let nic_stamping = ProbeConfig {
+        hw_stamp_origin: true,
+        ..with_services.clone()
+    };
 
     let mut storage = MaybeUninit::uninit();
     let floor = reference::load(
@@ -317,6 +334,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             Load::PortsOnly,
             Load::Baseline,
             Load::NoSendSide,
+            Load::NicStamping,
         ] {
             let config = match load {
                 Load::Auto => &without,
@@ -325,6 +343,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 Load::PortsOnly => &ports_only,
                 Load::Baseline => &baseline,
                 Load::NoSendSide => &no_send_side,
+                Load::NicStamping => &nic_stamping,
             };
             // Attached and detached with the senders held (see Traffic::pause).
             let mut held = Some(traffic.pause());
@@ -340,6 +359,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     (set, attach_probe_floors(&mut floor_links)?)
                 }
             };
+            if load == Load::NicStamping {
+                // Loopback (ifindex 1) as a stamping device with a clock 37 s ahead.
+                let lo = bpf::NicClock {
+                    ifindex: 1,
+                    stamping: true,
+                    offset: Some((-37_000_000_000, 500)),
+                };
+                if !set.set_nic_clocks(&[lo])? {
+                    return Err("nic-to-stack did not take the clock".into());
+                }
+            }
             let mut control = CaptureControl::new(&mut set, &CaptureLimits::default())?;
             let reader = CaptureReader::start(&mut set)?;
             // RX timestamping switches on from a workqueue; let it settle.

@@ -385,7 +385,11 @@ impl ProbeSet {
             let (device, errors) = attach(&skel, &send_device);
             links.extend(device);
             if let Some(why) = errors.values().next() {
-                for probe in [Probe::SendToQdisc, Probe::QdiscSojourn] {
+                for probe in [
+                    Probe::SendToQdisc,
+                    Probe::QdiscSojourn,
+                    Probe::DriverToCompletion,
+                ] {
                     if let Some(Plan::Use(v, _)) = plans.get(&probe) {
                         for prog in v.programs() {
                             attach_errors.insert(prog.to_owned(), why.clone());
@@ -981,9 +985,13 @@ impl HistColumns {
 
 /// A send probe will run: the shared device-layer program loads with it.
 fn uses_send_side(plans: &BTreeMap<Probe, Plan>) -> bool {
-    [Probe::SendToQdisc, Probe::QdiscSojourn]
-        .iter()
-        .any(|p| matches!(plans.get(p), Some(Plan::Use(..))))
+    [
+        Probe::SendToQdisc,
+        Probe::QdiscSojourn,
+        Probe::DriverToCompletion,
+    ]
+    .iter()
+    .any(|p| matches!(plans.get(p), Some(Plan::Use(..))))
 }
 
 fn uses_first_hook_stamps(config: &ProbeConfig, plans: &BTreeMap<Probe, Plan>) -> bool {
@@ -1418,7 +1426,7 @@ fn configure(
     let first_stamps = uses_first_hook_stamps(config, plans);
     let planned = |p: Probe| plans.get(&p).is_some_and(Plan::measures);
     let send_side = uses_send_side(plans);
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 15] = [
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 16] = [
         // Their slots (TT_SEND_CALL_SLOTS, TT_QDISC_SLOTS, the index masks) when used.
         (
             &mut open.maps.send_calls,
@@ -1427,6 +1435,14 @@ fn configure(
         (
             &mut open.maps.queued_packets,
             if send_side { 32768 } else { 0 },
+        ),
+        (
+            &mut open.maps.transmitted_packets,
+            if planned(Probe::DriverToCompletion) {
+                32768
+            } else {
+                0
+            },
         ),
         // Its slots per CPU (TT_FIRST_STAMP_SLOTS, the index mask) when used.
         (
@@ -1498,6 +1514,7 @@ fn configure(
     ro.hw_stamp_origin = config.hw_stamp_origin && planned(Probe::NicToStack);
     ro.send_to_qdisc_on = planned(Probe::SendToQdisc);
     ro.qdisc_sojourn_on = planned(Probe::QdiscSojourn);
+    ro.driver_to_completion_on = planned(Probe::DriverToCompletion);
     Ok(())
 }
 

@@ -60,7 +60,8 @@ pub(crate) const FIRST_STAMP_PROG: &str = "first_hook_stamp";
 
 /// The device-layer programs of the send probes (send.bpf.h): one notes each packet at
 /// net_dev_queue, the other records both send intervals at the driver's transmit (it is
-/// qdisc-sojourn's program, and send-to-qdisc's too); loaded when either send probe is.
+/// qdisc-sojourn's program, and send-to-qdisc's too) and notes the packet for
+/// driver-to-completion; loaded when any send probe is.
 pub(crate) const SEND_DEVICE_PROGS: [&str; 2] = ["send_dev_queue", "send_xmit"];
 
 /// Programs that serve the probes without being one, and their tracepoints.
@@ -197,6 +198,8 @@ const UDP_SOCKET_READ: &[Variant] = &[Variant::Fentry(&UDP_READ_FENTRY)];
 const SEND_TO_QDISC: &[Variant] = &[Variant::Fentry(&SEND_TO_QDISC_FENTRY)];
 // No function marks the driver's transmit of one packet (see the model's table).
 const QDISC_SOJOURN: &[Variant] = &[tp_btf(Probe::QdiscSojourn, SEND_DEVICE_PROGS[1])];
+// The release of every skb passes consume_skb's tracepoint; no function stands in for all.
+const DRIVER_TO_COMPLETION: &[Variant] = &[tp_btf(Probe::DriverToCompletion, "send_complete")];
 
 /// Attach variants of `probe`, preferred first.
 pub(crate) fn variants(probe: Probe) -> &'static [Variant] {
@@ -210,6 +213,7 @@ pub(crate) fn variants(probe: Probe) -> &'static [Variant] {
         Probe::UdpSocketRead => UDP_SOCKET_READ,
         Probe::SendToQdisc => SEND_TO_QDISC,
         Probe::QdiscSojourn => QDISC_SOJOURN,
+        Probe::DriverToCompletion => DRIVER_TO_COMPLETION,
         // ip-start's programs measure it.
         Probe::NicToStack => &[],
     }

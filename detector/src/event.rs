@@ -200,6 +200,7 @@ impl Stage {
             (None, SendToQdisc) => "send queueing (send call to device queue)".into(),
             (None, QdiscSojourn) => "qdisc (device queue to driver)".into(),
             (None, NicToStack) => "NIC to stack (hardware stamp to kernel stamp)".into(),
+            (None, DriverToCompletion) => "transmit completion (driver to release)".into(),
             (None, IpStart) => "driver and softirq (arrival to IP)".into(),
             (None, to) => format!("arrival to {to} (earlier probes not measured)"),
             (Some(IpStart), TcpStart | UdpStart) => "IP layer".into(),

@@ -38,6 +38,10 @@ pub enum Probe {
     /// the kernel takes once the driver hands the packet up. Measured at ip-start, only for
     /// packets a device stamped in hardware.
     NicToStack,
+    /// Send side: from the driver's transmit call (net_dev_start_xmit) to the packet's
+    /// release once the device sent it (TX completion: the driver frees it, `consume_skb`),
+    /// on hardware devices only: a virtual device's "release" is another path's.
+    DriverToCompletion,
 }
 
 /// Which protocol path a probe lies on.
@@ -76,7 +80,7 @@ pub struct KernelHooks {
 
 impl Probe {
     /// Every probe, in path order (ip-start first, reads last).
-    pub const ALL: [Probe; 10] = [
+    pub const ALL: [Probe; 11] = [
         Probe::IpStart,
         Probe::TcpStart,
         Probe::UdpStart,
@@ -87,6 +91,7 @@ impl Probe {
         Probe::SendToQdisc,
         Probe::QdiscSojourn,
         Probe::NicToStack,
+        Probe::DriverToCompletion,
     ];
 
     /// Probe names joined by commas, as logs and tables show a set: `ip-start,tcp-socket-read`.
@@ -111,6 +116,7 @@ impl Probe {
             Probe::SendToQdisc => "send-to-qdisc",
             Probe::QdiscSojourn => "qdisc-sojourn",
             Probe::NicToStack => "nic-to-stack",
+            Probe::DriverToCompletion => "driver-to-completion",
         }
     }
 
@@ -125,7 +131,7 @@ impl Probe {
             Probe::IpStart => Path::Ip,
             Probe::TcpStart | Probe::TcpSocketEnqueued | Probe::TcpSocketRead => Path::Tcp,
             Probe::UdpStart | Probe::UdpSocketEnqueued | Probe::UdpSocketRead => Path::Udp,
-            Probe::SendToQdisc | Probe::QdiscSojourn => Path::Send,
+            Probe::SendToQdisc | Probe::QdiscSojourn | Probe::DriverToCompletion => Path::Send,
             Probe::NicToStack => Path::Nic,
         }
     }
@@ -134,7 +140,11 @@ impl Probe {
     /// ip-start and for the send probes, which each time their own interval).
     pub const fn previous(self) -> Option<Probe> {
         match self {
-            Probe::IpStart | Probe::SendToQdisc | Probe::QdiscSojourn | Probe::NicToStack => None,
+            Probe::IpStart
+            | Probe::SendToQdisc
+            | Probe::QdiscSojourn
+            | Probe::NicToStack
+            | Probe::DriverToCompletion => None,
             Probe::TcpStart | Probe::UdpStart => Some(Probe::IpStart),
             Probe::TcpSocketEnqueued => Some(Probe::TcpStart),
             Probe::UdpSocketEnqueued => Some(Probe::UdpStart),
@@ -154,7 +164,8 @@ impl Probe {
             | Probe::UdpSocketEnqueued
             | Probe::SendToQdisc
             | Probe::QdiscSojourn
-            | Probe::NicToStack => false,
+            | Probe::NicToStack
+            | Probe::DriverToCompletion => false,
         }
     }
 
@@ -218,6 +229,10 @@ impl Probe {
             Probe::QdiscSojourn => (
                 "netstack_latency_qdisc_sojourn_seconds",
                 "Time packets spent in the device's queueing discipline, per service",
+            ),
+            Probe::DriverToCompletion => (
+                "netstack_latency_driver_to_completion_seconds",
+                "Time from the driver's transmit call to the packet's release after transmission (TX completion), per service",
             ),
             Probe::NicToStack => (
                 "netstack_latency_nic_to_stack_seconds",
@@ -311,6 +326,14 @@ impl Probe {
                 functions: &[],
                 tracepoint: Some("net_dev_start_xmit"),
                 pwru_functions: &["__dev_queue_xmit", "sch_direct_xmit", "dev_hard_start_xmit"],
+            },
+            // The release of a transmitted packet: the driver frees it once the device is
+            // done (napi_consume_skb, dev_consume_skb_any and consume_skb all mark it with
+            // this tracepoint); the transmit stamp comes from net_dev_start_xmit.
+            Probe::DriverToCompletion => KernelHooks {
+                functions: &[],
+                tracepoint: Some("consume_skb"),
+                pwru_functions: &["dev_hard_start_xmit", "napi_consume_skb", "consume_skb"],
             },
             // No hook of its own: ip-start's programs read the hardware stamp of the packets
             // they see. pwru follows the driver's hand-over to the stack, where the

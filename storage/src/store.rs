@@ -38,8 +38,8 @@ use crate::windows;
 /// chunks stay readable (no RX queue).
 /// 9: records may name the send probes (probe indexes 7 and 8, appended); every record
 /// written before reads unchanged.
-/// 10: records may name nic-to-stack (probe index 9, appended); every record written
-/// before reads unchanged.
+/// 10: records may name nic-to-stack and driver-to-completion (probe indexes 9 and 10,
+/// appended); every record written before reads unchanged.
 pub const SCHEMA_VERSION: u32 = 10;
 
 /// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.

@@ -41,6 +41,7 @@ FLOOR("fentry/skb_consume_udp", floor_skb_consume_udp)
 /* The send side (send.bpf.h). */
 FLOOR("tp_btf/net_dev_queue", floor_net_dev_queue)
 FLOOR("tp_btf/net_dev_start_xmit", floor_net_dev_start_xmit)
+FLOOR("tp_btf/consume_skb", floor_consume_skb)
 FLOOR("fentry/tcp_sendmsg", floor_tcp_sendmsg)
 FLOOR("fentry/udp_sendmsg", floor_udp_sendmsg)
 FLOOR("fentry/udpv6_sendmsg", floor_udpv6_sendmsg)

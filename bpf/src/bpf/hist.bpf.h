@@ -21,8 +21,8 @@
  * no entries for probes switched off (the send side, nic-to-stack where no device has a
  * clock): every service slot costs a histogram per CPU per column. */
 const volatile __u32 hist_stride = TT_NUM_PROBES;
-const volatile __u32 hist_column[TT_NUM_PROBES] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 };
-_Static_assert(TT_NUM_PROBES == 10, "hist_column's default lists every probe");
+const volatile __u32 hist_column[TT_NUM_PROBES] = { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 };
+_Static_assert(TT_NUM_PROBES == 11, "hist_column's default lists every probe");
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);

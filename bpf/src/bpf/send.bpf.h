@@ -26,6 +26,14 @@
  * one never matches a live key... except a recycled skb address, which must also arrive
  * at the same device with the same length without passing net_dev_queue (only a qdisc
  * bypass, such as AF_PACKET's, could).
+ *
+ * driver-to-completion: the transmit notes, for hardware devices only, when the driver
+ * took the packet (transmitted_packets); the packet's release after transmission (the
+ * consume_skb tracepoint, which the drivers' TX-completion frees fire) times it. A virtual
+ * device's "release" is another path's (veth hands the skb to its peer's receive path),
+ * so devices without a parent bus device are skipped. A packet dropped after the transmit
+ * leaves a stale entry: it is matched again only by the same skb address with the same
+ * data buffer, length and device, and never after 10 s.
  */
 #ifndef TT_SEND_BPF_H
 #define TT_SEND_BPF_H
@@ -40,9 +48,10 @@
 #include "record.bpf.h"
 #include "sample.bpf.h"
 
-/* Which send probes the loader planned; the device-layer programs serve both. */
+/* Which send probes the loader planned; the device-layer programs serve all three. */
 const volatile bool send_to_qdisc_on = false;
 const volatile bool qdisc_sojourn_on = false;
+const volatile bool driver_to_completion_on = false;
 
 /* Qdisc flag of a multiqueue root (mq, mqprio), which has no enqueue of its own
  * (include/net/sch_generic.h; a #define, so not in BTF). */
@@ -90,6 +99,27 @@ struct {
 	__type(value, struct tt_queued_packet);
 } queued_packets SEC(".maps");
 
+/* A packet a hardware device's driver took, until its release. */
+struct tt_transmitted_packet {
+	__u64 skb; /* the skb's address; 0: free */
+	__u64 head; /* its data buffer: a recycled skb address rarely comes with the same */
+	__u64 xmit_ns;
+	__u32 service;
+	__u32 ifindex;
+	__u32 len;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TT_QDISC_SLOTS);
+	__type(key, __u32);
+	__type(value, struct tt_transmitted_packet);
+} transmitted_packets SEC(".maps");
+
+/* A transmit older than this is not a completion's: the entry is stale. */
+#define TT_COMPLETION_MAX_NS (10ULL * 1000 * 1000 * 1000)
+
 /* The thread's slot: thread ids are handed out in sequence, so their low bits spread. */
 static __always_inline struct tt_send_call *send_call_slot(__u64 thread)
 {
@@ -101,12 +131,78 @@ static __always_inline struct tt_send_call *send_call_slot(__u64 thread)
 /* skbs are slab objects of a few hundred bytes: the address above bit 8 tells neighbours
  * apart, the higher bits spread the rest. Only the low 32 bits: the verifier allows no
  * shift of a pointer, but a 32-bit copy of one is a plain number. */
-static __always_inline struct tt_queued_packet *queued_slot(const struct sk_buff *skb)
+static __always_inline __u32 skb_slot(const struct sk_buff *skb)
 {
 	__u32 low = (__u32)(unsigned long)skb;
-	__u32 slot = ((low >> 8) ^ (low >> 23)) & (TT_QDISC_SLOTS - 1);
+
+	return ((low >> 8) ^ (low >> 23)) & (TT_QDISC_SLOTS - 1);
+}
+
+static __always_inline struct tt_queued_packet *queued_slot(const struct sk_buff *skb)
+{
+	__u32 slot = skb_slot(skb);
 
 	return bpf_map_lookup_elem(&queued_packets, &slot);
+}
+
+static __always_inline struct tt_transmitted_packet *transmitted_slot(const struct sk_buff *skb)
+{
+	__u32 slot = skb_slot(skb);
+
+	return bpf_map_lookup_elem(&transmitted_packets, &slot);
+}
+
+/* A device on a bus (a NIC, virtio-net): it sends the packet and releases it after. */
+static __always_inline bool hardware_device(const struct net_device *dev)
+{
+	return dev && BPF_CORE_READ(dev, dev.parent);
+}
+
+/* The driver took the packet: note it for its release. */
+static __always_inline void note_transmit(const struct sk_buff *skb,
+					  const struct net_device *dev, __u32 service,
+					  __u64 now)
+{
+	struct tt_transmitted_packet *t;
+
+	if (!hardware_device(dev))
+		return;
+	t = transmitted_slot(skb);
+	if (!t)
+		return;
+	t->skb = 0;
+	t->head = (__u64)(unsigned long)skb->head;
+	t->xmit_ns = now;
+	t->service = service;
+	t->ifindex = dev->ifindex;
+	t->len = skb->len;
+	t->skb = (__u64)(unsigned long)skb;
+}
+
+/* A packet released (consume_skb): if a hardware driver took it, its completion time. */
+SEC("tp_btf")
+int BPF_PROG(send_complete, struct sk_buff *skb)
+{
+	__u64 addr = (__u64)(unsigned long)skb, now;
+	struct tt_transmitted_packet *t = transmitted_slot(skb);
+	struct tt_sample s = {
+		.skb = skb,
+		.probe = TT_PROBE_DRIVER_TO_COMPLETION,
+		.clock = TT_CLOCK_MONOTONIC,
+		.send = true,
+	};
+
+	if (!t || t->skb != addr)
+		return 0;
+	t->skb = 0;
+	if (t->head != (__u64)(unsigned long)skb->head || t->len != skb->len ||
+	    !skb->dev || t->ifindex != skb->dev->ifindex)
+		return 0;
+	now = bpf_ktime_get_ns();
+	if (t->xmit_ns > now || now - t->xmit_ns > TT_COMPLETION_MAX_NS)
+		return 0;
+	record_measured(&s, t->service, now - t->xmit_ns, false, 0);
+	return 0;
 }
 
 /* The skb's owner when it is a full TCP or UDP socket (a request or timewait socket is
@@ -352,6 +448,8 @@ int BPF_PROG(send_xmit, const struct sk_buff *skb, const struct net_device *dev)
 		s.probe = TT_PROBE_QDISC_SOJOURN;
 		record_measured(&s, service, now - queued, false, 0);
 	}
+	if (driver_to_completion_on)
+		note_transmit(skb, dev, service, now);
 	return 0;
 }
 

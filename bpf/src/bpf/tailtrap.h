@@ -24,7 +24,8 @@ enum tt_probe {
 	TT_PROBE_SEND_TO_QDISC = 7,
 	TT_PROBE_QDISC_SOJOURN = 8,
 	TT_PROBE_NIC_TO_STACK = 9,
-	TT_NUM_PROBES = 10,
+	TT_PROBE_DRIVER_TO_COMPLETION = 10,
+	TT_NUM_PROBES = 11,
 };
 
 /* Service slots: the catch-alls first, then configured or auto-grouped services. */

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 /// The one frozen type that may grow, and only at its end: a record stores the index, so
 /// every byte written before a variant was appended keeps its meaning (pinned by
 /// `probe_indexes_never_move` below), and the records holding it keep their versions.
-/// Schema 9 appended the send probes, schema 10 nic-to-stack; an older build refuses a
-/// database of a newer schema, so it never meets an index it lacks.
+/// Schema 9 appended the send probes, schema 10 nic-to-stack and driver-to-completion; an
+/// older build refuses a database of a newer schema, so it never meets an index it lacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum ProbeV1 {
     IpStart,
@@ -26,6 +26,7 @@ pub(crate) enum ProbeV1 {
     QdiscSojourn,
     // Schema 10.
     NicToStack,
+    DriverToCompletion,
 }
 
 impl From<Probe> for ProbeV1 {
@@ -41,6 +42,7 @@ impl From<Probe> for ProbeV1 {
             Probe::SendToQdisc => ProbeV1::SendToQdisc,
             Probe::QdiscSojourn => ProbeV1::QdiscSojourn,
             Probe::NicToStack => ProbeV1::NicToStack,
+            Probe::DriverToCompletion => ProbeV1::DriverToCompletion,
         }
     }
 }
@@ -58,6 +60,7 @@ impl From<ProbeV1> for Probe {
             ProbeV1::SendToQdisc => Probe::SendToQdisc,
             ProbeV1::QdiscSojourn => Probe::QdiscSojourn,
             ProbeV1::NicToStack => Probe::NicToStack,
+            ProbeV1::DriverToCompletion => Probe::DriverToCompletion,
         }
     }
 }
@@ -229,6 +232,7 @@ mod tests {
             (Probe::SendToQdisc, 7),
             (Probe::QdiscSojourn, 8),
             (Probe::NicToStack, 9),
+            (Probe::DriverToCompletion, 10),
         ];
         assert_eq!(
             pinned.len(),
