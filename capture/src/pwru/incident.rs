@@ -51,7 +51,13 @@ impl SessionRequest {
         }
         let ports = incident_ports(scope.ports, scope.flows);
         let send_side = !scope.probes.is_empty() && scope.probes.iter().all(|p| p.is_send());
-        let protocol = if send_side {
+        // Probes before the transport layer (ip-start, nic-to-stack) say nothing of it:
+        // the slow packets' flows do.
+        let transport_known = scope
+            .probes
+            .iter()
+            .any(|p| matches!(p.path(), model::Path::Tcp | model::Path::Udp));
+        let protocol = if send_side || (!transport_known && !scope.flows.is_empty()) {
             Protocol::of_flows(scope.flows)
         } else {
             Protocol::of_probes(scope.probes)
@@ -197,6 +203,29 @@ mod tests {
             .names()
             .iter()
             .any(|f| f == "dev_hard_start_xmit"));
+    }
+
+    #[test]
+    fn an_early_stage_incident_takes_its_protocol_from_the_slow_packets() {
+        let flows = [flow(Transport::Udp, "10.0.0.5", 5353)];
+        for probes in [
+            &[Probe::NicToStack][..],
+            &[Probe::IpStart, Probe::NicToStack],
+        ] {
+            let r =
+                SessionRequest::for_incident(&PwruConfig::default(), &scope(probes, &[], &flows))
+                    .unwrap();
+            assert!(
+                r.filter().expression().starts_with("udp and "),
+                "{probes:?}: {}",
+                r.filter().expression()
+            );
+            assert!(r
+                .filter_funcs()
+                .names()
+                .iter()
+                .any(|f| f == "napi_gro_receive"));
+        }
     }
 
     #[test]
