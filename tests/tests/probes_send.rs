@@ -199,12 +199,19 @@ fn vm_only_a_nics_transmits_are_timed_to_their_completion() {
         q(&completed, 0.99).upper_ns,
         queued.count()
     );
-    // 1000 sent; a completion may free a few after the snapshot, and the slot of a packet
-    // can be taken by another in flight (none here at 500 packets/s).
+    // About 1000 sent (fewer when the guest is slow); each transmitted packet is released
+    // once. A completion may come after the snapshot, and a slot can be taken by another
+    // packet in flight (hardly any at 500 packets/s).
     assert!(
-        completed.count() >= 800,
-        "{} completions",
-        completed.count()
+        queued.count() >= 300,
+        "{} packets transmitted",
+        queued.count()
+    );
+    assert!(
+        completed.count() * 100 >= queued.count() * 95,
+        "{} completions of {} transmits",
+        completed.count(),
+        queued.count()
     );
     assert!(
         completed.count() <= queued.count(),
