@@ -889,7 +889,9 @@ mod tests {
              skb_attempt_defer_free|__kfree_skb|consume_skb|skb_consume_udp|\
              __consume_stateless_skb|__tcp_transmit_skb|__ip_queue_xmit|ip_output|\
              ip_finish_output2|ip6_output|ip6_finish_output2|__dev_queue_xmit|\
-             sch_direct_xmit|dev_hard_start_xmit|kfree_skb_reason|sk_skb_reason_drop)$"
+             sch_direct_xmit|dev_hard_start_xmit|napi_gro_receive|netif_receive_skb|\
+             __netif_receive_skb|netif_rx|napi_consume_skb|kfree_skb_reason|\
+             sk_skb_reason_drop)$"
         );
         let f = FilterFuncs::for_probes(&[Probe::UdpSocketRead, Probe::UdpSocketRead]);
         // The whole UDP path up to the read, once, then the drop points.
