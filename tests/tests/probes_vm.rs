@@ -39,7 +39,12 @@ fn traffic_gives_sane_latencies(context: &str) {
     }
     let snapshot = probes.snapshot().unwrap();
     let mut samples = 0;
-    for probe in attached(&probes) {
+    // Loopback and veth are not hardware devices: their transmits are not timed to a
+    // completion (probes_send.rs checks that clock on the guest's NIC).
+    for probe in attached(&probes)
+        .into_iter()
+        .filter(|p| *p != Probe::DriverToCompletion)
+    {
         let h = all_services(&snapshot, probe);
         assert!(h.count() > 0, "{context}: {probe} has no samples");
         // Under software emulation the guest is slow, but not 100 ms per packet; a wrong
