@@ -194,25 +194,16 @@ printf 'RUNDIR=%q\nRWDIRS=%q\nKVER=%q\nKMODDIR=%q\n' "$SHARE" "$RWDIRS" "$kver" 
         [ -n "${!v+x}" ] && printf 'export %s=%q\n' "$v" "${!v}"
     done
     printf 'cd %q 2>/dev/null || cd /\n' "$PWD"
-    # Hold on, for the guest's life, what loading and unloading the probes switch: RX
-    # software timestamping's static key (a socket asking for stamps) and the tracepoints
-    # the tp_btf programs use (their trace events enabled, with tracing itself off, so
-    # nothing is recorded). Switching a static key rewrites kernel text with a temporary
-    # int3, and under multi-threaded TCG another vCPU can run a stale copy of that int3
-    # after the rewrite ended: an oops no real CPU shows, which killed whole test runs. The
-    # probes' own attach then changes only counts and probe lists; trampolines (fentry)
-    # still rewrite their function's entry, and the runner reruns a run that dies.
+    # Hold RX software timestamping's static key for the guest's life (a socket asking for
+    # stamps), so that loading and unloading the probes only change its count: switching a
+    # static key rewrites kernel text with a temporary int3, and under multi-threaded TCG
+    # another vCPU can run a stale copy of that int3 after the rewrite ended, an oops no
+    # real CPU shows. Tracepoints are not held: attaching a program to one also rewrites
+    # its static call, and enabling trace events at boot died the same way.
     # shellcheck disable=SC2016 # expanded in the guest
     printf '%s\n' \
         'if command -v python3 >/dev/null; then' \
         '  python3 -c "import socket,time; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET,socket.SO_TIMESTAMPNS,1); time.sleep(1e9)" </dev/null >/dev/null 2>&1 &' \
-        'fi' \
-        'T=/sys/kernel/tracing' \
-        'if [ -w "$T/tracing_on" ]; then' \
-        '  echo 0 > "$T/tracing_on"' \
-        '  for e in net/netif_rx net/netif_receive_skb net/net_dev_queue net/net_dev_start_xmit skb/consume_skb skb/kfree_skb skb/skb_copy_datagram_iovec sock/sk_data_ready tcp/tcp_probe sched/sched_switch sched/sched_wakeup; do' \
-        '    [ -w "$T/events/$e/enable" ] && echo 1 > "$T/events/$e/enable"' \
-        '  done' \
         'fi'
     printf 'exec'; printf ' %q' "$@"; echo
 } > "$SHARE/cmd.sh"
