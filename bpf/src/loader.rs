@@ -951,35 +951,29 @@ const _: () = {
 /// when off.
 #[derive(Debug, Clone)]
 struct HistColumns {
-    /// Entries per service slot.
+    /// The probe of each column, in order; their number is the entries per service slot.
+    probes: Vec<Probe>,
+    /// Entries per service slot (`probes.len()`).
     stride: u32,
-    /// Column of each probe, by id.
-    columns: [Option<u32>; Probe::ALL.len()],
 }
 
 impl HistColumns {
     fn of(plans: &BTreeMap<Probe, Plan>) -> HistColumns {
-        let mut columns = [None; Probe::ALL.len()];
-        let mut stride = RECEIVE_PROBES;
-        for p in Probe::ALL {
-            if p.id() < RECEIVE_PROBES {
-                columns[p.id() as usize] = Some(p.id());
-            } else if plans.get(&p).is_some_and(Plan::measures) {
-                columns[p.id() as usize] = Some(stride);
-                stride += 1;
-            }
-        }
-        HistColumns { stride, columns }
+        let probes: Vec<Probe> = Probe::ALL
+            .into_iter()
+            .filter(|p| p.id() < RECEIVE_PROBES || plans.get(p).is_some_and(Plan::measures))
+            .collect();
+        let stride = probes.len() as u32;
+        HistColumns { probes, stride }
     }
 
     fn column(&self, probe: Probe) -> Option<u32> {
-        self.columns.get(probe.id() as usize).copied().flatten()
+        let column = self.probes.iter().position(|&p| p == probe)?;
+        u32::try_from(column).ok()
     }
 
     fn probe_at(&self, column: u32) -> Option<Probe> {
-        Probe::ALL
-            .into_iter()
-            .find(|&p| self.column(p) == Some(column))
+        self.probes.get(column as usize).copied()
     }
 }
 
@@ -1022,6 +1016,15 @@ fn attach(
 }
 
 /// The outcome per probe: the plan, unless attaching one of its programs failed.
+/// Why the programs of `variant` did not attach, one reason per failed program.
+fn attach_failures(variant: Variant, attach_errors: &HashMap<String, String>) -> Vec<&str> {
+    variant
+        .programs()
+        .iter()
+        .filter_map(|p| attach_errors.get(*p).map(String::as_str))
+        .collect()
+}
+
 fn attachments(
     plans: &BTreeMap<Probe, Plan>,
     attach_errors: &HashMap<String, String>,
@@ -1036,11 +1039,7 @@ fn attachments(
                 },
                 Plan::Within(by) => match plans.get(by) {
                     Some(Plan::Use(v, _)) => {
-                        let failed: Vec<&str> = v
-                            .programs()
-                            .iter()
-                            .filter_map(|p| attach_errors.get(*p).map(String::as_str))
-                            .collect();
+                        let failed = attach_failures(*v, attach_errors);
                         if failed.is_empty() {
                             AttachMethod::Within { probe: *by }
                         } else {
@@ -1054,11 +1053,7 @@ fn attachments(
                     },
                 },
                 Plan::Use(v, _) => {
-                    let failed: Vec<&str> = v
-                        .programs()
-                        .iter()
-                        .filter_map(|p| attach_errors.get(*p).map(String::as_str))
-                        .collect();
+                    let failed = attach_failures(*v, attach_errors);
                     if failed.is_empty() {
                         method_of(*v)
                     } else {

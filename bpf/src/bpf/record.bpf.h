@@ -42,8 +42,9 @@ static __always_inline void record_latency(const struct tt_sample *s)
 
 	if (!filters_pass(s->skb, s->sk, s->process_context, s->send))
 		return;
-	/* A receive stamp (REALTIME) moves back to the NIC's stamp with hw_stamp_origin. */
-	if (stamp && s->clock == TT_CLOCK_REALTIME && !s->send)
+	/* A receive stamp (REALTIME) moves back to the NIC's stamp with hw_stamp_origin: the
+	 * read-only switch first, so the verifier drops the rest when it is off. */
+	if (hw_stamp_origin && stamp && s->clock == TT_CLOCK_REALTIME && !s->send)
 		stamp = nic_origin(s->skb, s->hw_stamp_ns, s->hw_ifindex, stamp);
 	/* Timed first: a read without a usable stamp counts as that, not as head-of-line, so
 	 * each sample lands in exactly one of a histogram and the counters. */
