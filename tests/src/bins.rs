@@ -73,6 +73,45 @@ pub fn require_vm() -> String {
     })
 }
 
+/// The guest's emulated NIC (QEMU's e1000e, the VM runner's `VM_NIC`), its driver loaded:
+/// the interface's name, waited for up to 30 s.
+///
+/// # Panics
+/// When the driver does not load or no e1000e interface appears.
+pub fn guest_nic() -> String {
+    let status = std::process::Command::new("modprobe")
+        .arg("e1000e")
+        .status()
+        .expect("running modprobe");
+    assert!(status.success(), "modprobe e1000e: {status}");
+    let names = || -> Vec<String> {
+        std::fs::read_dir("/sys/class/net")
+            .map(|dir| {
+                dir.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let since = std::time::Instant::now();
+    loop {
+        let found = names().into_iter().find(|n| {
+            std::fs::read_link(format!("/sys/class/net/{n}/device/driver"))
+                .is_ok_and(|d| d.ends_with("e1000e"))
+        });
+        match found {
+            Some(n) => return n,
+            None if since.elapsed() < std::time::Duration::from_secs(30) => {
+                std::thread::sleep(std::time::Duration::from_millis(200))
+            }
+            None => panic!(
+                "no e1000e interface (the VM runner's VM_NIC): {:?}",
+                names()
+            ),
+        }
+    }
+}
+
 /// The attach method the probes are expected to use here, from `TAILTRAP_EXPECT_ATTACH`
 /// (the VM runner sets `fentry`; `None` when unset, e.g. on the development host where the
 /// kernel decides).

@@ -31,7 +31,9 @@ mod prometheus;
 mod traffic;
 mod veth;
 
-pub use bins::{expected_attach, fake_pwru, require_vm, tailtrap_bin, traffic_bin, vm_kernel};
+pub use bins::{
+    expected_attach, fake_pwru, guest_nic, require_vm, tailtrap_bin, traffic_bin, vm_kernel,
+};
 pub use cgroup::Cgroup;
 pub use cpu::{pin, CpuQuota, Hog};
 pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};

@@ -72,25 +72,7 @@ fn vm_only_udp_slow_reader_opens_an_incident_with_pwru_lines_that_survive_a_daem
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn vm_only_a_nic_with_a_clock_is_stamped_only_when_enabled_and_put_back_at_stop() {
     require_vm();
-    let status = Command::new("modprobe").arg("e1000e").status().unwrap();
-    assert!(status.success(), "modprobe e1000e: {status}");
-    let nic = Instant::now();
-    let name = loop {
-        let found = interface_names().into_iter().find(|n| {
-            std::fs::read_link(format!("/sys/class/net/{n}/device/driver"))
-                .is_ok_and(|d| d.ends_with("e1000e"))
-        });
-        match found {
-            Some(n) => break n,
-            None if nic.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(200))
-            }
-            None => panic!(
-                "no e1000e interface (the VM runner's VM_NIC): {:?}",
-                interface_names()
-            ),
-        }
-    };
+    let name = tailtrap_tests::guest_nic();
     let scratch = ScratchDir::new("nic-stamps").unwrap();
     let dir = scratch.path();
     let row_with = |mode: &str, while_running: &dyn Fn(&Daemon, &Path)| -> Value {

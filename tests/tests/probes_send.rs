@@ -155,7 +155,7 @@ fn a_rate_limited_device_holds_packets_in_its_qdisc_and_an_idle_one_does_not() {
 fn vm_only_a_nics_transmits_are_timed_to_their_completion() {
     tailtrap_tests::require_vm();
     let _serial = serial();
-    let nic = e1000e_interface();
+    let nic = tailtrap_tests::guest_nic();
     let ip = |args: &[&str]| {
         let status = std::process::Command::new("ip")
             .args(args)
@@ -224,32 +224,6 @@ fn vm_only_a_nics_transmits_are_timed_to_their_completion() {
     drop(set);
     ip(&["addr", "del", "10.203.0.1/24", "dev", &nic]);
     ip(&["link", "set", &nic, "down"]);
-}
-
-/// The guest's e1000e interface (tests/vm/run-in-vm.sh's VM_NIC), its driver loaded.
-fn e1000e_interface() -> String {
-    let status = std::process::Command::new("modprobe")
-        .arg("e1000e")
-        .status()
-        .unwrap();
-    assert!(status.success(), "modprobe e1000e: {status}");
-    let since = std::time::Instant::now();
-    loop {
-        let found = std::fs::read_dir("/sys/class/net")
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .find(|n| {
-                std::fs::read_link(format!("/sys/class/net/{n}/device/driver"))
-                    .is_ok_and(|d| d.ends_with("e1000e"))
-            });
-        match found {
-            Some(n) => return n,
-            None if since.elapsed() < Duration::from_secs(30) => {
-                std::thread::sleep(Duration::from_millis(200))
-            }
-            None => panic!("no e1000e interface (the VM runner's VM_NIC)"),
-        }
-    }
 }
 
 /// send-to-qdisc: a sender that writes faster than its device sends waits, inside its send
