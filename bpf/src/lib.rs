@@ -17,6 +17,7 @@ mod capture;
 mod cgroup;
 mod clock;
 mod config;
+mod device_hists;
 mod features;
 mod hist_read;
 pub mod kernel_functions;
@@ -43,6 +44,7 @@ pub use config::{
     Filters, HwRxStamps, KernelFeatureMode, ProbeConfig, ServiceSpec, DEFAULTS_TOML,
     DEFAULT_AUTO_SERVICE_LIMIT,
 };
+pub use device_hists::DeviceHist;
 pub use features::MissingFeature;
 pub use loader::{AttachMethod, Attachment, LoadError, NicClock, ProbeSet, ProgStats, ReadError};
 pub use snapshot::{Counters, ServiceHist, Snapshot};

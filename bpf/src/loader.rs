@@ -249,6 +249,8 @@ pub struct ProbeSet {
     missing_features: Vec<MissingFeature>,
     /// Where each probe's histogram sits within a service slot's entries.
     hist_columns: HistColumns,
+    /// The daemon's network namespace: devices in it are named, others by number.
+    own_netns: Option<u32>,
     _rx_timestamping: OwnedFd,
 }
 
@@ -467,6 +469,7 @@ impl ProbeSet {
             hist_reader,
             missing_features,
             hist_columns: HistColumns::of(&plans),
+            own_netns: crate::device_hists::own_netns(),
             _rx_timestamping: rx_timestamping,
         })
     }
@@ -733,8 +736,11 @@ impl ProbeSet {
             SlotNames::Configured(_) => Vec::new(),
         };
         counters.auto_freed = self.auto_freed;
+        let devices =
+            crate::device_hists::read(&self.skel.maps.completion_device_hists, self.own_netns)?;
         Ok(Snapshot {
             hists,
+            devices,
             counters,
             retired,
         })
@@ -1421,7 +1427,7 @@ fn configure(
     let first_stamps = uses_first_hook_stamps(config, plans);
     let planned = |p: Probe| plans.get(&p).is_some_and(Plan::measures);
     let send_side = uses_send_side(plans);
-    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 16] = [
+    let sizes: [(&mut libbpf_rs::OpenMapMut<'_>, usize); 17] = [
         // Their slots (TT_SEND_CALL_SLOTS, TT_QDISC_SLOTS, the index masks) when used.
         (
             &mut open.maps.send_calls,
@@ -1435,6 +1441,14 @@ fn configure(
             &mut open.maps.transmitted_packets,
             if planned(Probe::DriverToCompletion) {
                 32768
+            } else {
+                0
+            },
+        ),
+        (
+            &mut open.maps.completion_device_hists,
+            if planned(Probe::DriverToCompletion) {
+                types::tt_device_limit::TT_COMPLETION_DEVICES_MAX.0 as usize
             } else {
                 0
             },

@@ -10,6 +10,9 @@ pub struct Snapshot {
     /// service name, then probe ([`crate::ProbeSet::snapshot_changed`]: only those whose
     /// counts changed since the previous snapshot).
     pub hists: Vec<ServiceHist>,
+    /// driver-to-completion per device, cumulative, every device that has seen a
+    /// completion (empty when the probe does not run).
+    pub devices: Vec<crate::DeviceHist>,
     /// Event counters, cumulative since load.
     pub counters: Counters,
     /// Auto-grouped services whose cgroup is gone: this snapshot holds their last

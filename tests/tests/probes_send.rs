@@ -221,6 +221,21 @@ fn vm_only_a_nics_transmits_are_timed_to_their_completion() {
     // show seconds.
     let p99 = q(&completed, 0.99);
     assert!(p99.upper_ns < 100 * MS, "p99 {p99:?}");
+    // The same completions per device: only the NIC has one (loopback and the like are
+    // never timed), named, with the service histograms' packets (read a moment apart: a
+    // completion in between counts in the device's only).
+    let devices: Vec<_> = snapshot
+        .devices
+        .iter()
+        .map(|d| (d.device.as_str(), d.ifindex))
+        .collect();
+    assert_eq!(devices, [(nic.as_str(), ifindex)]);
+    let per_device = snapshot.devices[0].hist.count();
+    assert!(
+        (completed.count()..=completed.count() + 5).contains(&per_device),
+        "{per_device} completions on {nic}, {} in the services' histograms",
+        completed.count()
+    );
     drop(set);
     ip(&["addr", "del", "10.203.0.1/24", "dev", &nic]);
     ip(&["link", "set", &nic, "down"]);

@@ -68,6 +68,26 @@ pub struct StatusReport {
     /// Hardware RX stamping per interface (empty with `hw_rx_timestamps = "off"`).
     #[serde(default)]
     pub nic_stamps: Vec<crate::daemon::NicStampRow>,
+    /// driver-to-completion per device in the last interval (empty while the probe does
+    /// not run or no hardware device has transmitted).
+    #[serde(default)]
+    pub device_latency: Vec<DeviceLatencyRow>,
+}
+
+/// One device's driver-to-completion in the last interval: transmit-queue time that is the
+/// driver's and the NIC's, whichever service sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceLatencyRow {
+    /// Interface name (`ifindex N in netns M` outside the daemon's namespace).
+    pub device: String,
+    /// Completions timed in the last interval.
+    pub count: u64,
+    /// Interval median, ns.
+    pub p50_ns: Option<f64>,
+    /// Interval p99, ns.
+    pub p99_ns: Option<f64>,
+    /// Interval p99.9, ns.
+    pub p999_ns: Option<f64>,
 }
 
 /// How many incidents of a service opened with a stage verdict since the daemon started.

@@ -70,6 +70,7 @@ pub fn run(args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCode> 
         eprintln!("note: {m}");
     }
     let mut prev: HashMap<(String, Probe), Histogram> = HashMap::new();
+    let mut prev_devices: HashMap<(u32, u32), Histogram> = HashMap::new();
     let mut prev_time = Instant::now();
     let mut done = 0u64;
     while args.count.is_none_or(|n| done < n) {
@@ -78,6 +79,7 @@ pub fn run(args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCode> 
         let snapshot = probes.snapshot()?;
         let now = Instant::now();
         let rows = interval_rows(&snapshot, &mut prev);
+        let devices = device_rows(&snapshot, &mut prev_devices);
         let elapsed = now.duration_since(prev_time);
         prev_time = now;
         if json {
@@ -86,12 +88,23 @@ pub fn run(args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCode> 
                 interval_s: elapsed.as_secs_f64(),
                 attachments: probes.attachments(),
                 hists: rows.iter().map(RowJson::from).collect(),
+                devices: devices
+                    .iter()
+                    .map(|r| DeviceJson {
+                        device: &r.service,
+                        row: RowJson {
+                            service: "",
+                            ..RowJson::from(r)
+                        },
+                    })
+                    .collect(),
                 counters: snapshot.counters,
             };
             serde_json::to_writer(&mut out, &line)?;
             writeln!(out)?;
         } else {
             print_interval(&mut out, &rows, &snapshot, probes.attachments(), elapsed)?;
+            print_devices(&mut out, &devices, probes.attachments())?;
         }
         out.flush()?;
         done += 1;
@@ -124,6 +137,33 @@ fn interval_rows(snapshot: &Snapshot, prev: &mut HashMap<(String, Probe), Histog
             });
         }
     }
+    rows
+}
+
+/// driver-to-completion per device in the interval (the service column names the device).
+fn device_rows(snapshot: &Snapshot, prev: &mut HashMap<(u32, u32), Histogram>) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for d in &snapshot.devices {
+        let key = (d.ifindex, d.netns);
+        let delta = match prev.get(&key) {
+            Some(p) => d.hist.delta_since(p).hist,
+            None => d.hist.clone(),
+        };
+        prev.insert(key, d.hist.clone());
+        if !delta.is_empty() {
+            rows.push(Row {
+                service: d.device.clone(),
+                probe: Probe::DriverToCompletion,
+                hist: delta,
+            });
+        }
+    }
+    prev.retain(|key, _| {
+        snapshot
+            .devices
+            .iter()
+            .any(|d| (d.ifindex, d.netns) == *key)
+    });
     rows
 }
 
@@ -190,26 +230,7 @@ fn print_interval(
     attachments: &[Attachment],
     elapsed: Duration,
 ) -> std::io::Result<()> {
-    let mut header = vec!["service", "probe", "via", "count", "mean"];
-    header.extend(QUANTILES.iter().map(|(_, name)| *name));
-    header.push("log2 histogram 256ns…1s");
-    let mut t = table(header);
-    for r in rows {
-        let mut cells = vec![
-            r.service.clone(),
-            r.probe.to_string(),
-            short_method(attachments, r.probe).to_owned(),
-            r.hist.count().to_string(),
-            r.hist.mean_ns().map_or_else(|| "-".into(), fmt_ns),
-        ];
-        cells.extend(
-            QUANTILES
-                .iter()
-                .map(|(q, _)| fmt_quantile(r.hist.quantile(*q))),
-        );
-        cells.push(format!("|{}|", bar(&r.hist)));
-        t.add_row(cells);
-    }
+    let t = rows_table("service", rows, attachments);
     let c = snapshot.counters;
     writeln!(
         out,
@@ -229,23 +250,70 @@ fn print_interval(
     )
 }
 
+/// The devices' driver-to-completion rows, when any device completed a transmit.
+fn print_devices(
+    out: &mut impl Write,
+    rows: &[Row],
+    attachments: &[Attachment],
+) -> std::io::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "{}", rows_table("device", rows, attachments))
+}
+
+fn rows_table(first: &str, rows: &[Row], attachments: &[Attachment]) -> comfy_table::Table {
+    let mut header = vec![first, "probe", "via", "count", "mean"];
+    header.extend(QUANTILES.iter().map(|(_, name)| *name));
+    header.push("log2 histogram 256ns…1s");
+    let mut t = table(header);
+    for r in rows {
+        let mut cells = vec![
+            r.service.clone(),
+            r.probe.to_string(),
+            short_method(attachments, r.probe).to_owned(),
+            r.hist.count().to_string(),
+            r.hist.mean_ns().map_or_else(|| "-".into(), fmt_ns),
+        ];
+        cells.extend(
+            QUANTILES
+                .iter()
+                .map(|(q, _)| fmt_quantile(r.hist.quantile(*q))),
+        );
+        cells.push(format!("|{}|", bar(&r.hist)));
+        t.add_row(cells);
+    }
+    t
+}
+
 #[derive(Serialize)]
 struct IntervalJson<'a> {
     time: String,
     interval_s: f64,
     attachments: &'a [Attachment],
     hists: Vec<RowJson<'a>>,
+    /// driver-to-completion per device.
+    devices: Vec<DeviceJson<'a>>,
     counters: bpf::Counters,
 }
 
 #[derive(Serialize)]
 struct RowJson<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
     service: &'a str,
     probe: Probe,
     count: u64,
     mean_ns: Option<f64>,
     quantiles: Vec<QuantileEstimate>,
     hist: &'a Histogram,
+}
+
+/// A device's row: its name, then the row's figures (`service` left out).
+#[derive(Serialize)]
+struct DeviceJson<'a> {
+    device: &'a str,
+    #[serde(flatten)]
+    row: RowJson<'a>,
 }
 
 impl<'a> From<&'a Row> for RowJson<'a> {
@@ -294,6 +362,7 @@ mod tests {
                 probe: Probe::TcpStart,
                 hist: h.clone(),
             }],
+            devices: Vec::new(),
             counters: bpf::Counters::default(),
             retired: Vec::new(),
         };

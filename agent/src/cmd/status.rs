@@ -207,6 +207,25 @@ fn print_report(r: &StatusReport) {
         }
         println!("{t}");
     }
+    if !r.device_latency.is_empty() {
+        let mut t = table([
+            "device",
+            "driver-to-completion count",
+            "p50",
+            "p99",
+            "p99.9",
+        ]);
+        for d in &r.device_latency {
+            t.add_row([
+                d.device.clone(),
+                d.count.to_string(),
+                opt_ns(d.p50_ns),
+                opt_ns(d.p99_ns),
+                opt_ns(d.p999_ns),
+            ]);
+        }
+        println!("{t}");
+    }
 
     if r.open_incidents.is_empty() {
         println!("open incidents: none");

@@ -22,7 +22,7 @@ use super::nic_stamps::NicStamps;
 use super::pwru::{self, Finished, PwruStarter, QueueVerdict, SessionNews, SessionQueue};
 use super::standing::Standing;
 use super::writer::{SamplesWritten, Writer};
-use crate::api::{KernelCounters, LatencyRow, NoticeRow};
+use crate::api::{DeviceLatencyRow, KernelCounters, LatencyRow, NoticeRow};
 use crate::config::Config;
 use crate::metrics::Cumulative;
 use model::unix_ns;
@@ -147,6 +147,8 @@ struct Deltas {
     prev: Arc<Cumulative>,
     /// Retired services (cgroup gone) the detector keeps until their incident closes.
     retiring: Vec<String>,
+    /// driver-to-completion per device as of the previous interval, cumulative.
+    devices: Arc<Vec<bpf::DeviceHist>>,
 }
 
 impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
@@ -201,6 +203,11 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         self.deltas.prev.clone()
     }
 
+    /// driver-to-completion per device as of the last interval, cumulative.
+    pub(super) fn device_cumulative(&self) -> Arc<Vec<bpf::DeviceHist>> {
+        self.deltas.devices.clone()
+    }
+
     /// Wait for the storage writer to catch up (tests run intervals back to back).
     #[cfg(test)]
     pub(super) fn sync_storage(&mut self) {
@@ -244,6 +251,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let mut rows = Vec::new();
         let counters = snapshot.counters;
         let retired = snapshot.retired;
+        let device_latency = self.deltas.devices(snapshot.devices);
         let mut cumulative = Cumulative::with_capacity(snapshot.hists.len());
         for sh in snapshot.hists {
             let key = (sh.service, sh.probe);
@@ -336,6 +344,7 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             status.intervals = intervals;
             status.latency = latency;
             status.kernel_counters = KernelCounters::from(counters);
+            status.device_latency = device_latency;
             status.open_incidents = self.incidents.open_summaries();
             self.host_wide.annotate(&mut status.open_incidents);
             status.capture = capture;
@@ -838,6 +847,33 @@ impl Deltas {
             None => cumulative.clone(),
         };
         (!delta.is_empty()).then_some(delta)
+    }
+
+    /// The devices' interval rows from their cumulative histograms, which become the
+    /// previous ones. A device new to the map (or back after it was deleted) counts from zero.
+    fn devices(&mut self, now: Vec<bpf::DeviceHist>) -> Vec<DeviceLatencyRow> {
+        let rows = now
+            .iter()
+            .filter_map(|d| {
+                let prev = self
+                    .devices
+                    .iter()
+                    .find(|p| (p.ifindex, p.netns) == (d.ifindex, d.netns));
+                let delta = match prev {
+                    Some(p) => d.hist.delta_since(&p.hist).hist,
+                    None => d.hist.clone(),
+                };
+                (!delta.is_empty()).then(|| DeviceLatencyRow {
+                    device: d.device.clone(),
+                    count: delta.count(),
+                    p50_ns: delta.quantile(0.5).map(|e| e.value_ns),
+                    p99_ns: delta.quantile(0.99).map(|e| e.value_ns),
+                    p999_ns: delta.quantile(0.999).map(|e| e.value_ns),
+                })
+            })
+            .collect();
+        self.devices = Arc::new(now);
+        rows
     }
 
     /// This interval's cumulative histograms become the previous ones. Keys the snapshot

@@ -13,9 +13,9 @@ use super::lock;
 use super::nic_stamps::NicStampRow;
 
 use crate::api::{
-    CaptureReport, CauseCount, DaemonInfo, KernelCounters, LatencyRow, MissingFeatureRow,
-    NoticeCount, NoticeRow, OpenIncident, OpenedCount, ProbeRow, ProcessStats, ProgCost,
-    PwruReport, ReloadOutcome, StatusReport, StoreReport,
+    CaptureReport, CauseCount, DaemonInfo, DeviceLatencyRow, KernelCounters, LatencyRow,
+    MissingFeatureRow, NoticeCount, NoticeRow, OpenIncident, OpenedCount, ProbeRow, ProcessStats,
+    ProgCost, PwruReport, ReloadOutcome, StatusReport, StoreReport,
 };
 use crate::config::Config;
 
@@ -71,6 +71,8 @@ pub(super) struct LoopStatus {
     pub(super) dropped_samples: u64,
     /// Hardware RX stamping per interface.
     pub(super) nic_stamps: Vec<NicStampRow>,
+    /// driver-to-completion per device in the last interval.
+    pub(super) device_latency: Vec<DeviceLatencyRow>,
 }
 
 impl Default for LoopStatus {
@@ -100,6 +102,7 @@ impl Default for LoopStatus {
             dropped_history_intervals: 0,
             dropped_samples: 0,
             nic_stamps: Vec::new(),
+            device_latency: Vec::new(),
         }
     }
 }
@@ -293,6 +296,7 @@ impl Live {
                 .collect(),
             otlp: self.otlp.as_ref().map(crate::otlp::Outbox::report),
             nic_stamps: status.nic_stamps.clone(),
+            device_latency: status.device_latency.clone(),
         }
     }
 }

@@ -351,6 +351,7 @@ impl Daemon {
         shared.publish(metrics::Data {
             report,
             hists: self.core.cumulative(),
+            devices: self.core.device_cumulative(),
         });
     }
 }

@@ -52,6 +52,8 @@ struct KernelState {
     traffic_service: Option<&'static str>,
     /// Per-CPU histograms, for those the test spreads over CPUs ([`FakeKernel::traffic_on_cpu`]).
     per_cpu: BTreeMap<(String, Probe), Vec<Histogram>>,
+    /// driver-to-completion per device, cumulative, as every snapshot reports it.
+    devices: Vec<bpf::DeviceHist>,
 }
 
 #[derive(Clone, Default)]
@@ -118,6 +120,7 @@ impl Kernel for FakeKernel {
         st.reported = st.cumulative.clone();
         Ok(Snapshot {
             hists,
+            devices: st.devices.clone(),
             counters: Counters::default(),
             retired: std::mem::take(&mut st.retire_next),
         })
@@ -697,6 +700,49 @@ fn histograms_left_out_of_a_snapshot_as_unchanged_keep_their_totals() {
         h.core.cumulative()[&(SERVICE.to_owned(), HOT)].count(),
         2 * PER_INTERVAL
     );
+}
+
+#[test]
+fn devices_get_interval_rows_from_their_cumulative_completions() {
+    let kernel = FakeKernel::default();
+    let mut h = Harness::new(kernel.clone());
+    let device = |name: &str, ifindex: u32, ns: u64, n: u64| {
+        let mut hist = Histogram::new();
+        hist.record_n(ns, n);
+        bpf::DeviceHist {
+            device: name.into(),
+            ifindex,
+            netns: 1,
+            hist,
+        }
+    };
+    kernel.state().devices = vec![device("eth0", 2, 70_000, 10)];
+    h.tick(QUIET_NS);
+    let status = h.core.status();
+    let rows = |status: &Arc<Mutex<super::live::LoopStatus>>| {
+        lock(status)
+            .device_latency
+            .iter()
+            .map(|r| (r.device.clone(), r.count))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(rows(&status), [("eth0".to_owned(), 10)]);
+    // 25 more on eth0 and a second device: each row is its interval, not its total.
+    let mut eth0 = device("eth0", 2, 70_000, 10);
+    eth0.hist.record_n(2_000_000, 25);
+    kernel.state().devices = vec![eth0, device("eth1", 3, 90_000, 4)];
+    h.tick(QUIET_NS);
+    assert_eq!(
+        rows(&status),
+        [("eth0".to_owned(), 25), ("eth1".to_owned(), 4)]
+    );
+    let p50 = lock(&status).device_latency[0].p50_ns.unwrap_or(0.0);
+    assert!((1_500_000.0..2_500_000.0).contains(&p50), "{p50}");
+    // Idle devices have no row; the published totals stay.
+    h.tick(QUIET_NS);
+    assert!(rows(&status).is_empty());
+    let published = h.core.device_cumulative();
+    assert_eq!(published.iter().map(|d| d.hist.count()).sum::<u64>(), 39);
 }
 
 #[test]

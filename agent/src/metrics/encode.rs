@@ -186,6 +186,25 @@ impl Collector for View {
             }
         }
 
+        // driver-to-completion per device: the transmit queue's own share, whoever sent.
+        if !self.0.devices.is_empty() {
+            let mut m = enc.encode_descriptor(
+                "netstack_latency_driver_to_completion_by_device_seconds",
+                "Time from the driver taking a packet to its release after transmission, per device (ifindex N in netns M outside the daemon's namespace)",
+                None,
+                MetricType::Histogram,
+            )?;
+            for d in self.0.devices.iter() {
+                let labels = [("device", d.device.as_str())];
+                m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+                    secs(d.hist.sum_ns()),
+                    d.hist.count(),
+                    &le_buckets(&d.hist),
+                    None,
+                )?;
+            }
+        }
+
         // Now against the learned normal.
         let mut latency: Vec<_> = r.latency.iter().collect();
         latency.sort_by(|a, b| (&a.service, a.probe).cmp(&(&b.service, b.probe)));

@@ -82,6 +82,8 @@ pub struct Data {
     pub report: StatusReport,
     /// The cumulative histograms after the interval.
     pub hists: Arc<Cumulative>,
+    /// driver-to-completion per device, cumulative, after the interval.
+    pub devices: Arc<Vec<bpf::DeviceHist>>,
 }
 
 /// One published interval and its renderings, made by the first scrape that asks.
@@ -320,6 +322,7 @@ mod tests {
                     ..nic("veth0", "unsupported", None, None)
                 },
             ],
+            device_latency: Vec::new(),
         }
     }
 
@@ -355,9 +358,18 @@ mod tests {
             .collect();
         let shared = Shared::default();
         assert!(shared.render(Format::Text).is_none());
+        let mut sent = Histogram::new();
+        sent.record_n(70_000, 3); // in (2^16, 2^17] ns
+        let devices = vec![bpf::DeviceHist {
+            device: "eth0".into(),
+            ifindex: 2,
+            netns: 4026531840,
+            hist: sent,
+        }];
         shared.publish(Data {
             report: report().await,
             hists: Arc::new(hists),
+            devices: Arc::new(devices),
         });
         let text = shared.render(Format::Text).unwrap();
         let text = std::str::from_utf8(&text).unwrap();
@@ -369,6 +381,10 @@ mod tests {
             "netstack_latency_tcp_sock_read_seconds_bucket{le=\"+Inf\",service=\"web\"} 5",
             "netstack_latency_tcp_sock_read_seconds_sum{service=\"web\"} 0.020012",
             "netstack_latency_tcp_sock_read_seconds_count{service=\"web\"} 5",
+            "# TYPE netstack_latency_driver_to_completion_by_device_seconds histogram",
+            "netstack_latency_driver_to_completion_by_device_seconds_bucket{le=\"0.000065536\",device=\"eth0\"} 0",
+            "netstack_latency_driver_to_completion_by_device_seconds_bucket{le=\"0.000131072\",device=\"eth0\"} 3",
+            "netstack_latency_driver_to_completion_by_device_seconds_count{device=\"eth0\"} 3",
             "tailtrap_interval_latency_seconds{service=\"web\",probe=\"tcp-socket-read\",percentile=\"99\"} 0.02",
             "tailtrap_baseline_latency_seconds{service=\"web\",probe=\"tcp-socket-read\",percentile=\"50\"} 0.000001",
             "tailtrap_interval_latency_samples{service=\"web\",probe=\"tcp-socket-read\"} 10",

@@ -43,6 +43,8 @@ enum tt_capture_flag tt_type_capture_flag;
 enum tt_capture_limit tt_type_capture_limit;
 struct tt_nic_clock tt_type_nic_clock;
 enum tt_nic_limit tt_type_nic_limit;
+struct tt_device_key tt_type_device_key;
+enum tt_device_limit tt_type_device_limit;
 
 static __always_inline void record_skb(__u32 probe, const struct sk_buff *skb,
 				       const struct sock *sk, __u16 local_port)

@@ -117,6 +117,54 @@ struct {
 	__type(value, struct tt_transmitted_packet);
 } transmitted_packets SEC(".maps");
 
+/* driver-to-completion per device: a transmit queue's completions are the driver's and
+ * the device's doing, whichever service sent. An entry is made by the first completion on
+ * a device (copied from completion_hist_zero); the daemon names the devices and deletes
+ * those gone. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, TT_COMPLETION_DEVICES_MAX);
+	__type(key, struct tt_device_key);
+	__type(value, struct tt_hist);
+} completion_device_hists SEC(".maps");
+
+/* An all-zero histogram: the first value of a device's entry (too large for the stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tt_hist);
+} completion_hist_zero SEC(".maps");
+
+static __always_inline void completion_device_add(const struct net_device *dev,
+						 __u64 latency_ns)
+{
+	struct tt_device_key key = {
+		.ifindex = dev->ifindex,
+		.netns = BPF_CORE_READ(dev, nd_net.net, ns.inum),
+	};
+	struct tt_hist *h = bpf_map_lookup_elem(&completion_device_hists, &key);
+	__u32 zero = 0, idx;
+
+	if (!h) {
+		const struct tt_hist *empty = bpf_map_lookup_elem(&completion_hist_zero, &zero);
+
+		/* NOEXIST: another CPU may have made the entry since the lookup. */
+		if (empty)
+			bpf_map_update_elem(&completion_device_hists, &key, empty, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&completion_device_hists, &key);
+		if (!h) {
+			count_event(TT_COUNTER_MAP_FULL);
+			return;
+		}
+	}
+	idx = tt_bucket_index(latency_ns);
+	if (idx > TT_MAX_BUCKET)
+		idx = TT_MAX_BUCKET;
+	h->buckets[idx] += 1;
+	h->sum_ns += latency_ns;
+}
+
 /* A transmit older than this is not a completion's: the entry is stale. */
 #define TT_COMPLETION_MAX_NS (10ULL * 1000 * 1000 * 1000)
 
@@ -202,6 +250,7 @@ int BPF_PROG(send_complete, struct sk_buff *skb)
 	if (t->xmit_ns > now || now - t->xmit_ns > TT_COMPLETION_MAX_NS)
 		return 0;
 	record_measured(&s, t->service, now - t->xmit_ns, false, 0);
+	completion_device_add(skb->dev, now - t->xmit_ns);
 	return 0;
 }
 

@@ -64,6 +64,21 @@ enum tt_counter {
 	TT_NUM_COUNTERS = 13,
 };
 
+/* ---- driver-to-completion per device (send.bpf.h) ---- */
+
+enum tt_device_limit {
+	/* Devices with a driver-to-completion histogram of their own; a transmit on one more
+	 * is timed for its service only and counted as a map-full drop. */
+	TT_COMPLETION_DEVICES_MAX = 32,
+};
+
+/* A device: ifindexes are per network namespace (a NIC's virtual function moved into a
+ * container's namespace can share its number with one of the host's). */
+struct tt_device_key {
+	__u32 ifindex;
+	__u32 netns; /* the namespace's inode number */
+};
+
 /* ---- NIC hardware RX stamps (nic_stamp.bpf.h) ---- */
 
 enum tt_nic_limit {
