@@ -13,7 +13,9 @@ mod probes_support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bpf::{AttachMethod, Filters, ProbeConfig, ProbeSet};
+use bpf::{
+    AttachMethod, CaptureControl, CaptureLimits, CaptureReader, Filters, ProbeConfig, ProbeSet,
+};
 use model::{Histogram, Probe};
 use probes_support::{all_services, attached, load, q, server};
 use tailtrap_tests::{Netns, Proto, ServerOpts, SinkStream, TcpServer, UdpServer, VethPair};
@@ -321,6 +323,91 @@ fn a_fast_sender_into_a_rate_limited_device_waits_in_its_send_call() {
     assert!(
         waited >= 3 && max.lower_ns >= 50 * MS,
         "the sender outruns a 1 Mbit/s device, yet {waited} sends waited and max {max:?}"
+    );
+}
+
+/// Armed capture of a slow device's sent packets: records at qdisc-sojourn with the flow
+/// (the remote end as `src`) and, where the send call is seen (send-to-qdisc attached), the
+/// sending process, although the record is made at the driver's transmit.
+#[test]
+#[ignore = "needs root and BPF: run as root with --include-ignored"]
+fn a_slow_sent_packets_record_names_its_sender_where_its_send_call_is_seen() {
+    let _serial = serial();
+    let (_ns, veth, sink) = udp_sink_behind_veth("tt-send-rec");
+    let mut set = load_on(&veth);
+    let call_seen = attached(&set).contains(&Probe::SendToQdisc);
+    veth.set_root_qdisc(&["tbf", "rate", "1mbit", "burst", "5kb", "latency", "300ms"])
+        .unwrap();
+    let stream = SinkStream::start(
+        Proto::Udp,
+        sink.addr(),
+        None,
+        1000,
+        Duration::from_millis(2),
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    // The sender's service (its cgroup: no services are configured) from its histogram.
+    std::thread::sleep(Duration::from_secs(1));
+    let snapshot = set.snapshot().unwrap();
+    let service = snapshot
+        .hists
+        .iter()
+        .find(|h| h.probe == Probe::QdiscSojourn && h.hist.count() > 0)
+        .map(|h| h.service.clone())
+        .expect("the sender's packets at qdisc-sojourn");
+    let slot = match service.as_str() {
+        "host" => bpf::HOST_SLOT,
+        name => set.service_slot(name).unwrap().expect("a slot"),
+    };
+    let mut control = CaptureControl::new(&mut set, &CaptureLimits::default()).unwrap();
+    let reader = CaptureReader::start(&mut set).unwrap();
+    control
+        .arm(&mut set, slot, &[(Probe::QdiscSojourn, 10 * MS)])
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let (pid, comm) = (
+        stream.pid(),
+        std::fs::read_to_string(format!("/proc/{}/comm", stream.pid())).unwrap(),
+    );
+    control.disarm(&mut set, slot).unwrap();
+    let mut records = Vec::new();
+    while let Ok(r) = reader.records().recv_timeout(Duration::from_millis(500)) {
+        records.push(r);
+    }
+    drop(stream);
+    let sent: Vec<_> = records
+        .iter()
+        .filter(|r| r.sample.probe == Probe::QdiscSojourn)
+        .collect();
+    // 4 Mbit/s into 1 Mbit/s: the queue stays full, hundreds of ms deep.
+    assert!(sent.len() >= 5, "{} slow sent packets recorded", sent.len());
+    for r in &sent {
+        let s = &r.sample;
+        assert_eq!(r.service_slot, slot);
+        assert!(s.latency_ns >= 10 * MS, "{s:?}");
+        assert_eq!(
+            (s.flow.src, s.flow.sport),
+            (sink.addr().ip(), sink.addr().port()),
+            "{s:?}"
+        );
+        assert_eq!(s.ifindex, veth.host_ifindex, "{s:?}");
+        if call_seen {
+            assert_eq!(s.pid, Some(pid), "{s:?}");
+            assert_eq!(s.comm.as_str(), comm.trim_end(), "{s:?}");
+        } else {
+            // No send call seen: the transmit's context is not the sender's to name.
+            assert_eq!(s.pid, None, "{s:?}");
+        }
+    }
+    eprintln!(
+        "{} slow sent packets recorded, sender {}",
+        sent.len(),
+        if call_seen {
+            "named"
+        } else {
+            "not seen (no send-to-qdisc here)"
+        }
     );
 }
 

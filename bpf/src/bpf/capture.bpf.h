@@ -197,6 +197,9 @@ static __always_inline void fill_record(struct tt_capture_record *r, const struc
 		r->pid = bpf_get_current_pid_tgid() >> 32;
 		bpf_get_current_comm(r->comm, sizeof(r->comm));
 		flags |= TT_CAPTURE_F_PROCESS;
+	} else if (s->sender_pid) {
+		r->pid = s->sender_pid;
+		flags |= TT_CAPTURE_F_SENDER;
 	} else if (in_ksoftirqd()) {
 		flags |= TT_CAPTURE_F_KSOFTIRQD;
 	}

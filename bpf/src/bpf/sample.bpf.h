@@ -26,6 +26,8 @@ struct tt_sample {
 	 * the device it came in on, for hw_stamp_origin (nic_stamp.bpf.h). */
 	__u64 hw_stamp_ns;
 	__u32 hw_ifindex;
+	/* Send side: the sending process (tgid) when its send call was seen; 0: unknown. */
+	__u32 sender_pid;
 };
 
 #endif /* TT_SAMPLE_BPF_H */

@@ -90,6 +90,8 @@ struct tt_queued_packet {
 	__u64 call_start_ns; /* 0: not sent inside its sender's call */
 	__u32 ifindex;
 	__u32 len;
+	__u32 sender_pid; /* tgid of that call's process; 0: none */
+	__u32 pad;
 };
 
 struct {
@@ -400,6 +402,7 @@ int BPF_PROG(send_dev_queue, struct sk_buff *skb)
 {
 	__u64 addr = (__u64)(unsigned long)skb, now, call_start = 0;
 	struct tt_queued_packet *q;
+	__u32 sender = 0;
 
 	if (without_queue(skb->dev))
 		return 0;
@@ -414,6 +417,7 @@ int BPF_PROG(send_dev_queue, struct sk_buff *skb)
 		if (call && call->thread == thread && call->sk == (__u64)(unsigned long)skb->sk &&
 		    call->last_skb != addr) {
 			call_start = tcp_call_slept(call, skb->sk, now) ? 0 : call->start_ns;
+			sender = thread >> 32;
 			/* The call's next packet is timed from this one's handoff: a call of many
 			 * packets is not timed as the sum of their sends. A device below this one
 			 * (a VLAN's, with a queue of its own) must not time this packet again. */
@@ -422,6 +426,7 @@ int BPF_PROG(send_dev_queue, struct sk_buff *skb)
 		} else if (q->skb == addr) {
 			/* Again, on the device below: keep the first device's call start. */
 			call_start = q->call_start_ns;
+			sender = q->sender_pid;
 		}
 	}
 	/* Cleared first and set last: a reader on another CPU never takes a half-written
@@ -429,6 +434,7 @@ int BPF_PROG(send_dev_queue, struct sk_buff *skb)
 	q->skb = 0;
 	q->queued_ns = now;
 	q->call_start_ns = call_start;
+	q->sender_pid = sender;
 	q->ifindex = skb->dev ? skb->dev->ifindex : 0;
 	q->len = skb->len;
 	q->skb = addr;
@@ -453,6 +459,7 @@ static __always_inline void send_unqueued(const struct sk_buff *skb, struct tt_s
 		return;
 	service = service_of_sock(s->sk);
 	s->probe = TT_PROBE_SEND_TO_QDISC;
+	s->sender_pid = thread >> 32;
 	record_measured(s, service, now - call->start_ns, false, 0);
 	call->start_ns = now;
 	call->last_skb = addr;
@@ -479,6 +486,7 @@ int BPF_PROG(send_xmit, const struct sk_buff *skb, const struct net_device *dev)
 	}
 	queued = q->queued_ns;
 	call_start = q->call_start_ns;
+	s.sender_pid = q->sender_pid;
 	/* Another packet at a reused address, or one changed on the way (segmented), or the
 	 * entry rewritten while it was read: no sound start. */
 	if (q->ifindex != dev->ifindex || q->len != skb->len || q->skb != addr)

@@ -143,6 +143,9 @@ enum tt_capture_flag {
 	TT_CAPTURE_F_CPU_HOLDER = 256,
 	/* The skb carries a recorded RX queue: rx_queue is set. */
 	TT_CAPTURE_F_RX_QUEUE = 512,
+	/* Send side: pid is the sending process's, noted in its send call (the record is
+	 * made at the driver's transmit, in whatever context that runs); comm is not set. */
+	TT_CAPTURE_F_SENDER = 1024,
 };
 
 /* Thresholds of one (service slot, probe); 0 means that kind of capture is off. */
