@@ -121,49 +121,49 @@ struct Row {
 
 /// Interval deltas of the cumulative snapshot; remembers the snapshot for the next call.
 fn interval_rows(snapshot: &Snapshot, prev: &mut HashMap<(String, Probe), Histogram>) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for sh in &snapshot.hists {
+    let hists = snapshot.hists.iter().map(|sh| {
         let key = (sh.service.clone(), sh.probe);
-        let delta = match prev.get(&key) {
-            Some(p) => sh.hist.delta_since(p).hist,
-            None => sh.hist.clone(),
-        };
-        prev.insert(key, sh.hist.clone());
-        if !delta.is_empty() {
-            rows.push(Row {
-                service: sh.service.clone(),
-                probe: sh.probe,
-                hist: delta,
-            });
-        }
-    }
-    rows
+        (key, &sh.service, sh.probe, &sh.hist)
+    });
+    deltas(hists, prev)
 }
 
 /// driver-to-completion per device in the interval (the service column names the device).
 fn device_rows(snapshot: &Snapshot, prev: &mut HashMap<(u32, u32), Histogram>) -> Vec<Row> {
-    let mut rows = Vec::new();
-    for d in &snapshot.devices {
+    let hists = snapshot.devices.iter().map(|d| {
         let key = (d.ifindex, d.netns);
-        let delta = match prev.get(&key) {
-            Some(p) => d.hist.delta_since(p).hist,
-            None => d.hist.clone(),
-        };
-        prev.insert(key, d.hist.clone());
-        if !delta.is_empty() {
-            rows.push(Row {
-                service: d.device.clone(),
-                probe: Probe::DriverToCompletion,
-                hist: delta,
-            });
-        }
-    }
+        (key, &d.device, Probe::DriverToCompletion, &d.hist)
+    });
+    let rows = deltas(hists, prev);
     prev.retain(|key, _| {
         snapshot
             .devices
             .iter()
             .any(|d| (d.ifindex, d.netns) == *key)
     });
+    rows
+}
+
+/// The rows of the histograms that moved since `prev`, which then holds these.
+fn deltas<'a, K: std::hash::Hash + Eq>(
+    hists: impl Iterator<Item = (K, &'a String, Probe, &'a Histogram)>,
+    prev: &mut HashMap<K, Histogram>,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for (key, name, probe, hist) in hists {
+        let delta = match prev.get(&key) {
+            Some(p) => hist.delta_since(p).hist,
+            None => hist.clone(),
+        };
+        prev.insert(key, hist.clone());
+        if !delta.is_empty() {
+            rows.push(Row {
+                service: name.clone(),
+                probe,
+                hist: delta,
+            });
+        }
+    }
     rows
 }
 

@@ -30,10 +30,22 @@ struct {
 	__type(value, struct tt_hist);
 } hists SEC(".maps");
 
+/* One latency into a histogram value (this CPU's). */
+static __always_inline void hist_record(struct tt_hist *h, __u64 latency_ns)
+{
+	__u32 idx = tt_bucket_index(latency_ns);
+
+	/* Already clamped; repeated so the verifier sees the bound. */
+	if (idx > TT_MAX_BUCKET)
+		idx = TT_MAX_BUCKET;
+	h->buckets[idx] += 1;
+	h->sum_ns += latency_ns;
+}
+
 static __always_inline void hist_add(__u32 service, __u32 probe, __u64 latency_ns)
 {
 	struct tt_hist *h;
-	__u32 idx, key;
+	__u32 key;
 
 	if (probe >= TT_NUM_PROBES)
 		return;
@@ -43,12 +55,7 @@ static __always_inline void hist_add(__u32 service, __u32 probe, __u64 latency_n
 		count_event(TT_COUNTER_MAP_FULL);
 		return;
 	}
-	idx = tt_bucket_index(latency_ns);
-	/* Already clamped; repeated so the verifier sees the bound. */
-	if (idx > TT_MAX_BUCKET)
-		idx = TT_MAX_BUCKET;
-	h->buckets[idx] += 1;
-	h->sum_ns += latency_ns;
+	hist_record(h, latency_ns);
 }
 
 #endif /* TT_HIST_BPF_H */

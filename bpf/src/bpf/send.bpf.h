@@ -146,7 +146,7 @@ static __always_inline void completion_device_add(const struct net_device *dev,
 		.netns = BPF_CORE_READ(dev, nd_net.net, ns.inum),
 	};
 	struct tt_hist *h = bpf_map_lookup_elem(&completion_device_hists, &key);
-	__u32 zero = 0, idx;
+	__u32 zero = 0;
 
 	if (!h) {
 		const struct tt_hist *empty = bpf_map_lookup_elem(&completion_hist_zero, &zero);
@@ -160,11 +160,7 @@ static __always_inline void completion_device_add(const struct net_device *dev,
 			return;
 		}
 	}
-	idx = tt_bucket_index(latency_ns);
-	if (idx > TT_MAX_BUCKET)
-		idx = TT_MAX_BUCKET;
-	h->buckets[idx] += 1;
-	h->sum_ns += latency_ns;
+	hist_record(h, latency_ns);
 }
 
 /* A transmit older than this is not a completion's: the entry is stale. */
