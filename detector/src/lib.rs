@@ -17,6 +17,7 @@ mod engine;
 pub mod event;
 pub mod replay;
 pub mod scenario;
+pub mod scoring;
 mod stats;
 pub mod sweep;
 mod window;

@@ -21,6 +21,7 @@ pub mod fixtures;
 pub mod hist;
 mod probe;
 mod sample;
+mod verdict;
 
 pub use hist::{HistError, Histogram};
 pub use probe::{KernelHooks, Path, Probe};
@@ -28,6 +29,7 @@ pub use sample::{
     Comm, CommTooLong, CpuHolder, Flow, ReaderWait, Sample, SampleFlags, SocketQueue, Transport,
     COMM_MAX,
 };
+pub use verdict::Verdict;
 
 /// Longest service name, bytes: the store keys records by it with one length byte, and the
 /// config check refuses longer names up front.

@@ -27,8 +27,9 @@ use crate::layout::Record;
 use crate::store::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
 use crate::{
     chunk, CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
-    IncidentVerdict, PwruRecord, PwruState, PwruStatus, Verdict,
+    IncidentVerdict, PwruRecord, PwruState, PwruStatus,
 };
+use model::Verdict;
 
 const T: u64 = 1_790_000_000_123_456_789;
 

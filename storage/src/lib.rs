@@ -53,4 +53,4 @@ pub use store::{
     OpenReport, Store, StoreStats, INCIDENT_ID_RESERVE, MAX_SAMPLE_BATCH, RECOVER_EVERY,
     SCHEMA_VERSION,
 };
-pub use verdict::{IncidentVerdict, Verdict, MAX_NOTE_BYTES};
+pub use verdict::{IncidentVerdict, MAX_NOTE_BYTES};

@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use common::{SEC, T0};
 use model::{
     Comm, CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SampleFlags, SocketQueue,
-    Transport,
+    Transport, Verdict,
 };
 use storage::{
     CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentQuery,
     IncidentState, IncidentVerdict, NewIncident, PwruRecord, PwruState, PwruStatus, SampleFilter,
-    Store, StoreConfig, Verdict,
+    Store, StoreConfig,
 };
 
 const GOLDEN_DB: &str = "tests/golden/db-schema5";

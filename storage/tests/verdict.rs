@@ -7,10 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::{new_incident, SEC, T0};
-use model::{Histogram, Probe};
-use storage::{
-    IncidentQuery, IncidentVerdict, Store, StoreConfig, StoreError, Verdict, MAX_NOTE_BYTES,
-};
+use model::{Histogram, Probe, Verdict};
+use storage::{IncidentQuery, IncidentVerdict, Store, StoreConfig, StoreError, MAX_NOTE_BYTES};
 
 fn open(dir: &tempfile::TempDir, cfg: StoreConfig) -> Store {
     Store::open(dir.path().join("db"), cfg).unwrap()

@@ -10,7 +10,8 @@ use storage::{
 
 use std::time::Duration;
 
-use storage::{IncidentVerdict, Verdict};
+use model::Verdict;
+use storage::IncidentVerdict;
 
 use super::timelines::{join_timelines, JoinedSample, TimelineSummary};
 use super::{ExportAnswer, HistoryAnswer, IncidentList, IncidentView, ProbeHistory};

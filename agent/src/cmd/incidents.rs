@@ -6,8 +6,9 @@ use std::time::SystemTime;
 
 use std::collections::BTreeMap;
 
+use model::Verdict;
 use serde::Deserialize;
-use storage::{CaptureState, IncidentState, IncidentVerdict, SampleSummary, Verdict};
+use storage::{CaptureState, IncidentState, IncidentVerdict, SampleSummary};
 
 use crate::api::query::{IncidentsParams, MarkParams, SamplesParams};
 use crate::api::{IncidentAnswer as Incident, IncidentView};

@@ -13,7 +13,7 @@ use detector::{Detector, DetectorConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::output::{fmt_ns, table};
+use crate::cmd::shared::replayed_incidents;
 use crate::source::Target;
 
 /// Arguments of `tailtrap replay`.
@@ -112,7 +112,7 @@ pub fn run(mut args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCo
     } else if incidents.is_empty() {
         writeln!(out, "no incidents in {lines} lines")?;
     } else {
-        writeln!(out, "{}", incident_table(&incidents))?;
+        writeln!(out, "{}", replayed_incidents::table(&incidents))?;
     }
     if !args.json && notices > 0 {
         writeln!(
@@ -184,33 +184,6 @@ fn replay(
     })
 }
 
-fn incident_table(incidents: &[Incident]) -> comfy_table::Table {
-    let mut t = table([
-        "service", "probes", "opened", "closed", "quantile", "baseline", "observed", "ratio",
-        "p-value", "stage",
-    ]);
-    for i in incidents {
-        let h = &i.headline;
-        t.add_row([
-            i.service.clone(),
-            i.probes
-                .iter()
-                .map(|p| p.name())
-                .collect::<Vec<_>>()
-                .join(" "),
-            format_time(i.opened_at),
-            i.closed_at.map_or("open".into(), format_time),
-            format!("p{}", h.quantile * 100.0),
-            fmt_ns(h.baseline.value_ns),
-            fmt_ns(h.observed.value_ns),
-            format!("x{:.2}", h.ratio),
-            h.p_value.map_or("SLO".into(), fmt_p),
-            i.stage.as_ref().map_or("-".into(), |s| s.verdict.clone()),
-        ]);
-    }
-    t
-}
-
 /// A byte-progress bar on stderr, hidden when stderr is not a terminal.
 fn progress_bar(len: Option<u64>) -> ProgressBar {
     if !io::stderr().is_terminal() {
@@ -226,15 +199,6 @@ fn progress_bar(len: Option<u64>) -> ProgressBar {
     .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
     bar
-}
-
-/// p-values below f64's range print as a bound rather than a misleading 0.
-fn fmt_p(p: f64) -> String {
-    if p < f64::MIN_POSITIVE {
-        "<1e-308".into()
-    } else {
-        format!("{p:.1e}")
-    }
 }
 
 #[cfg(test)]
@@ -327,11 +291,5 @@ factor = 5
         assert_eq!((r.bad, r.lines), (1, 1501));
         assert_eq!(r.incidents.len(), 1, "the bad line changed nothing");
         assert!(r.first_bad.unwrap().starts_with("s.jsonl:4: "));
-    }
-
-    #[test]
-    fn tiny_p_values_print_as_a_bound() {
-        assert_eq!(fmt_p(0.0), "<1e-308");
-        assert_eq!(fmt_p(2.5e-7), "2.5e-7");
     }
 }

@@ -11,15 +11,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use detector::candidates::{candidates, Candidate};
 use detector::event::Incident as Replayed;
+use detector::scoring::{self, MissReason, Score};
 use detector::sweep::Sweep;
 use detector::{DetectorConfig, Thresholds};
 use indicatif::{ProgressBar, ProgressStyle};
 use model::config::key_segment;
+use model::Verdict;
 use serde::Serialize;
-use storage::{IncidentState, IncidentVerdict, Verdict};
+use storage::{IncidentState, IncidentVerdict};
 
 use crate::api::query::IncidentsParams;
 use crate::cmd::shared::history_read::{self as history, Range, SparseHistory};
+use crate::cmd::shared::replayed_incidents;
 use crate::output::{fmt_span, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
@@ -121,7 +124,7 @@ struct Read {
     probes: usize,
 }
 
-/// Every candidate's row.
+/// Every candidate's row: its incidents scored against the recorded ones.
 fn compare_all(
     cands: &[Candidate],
     outcomes: &[Outcome],
@@ -129,11 +132,16 @@ fn compare_all(
     slack: u64,
     end_ns: u64,
 ) -> Vec<Row> {
+    let recorded: Vec<scoring::Recorded> = recorded.iter().map(Recorded::scored).collect();
     cands
         .iter()
         .zip(outcomes)
         .enumerate()
-        .map(|(n, (c, o))| compare(n, c, o, recorded, slack, end_ns))
+        .map(|(n, (c, o))| Row {
+            candidate: n,
+            settings: c.changes.iter().cloned().collect(),
+            score: scoring::score(&o.incidents, &recorded, slack, end_ns),
+        })
         .collect()
 }
 
@@ -152,32 +160,25 @@ struct Recorded {
     closed_ns: Option<u64>,
 }
 
-/// How one recorded incident fared under a candidate.
-#[derive(Debug, Clone, Serialize)]
-struct Match {
-    id: u64,
-    verdict: Option<Verdict>,
-    kept: bool,
-    /// Seconds from the recorded opening to the candidate's (negative: earlier).
-    delay_s: Option<f64>,
+impl Recorded {
+    fn scored(&self) -> scoring::Recorded {
+        scoring::Recorded {
+            id: self.id,
+            opened_ns: self.opened_ns,
+            closed_ns: self.closed_ns,
+            verdict: self.verdict,
+            interrupted: self.state == IncidentState::Interrupted,
+        }
+    }
 }
 
-/// One row of the comparison.
+/// One row of the comparison: a candidate's settings and its score.
 #[derive(Debug, Clone, Serialize)]
 struct Row {
     candidate: usize,
     settings: BTreeMap<String, toml::Value>,
-    incidents: usize,
-    kept: usize,
-    missed: usize,
-    real_kept: usize,
-    real: usize,
-    false_alarms_dropped: usize,
-    false_alarms: usize,
-    expected_dropped: usize,
-    expected: usize,
-    time_in_incident_s: f64,
-    matches: Vec<Match>,
+    #[serde(flatten)]
+    score: Score,
 }
 
 fn ns(t: SystemTime) -> u64 {
@@ -187,77 +188,6 @@ fn ns(t: SystemTime) -> u64 {
 /// The end of the point starting at `start` ns: the time the daemon's detector saw it at.
 fn point_end(start: u64, resolution: Duration) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(start) + resolution
-}
-
-/// Compare one candidate's incidents with the recorded ones. A recorded incident is kept
-/// when a replayed one overlaps it, one point of slack on each side.
-fn compare(
-    n: usize,
-    cand: &Candidate,
-    out: &Outcome,
-    recorded: &[Recorded],
-    slack_ns: u64,
-    end_ns: u64,
-) -> Row {
-    let span = |i: &Replayed| (ns(i.opened_at), i.closed_at.map_or(end_ns, ns));
-    let mut row = Row {
-        candidate: n,
-        settings: cand.changes.iter().cloned().collect(),
-        incidents: out.incidents.len(),
-        kept: 0,
-        missed: 0,
-        real_kept: 0,
-        real: 0,
-        false_alarms_dropped: 0,
-        false_alarms: 0,
-        expected_dropped: 0,
-        expected: 0,
-        time_in_incident_s: out
-            .incidents
-            .iter()
-            .map(|i| {
-                let (o, c) = span(i);
-                c.saturating_sub(o)
-            })
-            .sum::<u64>() as f64
-            / 1e9,
-        matches: Vec::new(),
-    };
-    for r in recorded {
-        let (ro, rc) = (r.opened_ns, r.closed_ns.unwrap_or(end_ns).max(r.opened_ns));
-        let hit = out.incidents.iter().find(|i| {
-            let (o, c) = span(i);
-            o <= rc.saturating_add(slack_ns) && c.saturating_add(slack_ns) >= ro
-        });
-        let kept = hit.is_some();
-        if kept {
-            row.kept += 1;
-        } else {
-            row.missed += 1;
-        }
-        match r.verdict {
-            Some(Verdict::Real) => {
-                row.real += 1;
-                row.real_kept += usize::from(kept);
-            }
-            Some(Verdict::FalseAlarm) => {
-                row.false_alarms += 1;
-                row.false_alarms_dropped += usize::from(!kept);
-            }
-            Some(Verdict::Expected) => {
-                row.expected += 1;
-                row.expected_dropped += usize::from(!kept);
-            }
-            None => {}
-        }
-        row.matches.push(Match {
-            id: r.id,
-            verdict: r.verdict,
-            kept,
-            delay_s: hit.map(|i| (ns(i.opened_at) as f64 - ro as f64) / 1e9),
-        });
-    }
-    row
 }
 
 /// What `--json` prints.
@@ -296,6 +226,9 @@ struct NotReproduced {
 struct Shown {
     candidate: usize,
     incidents: Vec<ShownIncident>,
+    /// The same, for the table.
+    #[serde(skip)]
+    replayed: Vec<Replayed>,
 }
 
 #[derive(Serialize)]
@@ -401,13 +334,15 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
     let shown = args.show.map(|n| Shown {
         candidate: n,
         incidents: outcomes[n].incidents.iter().map(shown_incident).collect(),
+        replayed: outcomes[n].incidents.clone(),
     });
     let emitted = emit.map(|n| emit_block(&service, &cands[n].overrides));
-    let gaps = gaps(&seen, slack);
+    let gaps = scoring::gaps(&seen, slack);
     let not_reproduced = rows
         .first()
         .map(|row| {
-            row.matches
+            row.score
+                .matches
                 .iter()
                 .filter(|m| !m.kept)
                 .filter_map(|m| recorded.iter().find(|i| i.id == m.id))
@@ -549,26 +484,27 @@ fn print_report(r: &Report) {
         "time in incident",
     ]);
     for row in &r.candidates {
-        let delays: Vec<String> = row
+        let (n, sc) = (row.candidate, &row.score);
+        let delays: Vec<String> = sc
             .matches
             .iter()
             .filter_map(|m| m.delay_s.map(|d| format!("#{} {d:+.0}s", m.id)))
             .collect();
         t.add_row([
-            row.candidate.to_string(),
+            n.to_string(),
             settings_text(&row.settings),
-            row.incidents.to_string(),
-            format!("{}/{}", row.kept, row.kept + row.missed),
-            row.missed.to_string(),
-            format!("{}/{}", row.real_kept, row.real),
-            format!("{}/{}", row.false_alarms_dropped, row.false_alarms),
-            format!("{}/{}", row.expected_dropped, row.expected),
+            sc.incidents.to_string(),
+            format!("{}/{}", sc.kept, sc.kept + sc.missed),
+            sc.missed.to_string(),
+            format!("{}/{}", sc.real_kept, sc.real),
+            format!("{}/{}", sc.false_alarms_dropped, sc.false_alarms),
+            format!("{}/{}", sc.expected_dropped, sc.expected),
             if delays.is_empty() {
                 "-".into()
             } else {
                 delays.join(" ")
             },
-            fmt_span((row.time_in_incident_s * 1e9) as u64),
+            fmt_span((sc.time_in_incident_s * 1e9) as u64),
         ]);
     }
     println!("{t}");
@@ -583,51 +519,21 @@ fn print_report(r: &Report) {
         if s.incidents.is_empty() {
             println!("none");
         } else {
-            let mut t = table(["opened", "closed", "probes", "headline", "ratio"]);
-            for i in &s.incidents {
-                t.add_row([
-                    i.opened_at.clone(),
-                    i.closed_at.clone().unwrap_or_else(|| "open".into()),
-                    i.probes.clone(),
-                    format!(
-                        "{} {}",
-                        i.headline_probe,
-                        crate::output::quantile_name(i.quantile)
-                    ),
-                    format!("x{:.2}", i.ratio),
-                ]);
-            }
-            println!("{t}");
+            println!("{}", replayed_incidents::table(&s.replayed));
         }
     }
 }
 
-/// Stretches without any point longer than two points, `(last point before, first after)`
-/// in ns: the daemon was not running (or not recording) then.
-fn gaps(seen: &[u64], resolution_ns: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut prev: Option<u64> = None;
-    for &t in seen {
-        if let Some(p) = prev.filter(|&p| t > p.saturating_add(2 * resolution_ns)) {
-            out.push((p, t));
-        }
-        prev = Some(t);
-    }
-    out
-}
-
-/// Why the settings in force may not reproduce a recorded incident.
+/// Why the settings in force may not reproduce a recorded incident, in words.
 fn why_missed(i: &Recorded, gaps: &[(u64, u64)]) -> String {
-    if i.state == IncidentState::Interrupted {
-        return "the daemon stopped while it was open".into();
-    }
-    match gaps.iter().rev().find(|&&(_, after)| after <= i.opened_ns) {
-        Some(&(before, after)) => format!(
+    match scoring::why_missed(&i.scored(), gaps) {
+        MissReason::Interrupted => "the daemon stopped while it was open".into(),
+        MissReason::AfterGap(before, after) => format!(
             "the history has a gap from {} to {} before it: the daemon restarted then and resumed from its saved baseline, which the replay does not",
             fmt_time(before),
             fmt_time(after)
         ),
-        None => "the settings were reloaded (SIGHUP) in the range, or it opened within the replay's warm-up".into(),
+        MissReason::ReloadOrWarmup => "the settings were reloaded (SIGHUP) in the range, or it opened within the replay's warm-up".into(),
     }
 }
 
@@ -791,19 +697,25 @@ factor = 5
             let closed = ns(found[0].closed_at.unwrap());
             let lasted = (closed - opened) / SEC;
             assert!((500..=1000).contains(&lasted), "at {res}s lasted {lasted}s");
-            assert_eq!(rows[0].kept, 1);
-            assert!(rows[0].matches[0].delay_s.unwrap().abs() <= 3.0 * res as f64 + 5.0);
-            assert_eq!(rows[1].incidents, 1, "min_ratio=1.25 is the default");
-            assert_eq!(rows[2].incidents, 0, "at {res}s");
-            assert_eq!((rows[2].false_alarms_dropped, rows[2].false_alarms), (1, 1));
-            assert_eq!(rows[0].false_alarms_dropped, 0);
+            assert_eq!(rows[0].score.kept, 1);
+            assert!(rows[0].score.matches[0].delay_s.unwrap().abs() <= 3.0 * res as f64 + 5.0);
+            assert_eq!(rows[1].score.incidents, 1, "min_ratio=1.25 is the default");
+            assert_eq!(rows[2].score.incidents, 0, "at {res}s");
+            assert_eq!(
+                (
+                    rows[2].score.false_alarms_dropped,
+                    rows[2].score.false_alarms
+                ),
+                (1, 1)
+            );
+            assert_eq!(rows[0].score.false_alarms_dropped, 0);
         }
     }
 
     #[test]
     fn a_history_gap_before_a_missed_incident_is_named_as_a_restart() {
         let seen: Vec<u64> = [1, 2, 3, 50, 51].into_iter().map(|t| t * SEC).collect();
-        let g = gaps(&seen, SEC);
+        let g = scoring::gaps(&seen, SEC);
         assert_eq!(g, vec![(3 * SEC, 50 * SEC)]);
         let mut r = Recorded {
             id: 1,

@@ -11,7 +11,8 @@ use crate::model::{
     CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
     PwruRecord, PwruState, PwruStatus,
 };
-use crate::verdict::{IncidentVerdict, Verdict};
+use crate::verdict::IncidentVerdict;
+use model::Verdict;
 
 /// [`IncidentState`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,5 +2,6 @@
 
 pub mod history_read;
 pub mod pwru_status;
+pub mod replayed_incidents;
 pub mod since;
 pub mod timelines;
