@@ -1,8 +1,8 @@
 //! Issue 32: real causes injected under a real daemon, each checked for its cause verdict
 //! (not for the machine's timing). Two TCP echo services by port (the host kernel has no
-//! stand-in for the UDP read probe). The first is slowed two ways in turn: a reader
-//! sleeping before each read (off CPU), and a reader at nice 10 pinned to a CPU that three
-//! pinned hogs share (waiting for a CPU). Then the whole host is starved (both readers
+//! stand-in for the UDP read probe). The first is slowed three ways in turn: a reader
+//! sleeping before each read (off CPU), a reader throttled by its cgroup's CPU quota, and a
+//! reader at nice 10 pinned to a CPU that three pinned hogs share (waiting for a CPU). Then the whole host is starved (both readers
 //! behind hogs on every CPU): one host-wide incident lists both services.
 //!
 //! Then, in the guests (the development kernel has no netem): network delay outside the
@@ -13,16 +13,11 @@
 //!
 //! The tests run one at a time (they load the same CPUs).
 //!
-//! Not here: a reader throttled by its cgroup's CPU quota. A hog in the reader's quota group
-//! (5 ms every 50 ms) with eight clients gave the `throttled` verdict 1 run in 5: the group
-//! was throttled in 300 of 301 periods, yet the reader's p50 stayed at 35 µs (each CPU's
-//! run queue takes its own slice of the quota, and the reader's idle CPU kept one). With
-//! the reader and the hog pinned to one CPU it passed 2 runs in 4 on this host (decided in
-//! 7 s and 48 s): in the others the group's new connection threads sat runnable with no CPU
-//! for over 90 s, and a reader that does not read gives no read samples. The throttling
-//! figures are read from a real quota cgroup in the agent's tests
-//! (`a_spinning_process_in_a_quota_cgroup_is_found_throttled`), the verdict from them in
-//! the detector's.
+//! A reader throttled by its cgroup's CPU quota is the reader's process moved into a quota
+//! group and made to spend CPU before each read, so that the traffic asks for more than the
+//! quota. (A hog in the reader's group instead, tried first, starved the group's new
+//! connection threads for over 90 s in half the runs, and left a reader on an idle CPU its
+//! own slice of the quota in the others.)
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -30,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, Daemon, EchoServer, Error, Hog,
-    LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream, TcpServer, UdpServer,
-    VethPair,
+    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, CpuQuota, Daemon, EchoServer,
+    Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream, TcpServer,
+    UdpServer, VethPair,
 };
 
 const SERVICE: &str = "echo";
@@ -282,7 +277,28 @@ fn each_injected_cause_gets_its_verdict() {
         summary(&off)
     );
 
-    // 2. The reader pinned to the last CPU, with three hogs pinned there too.
+    // 2. The reader's process in a cgroup allowed 2 ms of CPU every 20 ms, and 1 ms of CPU
+    //    work before each read: the clients ask for more than the quota, so the group is
+    //    throttled in most periods and the data waits out the rest of each.
+    let throttled = run.cause_of("a reader throttled by its cgroup's CPU quota", || {
+        let quota =
+            CpuQuota::create("echo", Duration::from_millis(2), Duration::from_millis(20)).unwrap();
+        quota.add(pid).unwrap();
+        run.server.set_read_work(Duration::from_millis(1)).unwrap();
+        // Undone before the group goes (its drop moves the server out).
+        (
+            Restore(|| run.server.set_read_delay(Duration::ZERO).unwrap()),
+            quota,
+        )
+    });
+    assert_eq!(kind(&throttled), "throttled", "{}", summary(&throttled));
+    assert!(
+        summary(&throttled).starts_with("reader throttled by its cgroup's CPU quota (cpu.max "),
+        "{}",
+        summary(&throttled)
+    );
+
+    // 3. The reader pinned to the last CPU, with three hogs pinned there too.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cpu = cpus - 1;
     // At nice 10, so the scheduler lets it wait behind them (at equal weight EEVDF runs a
@@ -310,7 +326,7 @@ fn each_injected_cause_gets_its_verdict() {
         summary(&wait)
     );
 
-    // 3. The whole host starved: both services' readers at nice 10 on the last CPU with
+    // 4. The whole host starved: both services' readers at nice 10 on the last CPU with
     //    three hogs, and a hog on every other CPU. Both open incidents in the same stage,
     //    and one host-wide incident lists them.
     run.quiet();

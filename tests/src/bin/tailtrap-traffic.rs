@@ -58,6 +58,7 @@ struct ServerArgs {
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     read_delay: Duration,
     /// Re-read the delay (e.g. "20ms") from this file before each read; overrides --read-delay.
+    /// "spin 2ms" busies the CPU for that long instead of sleeping (work a CPU quota limits).
     #[arg(long)]
     delay_file: Option<PathBuf>,
     /// Exit when stdin reaches end of file (the spawning process closed it or died).
@@ -130,6 +131,31 @@ fn place(p: &Placement) -> Result<()> {
     Ok(())
 }
 
+/// Keep this thread on its CPU until it has used `d` of CPU time (wall time where the
+/// thread's CPU clock cannot be read): a throttled or preempted reader spins on later.
+fn spin(d: Duration) {
+    let cpu = || nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok();
+    let (start, wall) = (cpu(), std::time::Instant::now());
+    loop {
+        let used = match (start, cpu()) {
+            (Some(s), Some(now)) => Duration::from(now).saturating_sub(Duration::from(s)),
+            _ => wall.elapsed(),
+        };
+        if used >= d {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// What a reader does before each read.
+enum Pause {
+    /// Sleep (off CPU).
+    Sleep(Duration),
+    /// Busy the CPU: work that a CPU quota holds back.
+    Spin(Duration),
+}
+
 /// The current read delay: fixed, or re-read from the delay file each time.
 struct Delay {
     fixed: Duration,
@@ -137,25 +163,35 @@ struct Delay {
 }
 
 impl Delay {
-    fn current(&self) -> Result<Duration> {
+    fn current(&self) -> Result<Pause> {
         let Some(file) = &self.file else {
-            return Ok(self.fixed);
+            return Ok(Pause::Sleep(self.fixed));
         };
         let text = std::fs::read_to_string(file)
             .map_err(io_err(format!("cannot read delay file {}", file.display())))?;
-        humantime::parse_duration(text.trim()).map_err(|e| {
+        let (spin, duration) = match text.trim().strip_prefix("spin ") {
+            Some(d) => (true, d),
+            None => (false, text.trim()),
+        };
+        let d = humantime::parse_duration(duration).map_err(|e| {
             Error::Traffic(format!(
-                "delay file {}: {:?} is not a duration: {e}",
+                "delay file {}: {:?} is not a duration (or \"spin\" and one): {e}",
                 file.display(),
                 text
             ))
+        })?;
+        Ok(if spin {
+            Pause::Spin(d)
+        } else {
+            Pause::Sleep(d)
         })
     }
 
     fn sleep(&self) -> Result<()> {
-        let d = self.current()?;
-        if !d.is_zero() {
-            std::thread::sleep(d);
+        match self.current()? {
+            Pause::Sleep(d) if !d.is_zero() => std::thread::sleep(d),
+            Pause::Spin(d) => spin(d),
+            Pause::Sleep(_) => {}
         }
         Ok(())
     }
