@@ -9,8 +9,8 @@
 #   none     no tracing
 #   daemon   `tailtrap run` with its defaults and nginx's port as a service (capture disarmed;
 #            the flight recorder comes on once baselines exist)
-#   receive  `daemon` with the send side off (`[probes.enable]` send-to-qdisc and
-#            qdisc-sojourn false): the receive probes alone, to set the send side's cost
+#   receive  `daemon` with the send side off (`[probes.enable]` send-to-qdisc,
+#            qdisc-sojourn and driver-to-completion false): the receive probes alone, to set the send side's cost
 #            beside it
 #   armed    the same with capture armed on nginx's service: a static SLO that is always
 #            exceeded opens an incident, capture threshold 1us, so records flow at the default
@@ -224,7 +224,8 @@ EOF
 config daemon ""
 config receive '[probes.enable]
 send-to-qdisc = false
-qdisc-sojourn = false'
+qdisc-sojourn = false
+driver-to-completion = false'
 config armed '[capture]
 threshold = "1us"
 max_time = "1h"
