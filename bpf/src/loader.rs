@@ -620,22 +620,15 @@ impl ProbeSet {
             .find(|&slot| slot_name(&mut self.slot_names, slot, &auto_slots) == service))
     }
 
-    /// A service's cumulative histogram at `probe` on each CPU since load, indexed by CPU
-    /// (`host` and `other` included); `None` when the service has no slot. Callers take the
+    /// A service slot's cumulative histogram at `probe` on each CPU since load, indexed by
+    /// CPU; `None` when the probe has no histogram or the slot is beyond the map. The slot
+    /// is the one snapshots give the service ([`ServiceHist::slot`]). Callers take the
     /// difference of two reads for a window.
     pub fn per_cpu_hist(
         &mut self,
-        service: &str,
+        slot: u32,
         probe: Probe,
     ) -> Result<Option<Vec<Histogram>>, ReadError> {
-        let slot = match service {
-            "host" => Some(types::tt_service_slot::TT_SERVICE_HOST.0),
-            "other" => Some(types::tt_service_slot::TT_SERVICE_OTHER.0),
-            _ => self.service_slot(service)?,
-        };
-        let Some(slot) = slot else {
-            return Ok(None);
-        };
         let Some(column) = self.hist_columns.column(probe) else {
             return Ok(None);
         };
@@ -725,6 +718,7 @@ impl ProbeSet {
                 let hist = Histogram::from_dense(&sums[..n], sums[n])?;
                 hists.push(ServiceHist {
                     service: slot_name(slot_names, service, &auto_slots),
+                    slot: service,
                     probe,
                     hist,
                 });

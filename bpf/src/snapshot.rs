@@ -25,6 +25,10 @@ pub struct Snapshot {
 pub struct ServiceHist {
     /// Configured service name, cgroup path (auto-grouping), `host` or `other`.
     pub service: String,
+    /// Its slot in the probes' maps, what capture is armed and set by
+    /// ([`crate::CaptureControl`]). An auto-grouped service's slot goes to another cgroup
+    /// only after the service is retired ([`Snapshot::retired`]).
+    pub slot: u32,
     /// The probe.
     pub probe: Probe,
     /// Cumulative since load.

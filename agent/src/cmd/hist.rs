@@ -359,6 +359,7 @@ mod tests {
         let snap = |h: &Histogram| Snapshot {
             hists: vec![bpf::ServiceHist {
                 service: "host".into(),
+                slot: bpf::HOST_SLOT,
                 probe: Probe::TcpStart,
                 hist: h.clone(),
             }],

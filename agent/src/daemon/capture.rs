@@ -92,9 +92,6 @@ pub(super) struct Drained {
 pub(super) struct CaptureController {
     state: State,
     cfg: CaptureConfig,
-    /// Service slots by name (a slot changes owner only after its service is retired, see
-    /// [`CaptureController::forget_services`]).
-    slots: HashMap<String, u32>,
     /// Keys whose flight-recorder threshold is set.
     flight_set: HashSet<(String, Probe)>,
     /// Keys whose flight-recorder threshold the kernel refused at the last try: said once
@@ -146,20 +143,22 @@ impl CaptureController {
         CaptureController {
             state,
             cfg: cfg.clone(),
-            slots: HashMap::new(),
             flight_set: HashSet::new(),
             flight_failing: HashSet::new(),
         }
     }
 
-    /// Arm the incident's hot probes at the configured threshold; the flight recorder's
-    /// samples of the service become the incident's pre-trigger samples.
+    /// Arm the incident's hot probes at the configured threshold in the service's `slot`
+    /// (`None`: it has none, as a host-wide incident); the flight recorder's samples of
+    /// the service become the incident's pre-trigger samples.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn arm(
         &mut self,
         kernel: &mut impl Kernel,
         detector: &Detector,
         incident: u64,
         inc: &detector::Incident,
+        slot: Option<u32>,
         now: Instant,
         wall: SystemTime,
     ) -> Result<Armed, ArmError> {
@@ -167,8 +166,7 @@ impl CaptureController {
             State::Active(a) => a,
             State::Unavailable(why) => return Err(ArmError::Unavailable(why.clone())),
         };
-        let slot = service_slot(kernel, &mut self.slots, &inc.service)
-            .ok_or_else(|| ArmError::NoSlot(inc.service.clone()))?;
+        let slot = slot.ok_or_else(|| ArmError::NoSlot(inc.service.clone()))?;
         let thresholds: Vec<(Probe, u64)> = inc
             .probes
             .iter()
@@ -326,27 +324,24 @@ impl CaptureController {
     }
 
     /// The flight recorder follows each service's baseline at every probe seen this
-    /// interval: a key gets its threshold as soon as its baseline is warm, and all are
-    /// refreshed every [`FLIGHT_UPDATE_EVERY`] intervals.
+    /// interval (service, its slot, probe): a key gets its threshold as soon as its baseline
+    /// is warm, and all are refreshed every [`FLIGHT_UPDATE_EVERY`] intervals.
     pub(super) fn update_flight<'a>(
         &mut self,
         kernel: &mut impl Kernel,
         detector: &Detector,
-        seen: impl IntoIterator<Item = (&'a str, Probe)>,
+        seen: impl IntoIterator<Item = (&'a str, u32, Probe)>,
         interval: u64,
     ) {
         if !matches!(self.state, State::Active(_)) {
             return;
         }
         let refresh = interval % FLIGHT_UPDATE_EVERY == 0;
-        for (service, probe) in seen {
+        for (service, slot, probe) in seen {
             let key = (service.to_owned(), probe);
             if !refresh && self.flight_set.contains(&key) {
                 continue;
             }
-            let Some(slot) = service_slot(kernel, &mut self.slots, service) else {
-                continue;
-            };
             let Some(ns) = threshold_ns(self.cfg.flight_threshold, detector, service, probe) else {
                 continue;
             };
@@ -371,14 +366,12 @@ impl CaptureController {
         }
     }
 
-    /// Services whose cgroup is gone (auto-grouping): their slot goes to another cgroup
-    /// soon, so drop the name's remembered slot and switch its flight thresholds off; the
-    /// next owner gets thresholds from its own baseline.
-    pub(super) fn forget_services(&mut self, kernel: &mut impl Kernel, services: &[String]) {
-        for service in services {
-            let Some(slot) = self.slots.remove(service) else {
-                continue;
-            };
+    /// Services whose cgroup is gone (auto-grouping), with their slots: a slot goes to
+    /// another cgroup soon, so switch its flight thresholds off; the next owner gets
+    /// thresholds from its own baseline.
+    pub(super) fn forget_services(&mut self, kernel: &mut impl Kernel, services: &[(String, u32)]) {
+        for (service, slot) in services {
+            let slot = *slot;
             let off: Vec<(Probe, u64)> = self
                 .flight_set
                 .iter()
@@ -487,25 +480,4 @@ fn threshold_ns(t: Threshold, detector: &Detector, service: &str, probe: Probe) 
             // The bucket's upper bound: only SKBs clearly above the baseline's quantile.
             .map(|e| e.upper_ns.max(1)),
     }
-}
-
-/// A service's slot, remembered once found.
-fn service_slot(
-    kernel: &mut impl Kernel,
-    slots: &mut HashMap<String, u32>,
-    service: &str,
-) -> Option<u32> {
-    if let Some(&s) = slots.get(service) {
-        return Some(s);
-    }
-    // The catch-alls have fixed slots, which the capture maps cover like any other: an
-    // incident on them gets samples too.
-    match service {
-        "host" => return Some(bpf::HOST_SLOT),
-        "other" => return Some(bpf::OTHER_SLOT),
-        _ => {}
-    }
-    let slot = kernel.service_slot(service).ok().flatten()?;
-    slots.insert(service.to_owned(), slot);
-    Some(slot)
 }

@@ -76,6 +76,8 @@ impl Target {
 
 struct Tracked {
     service: String,
+    /// The service's slot in the probes' maps (`None`: it has none, as a host-wide incident).
+    slot: Option<u32>,
     /// The stage judged (its name), when the detector attributed one.
     stage: Option<String>,
     probe: Probe,
@@ -150,6 +152,7 @@ impl Causes {
         &mut self,
         id: u64,
         inc: &detector::Incident,
+        slot: Option<u32>,
         kernel: &mut K,
         cumulative: &Cumulative,
         now: Instant,
@@ -163,18 +166,21 @@ impl Causes {
         } = target;
         let mut t = Tracked {
             service: inc.service.clone(),
+            slot,
             stage: target.stage,
             probe,
             enqueued,
             slow_ns: (baseline_ns * SLOW_FACTOR).max(1.0) as u64,
             opened: now,
             intervals: 0,
-            per_cpu: kernel
-                .per_cpu_hist(&inc.service, probe)
+            per_cpu: slot
+                .map(|slot| kernel.per_cpu_hist(slot, probe))
+                .transpose()
                 .map_err(
                     |e| tracing::debug!(incident = id, error = %e, "per-CPU histogram not read"),
                 )
                 .ok()
+                .flatten()
                 .flatten(),
             cumulative: HashMap::new(),
             net: host_figures::cpu_net(),
@@ -212,6 +218,7 @@ impl Causes {
         let Some(t) = self.open.get(&id) else {
             return;
         };
+        let slot = t.slot;
         let target = Target::of(inc);
         if (t.probe, t.enqueued) == (target.probe, target.enqueued) {
             return;
@@ -222,7 +229,7 @@ impl Causes {
             stage = target.stage.as_deref().unwrap_or(""),
             "cause verdicts follow the incident's new stage"
         );
-        self.opened(id, inc, kernel, cumulative, now);
+        self.opened(id, inc, slot, kernel, cumulative, now);
     }
 
     /// Samples of open incidents: the readers to follow are the processes that read slow
@@ -451,10 +458,12 @@ impl Tracked {
     ) -> Cause {
         let window_ns = u64::try_from(now.saturating_duration_since(self.opened).as_nanos())
             .unwrap_or(u64::MAX);
-        let per_cpu = match (
-            &self.per_cpu,
-            kernel.per_cpu_hist(&self.service, self.probe),
-        ) {
+        let after = self
+            .slot
+            .map(|slot| kernel.per_cpu_hist(slot, self.probe))
+            .transpose()
+            .map(Option::flatten);
+        let per_cpu = match (&self.per_cpu, after) {
             (Some(before), Ok(Some(after))) => after
                 .iter()
                 .enumerate()
@@ -618,6 +627,7 @@ mod tests {
     fn tracked(probe: Probe, slow_ns: u64) -> Tracked {
         Tracked {
             service: "web".into(),
+            slot: None,
             stage: None,
             probe,
             enqueued: None,

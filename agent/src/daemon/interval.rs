@@ -2,6 +2,7 @@
 //! incident records, capture and pwru requests, status. Time comes in as arguments and the
 //! kernel and pwru sit behind traits, so the loop runs in tests on scripted data.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -149,6 +150,9 @@ struct Deltas {
     retiring: Vec<String>,
     /// driver-to-completion per device as of the previous interval, cumulative.
     devices: Arc<Vec<bpf::DeviceHist>>,
+    /// Each service's slot in the probes' maps, as its histograms came with it (a slot
+    /// changes owner only after its service is retired).
+    slots: HashMap<String, u32>,
 }
 
 impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
@@ -254,6 +258,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         let device_latency = self.deltas.devices(snapshot.devices);
         let mut cumulative = Cumulative::with_capacity(snapshot.hists.len());
         for sh in snapshot.hists {
+            // The newest slot of a name: a cgroup recreated under the same path gets a new one.
+            match self.deltas.slots.get_mut(&sh.service) {
+                Some(slot) => *slot = sh.slot,
+                None => {
+                    self.deltas.slots.insert(sh.service.clone(), sh.slot);
+                }
+            }
             let key = (sh.service, sh.probe);
             if let Some(delta) = self.deltas.next(&key, &sh.hist) {
                 self.detector.observe(now.wall, &key.0, key.1, &delta);
@@ -263,7 +274,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         }
         self.deltas.replace(cumulative, &retired);
         phases.mark("deltas");
-        self.capture.forget_services(&mut self.kernel, &retired);
+        let retired_slots: Vec<(String, u32)> = retired
+            .iter()
+            .filter_map(|s| Some((s.clone(), self.deltas.slots.remove(s)?)))
+            .collect();
+        self.capture
+            .forget_services(&mut self.kernel, &retired_slots);
         let events = self.detector.end_interval(now.wall);
         let gone = retired.clone();
         self.forget_retired(retired, &rows);
@@ -313,10 +329,12 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             self.finish_capture(incident, &why);
         }
         phases.mark("samples queued");
+        let slots = &self.deltas.slots;
         self.capture.update_flight(
             &mut self.kernel,
             &self.detector,
-            rows.iter().map(|(s, p, _)| (s.as_str(), *p)),
+            rows.iter()
+                .filter_map(|(s, p, _)| Some((s.as_str(), *slots.get(s)?, *p))),
             intervals,
         );
         // The writer stores the history, then forgets the services gone (in that order).
@@ -477,11 +495,13 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
         ) {
             self.apply_host_wide(change);
         }
+        let slot = self.deltas.slots.get(&inc.service).copied();
         let armed = self.capture.arm(
             &mut self.kernel,
             &self.detector,
             id,
             &inc,
+            slot,
             now.mono,
             now.wall,
         );
@@ -513,8 +533,14 @@ impl<K: Kernel, P: PwruStarter> DaemonCore<K, P> {
             }
         };
         self.incidents.update(id, |r| r.capture = status);
-        self.causes
-            .opened(id, &inc, &mut self.kernel, &self.deltas.prev, now.mono);
+        self.causes.opened(
+            id,
+            &inc,
+            slot,
+            &mut self.kernel,
+            &self.deltas.prev,
+            now.mono,
+        );
         self.causes.samples(&pre, true);
         let flows: Vec<model::Flow> = pre.iter().map(|s| s.flow).collect();
         self.store_samples(pre, true);

@@ -13,12 +13,11 @@ pub(super) trait Kernel {
     /// the cumulative histograms, or only those that changed since the previous read (the
     /// loop keeps the rest from before).
     fn snapshot(&mut self) -> Result<Snapshot, ReadError>;
-    /// The slot of a service in the probes' maps (None: the probes do not know it).
-    fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError>;
-    /// A service's cumulative histogram at `probe` on each CPU, by CPU (None: no slot).
+    /// A service slot's cumulative histogram at `probe` on each CPU, by CPU (None: the
+    /// probe has no histogram or the slot is out of the map).
     fn per_cpu_hist(
         &mut self,
-        service: &str,
+        slot: u32,
         probe: Probe,
     ) -> Result<Option<Vec<Histogram>>, ReadError>;
     /// Run-time statistics of the BPF programs.
@@ -72,16 +71,12 @@ impl Kernel for BpfKernel {
         self.probes.snapshot_changed()
     }
 
-    fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
-        self.probes.service_slot(service)
-    }
-
     fn per_cpu_hist(
         &mut self,
-        service: &str,
+        slot: u32,
         probe: Probe,
     ) -> Result<Option<Vec<Histogram>>, ReadError> {
-        self.probes.per_cpu_hist(service, probe)
+        self.probes.per_cpu_hist(slot, probe)
     }
 
     fn prog_stats(&self) -> Vec<ProgStats> {

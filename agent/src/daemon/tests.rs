@@ -101,6 +101,17 @@ impl FakeKernel {
     }
 }
 
+/// The slot the scripted kernel gives a service: the catch-alls' fixed ones, `SLOT` for
+/// `SERVICE`, and one past those for any other.
+fn fake_slot(service: &str) -> u32 {
+    match service {
+        "host" => bpf::HOST_SLOT,
+        "other" => bpf::OTHER_SLOT,
+        SERVICE => SLOT,
+        _ => SLOT + 1,
+    }
+}
+
 impl Kernel for FakeKernel {
     fn snapshot(&mut self) -> Result<Snapshot, ReadError> {
         let mut st = self.state();
@@ -113,6 +124,7 @@ impl Kernel for FakeKernel {
             .filter(|(key, hist)| !st.only_changed || st.reported.get(*key) != Some(*hist))
             .map(|((service, probe), hist)| ServiceHist {
                 service: service.clone(),
+                slot: fake_slot(service),
                 probe: *probe,
                 hist: hist.clone(),
             })
@@ -126,20 +138,17 @@ impl Kernel for FakeKernel {
         })
     }
 
-    fn service_slot(&mut self, service: &str) -> Result<Option<u32>, ReadError> {
-        Ok((service == SERVICE).then_some(SLOT))
-    }
-
     fn per_cpu_hist(
         &mut self,
-        service: &str,
+        slot: u32,
         probe: Probe,
     ) -> Result<Option<Vec<Histogram>>, ReadError> {
-        Ok(self
-            .state()
+        let st = self.state();
+        Ok(st
             .per_cpu
-            .get(&(service.to_owned(), probe))
-            .cloned())
+            .iter()
+            .find(|((service, p), _)| fake_slot(service) == slot && *p == probe)
+            .map(|(_, h)| h.clone()))
     }
 
     fn prog_stats(&self) -> Vec<ProgStats> {
