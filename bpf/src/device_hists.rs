@@ -11,7 +11,7 @@ use model::Histogram;
 use serde::Serialize;
 
 use crate::hist_read::WORDS;
-use crate::loader::ReadError;
+use crate::loader::{decode, ReadError};
 use crate::skel::types;
 
 const MAP: &str = "completion_device_hists";
@@ -49,23 +49,6 @@ fn interface_name(ifindex: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
-fn decode_key(bytes: &[u8]) -> Result<types::tt_device_key, ReadError> {
-    let size = std::mem::size_of::<types::tt_device_key>();
-    if bytes.len() != size {
-        return Err(ReadError::Size {
-            map: MAP,
-            got: bytes.len(),
-            expected: size,
-        });
-    }
-    let word =
-        |at: usize| u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-    Ok(types::tt_device_key {
-        ifindex: word(0),
-        netns: word(4),
-    })
-}
-
 /// Every device's histogram, sorted by name. Devices of the daemon's namespace that are
 /// gone are reported this once and then deleted from the map, which makes room for new
 /// ones (the map holds `TT_COMPLETION_DEVICES_MAX`).
@@ -77,7 +60,7 @@ pub(crate) fn read(
     let mut out = Vec::new();
     let mut gone = Vec::new();
     for key_bytes in map.keys() {
-        let key = decode_key(&key_bytes)?;
+        let key: types::tt_device_key = decode(MAP, &key_bytes)?;
         let Some(per_cpu) = map
             .lookup_percpu(&key_bytes, MapFlags::ANY)
             .map_err(map_err)?
@@ -137,9 +120,12 @@ mod tests {
 
     #[test]
     fn a_key_of_the_wrong_size_is_named_as_such() {
-        let err = decode_key(&[0u8; 4]).unwrap_err().to_string();
+        let err = decode::<types::tt_device_key>(MAP, &[0u8; 4])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(MAP) && err.contains("4 bytes"), "{err}");
-        let key = decode_key(&[2, 0, 0, 0, 7, 0, 0, 0]).map_err(|e| e.to_string());
+        let key = decode::<types::tt_device_key>(MAP, &[2, 0, 0, 0, 7, 0, 0, 0])
+            .map_err(|e| e.to_string());
         let key = key.as_ref().map(|k| (k.ifindex, k.netns));
         assert_eq!(
             key,

@@ -1103,7 +1103,7 @@ fn bpf_err(stage: &str) -> impl Fn(libbpf_rs::Error) -> LoadError + '_ {
 }
 
 /// A value of a BTF-generated plain-data type from map bytes.
-fn decode<T: Copy + Default>(map: &'static str, bytes: &[u8]) -> Result<T, ReadError> {
+pub(crate) fn decode<T: Copy + Default>(map: &'static str, bytes: &[u8]) -> Result<T, ReadError> {
     let expected = std::mem::size_of::<T>();
     if bytes.len() != expected {
         return Err(ReadError::Size {
