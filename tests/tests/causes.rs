@@ -61,13 +61,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Dropped in this order: the clients stop before the daemon does (see [`start`]).
 struct Run {
-    _scratch: ScratchDir,
-    config: PathBuf,
+    _clients: [LoopingClient; 2],
     daemon: Daemon,
     server: EchoServer,
     second: EchoServer,
-    _clients: [LoopingClient; 2],
+    config: PathBuf,
+    _scratch: ScratchDir,
 }
 
 /// The daemon's configuration in `dir`: a 200 ms interval, no metrics or pwru, `services`
@@ -109,13 +110,16 @@ enabled = false
     config
 }
 
+/// The daemon is up (its probes attached) before the clients send, and they stop before it
+/// does: attaching or detaching an fentry program rewrites the call site of a function the
+/// clients run (tcp_sendmsg), and under qemu's multi-threaded emulation a vCPU running
+/// that site then can hit a stale int3 and take the guest down (docs/testing.md). Real
+/// CPUs do not; the verdicts here do not depend on the order.
 fn start() -> Run {
     let scratch = ScratchDir::new("causes").unwrap();
     let dir = scratch.path().to_owned();
     let server = EchoServer::spawn(Proto::Tcp).unwrap();
-    let client = LoopingClient::start(server.addr(), Proto::Tcp);
     let second = EchoServer::spawn(Proto::Tcp).unwrap();
-    let second_client = LoopingClient::start(second.addr(), Proto::Tcp);
     let config = write_config(
         &dir,
         &[
@@ -125,17 +129,19 @@ fn start() -> Run {
     );
     let daemon = Daemon::start(&config, &dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(120));
+    let client = LoopingClient::start(server.addr(), Proto::Tcp);
+    let second_client = LoopingClient::start(second.addr(), Proto::Tcp);
     daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
         baselines_warm(&s, READ_PROBE, &[SERVICE, SECOND]).then_some(())
     });
     Run {
-        _scratch: scratch,
-        config,
+        _clients: [client, second_client],
         daemon,
         server,
         second,
-        _clients: [client, second_client],
+        config,
+        _scratch: scratch,
     }
 }
 
@@ -439,12 +445,13 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
         read_delay: Duration::ZERO,
     })
     .unwrap();
-    let _client = LoopingClient::start(server.addr(), Proto::Tcp);
     let scratch = ScratchDir::new("causes-netem").unwrap();
     let dir = scratch.path().to_owned();
     let config = write_config(&dir, &[("pod", server.addr().port())]);
     let daemon = Daemon::start(&config, &dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(120));
+    // After the daemon, so that it is dropped (stopped) first: see [`start`].
+    let _client = LoopingClient::start(server.addr(), Proto::Tcp);
     daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
         baselines_warm(&s, READ_PROBE, &["pod"]).then_some(())
@@ -531,6 +538,12 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
     .unwrap();
     pin(server.pid(), 0).unwrap();
     renice(server.pid(), -5);
+    let scratch = ScratchDir::new("causes-softirq").unwrap();
+    let dir = scratch.path().to_owned();
+    let config = write_config_with(&dir, &[("pod", server.addr().port())], SOFTIRQ_DETECTOR);
+    let daemon = Daemon::start(&config, &dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(120));
+    // Traffic only once the probes are attached, and stopped before the daemon: see [`start`].
     let stream = SinkStream::start(
         Proto::Udp,
         server.addr(),
@@ -540,11 +553,6 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
         Duration::from_secs(600),
     )
     .unwrap();
-    let scratch = ScratchDir::new("causes-softirq").unwrap();
-    let dir = scratch.path().to_owned();
-    let config = write_config_with(&dir, &[("pod", server.addr().port())], SOFTIRQ_DETECTOR);
-    let daemon = Daemon::start(&config, &dir, &[]).unwrap();
-    daemon.wait_for_api(&config, Duration::from_secs(120));
     daemon.wait_for(Duration::from_secs(120), "a warm baseline", || {
         let (s, _) = cli_json(&config, &["status", "--json"]);
         baselines_warm(&s, "ip-start", &["pod"]).then_some(())
@@ -616,6 +624,9 @@ fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_s
     let scratch = ScratchDir::new("causes-send").unwrap();
     let dir = scratch.path().to_owned();
     let config = write_config(&dir, &[("web", server.addr().port())]);
+    // Up before the clients send, and stopped after the scope has joined them: see [`start`].
+    let daemon = Daemon::start(&config, &dir, &[]).unwrap();
+    daemon.wait_for_api(&config, Duration::from_secs(120));
     let stop = std::sync::atomic::AtomicBool::new(false);
     /// Ends the clients' loops however the test ends, so that the scope can join them.
     struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
@@ -641,8 +652,6 @@ fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_s
                 }
             });
         }
-        let daemon = Daemon::start(&config, &dir, &[]).unwrap();
-        daemon.wait_for_api(&config, Duration::from_secs(120));
         daemon.wait_for(Duration::from_secs(120), "warm baselines", || {
             let (s, _) = cli_json(&config, &["status", "--json"]);
             (baselines_warm(&s, "qdisc-sojourn", &["web"])

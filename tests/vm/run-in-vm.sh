@@ -28,6 +28,9 @@
 #   VM_CACHE             where the unpacked vmlinux and initramfs per kernel are kept
 #                        (default ${TAILTRAP_VMTEST_CACHE:-/var/cache/tailtrap-vmtest}/boot)
 #   VM_QEMU=qemu-system-x86_64  VM_CPU=max
+#   VM_TCG_THREAD=multi  multi: one host thread per vCPU; single: all vCPUs round-robin on
+#                        one host thread (slower, but no vCPU can run a stale copy of code
+#                        another vCPU just rewrote: the int3 deaths below need two threads)
 #   VM_NIC=e1000e        an emulated NIC on a hub of its own (no traffic reaches it), for the
 #                        tests of NIC hardware stamps: QEMU's e1000e has a PTP clock (frozen
 #                        under TCG) and takes SIOCSHWTSTAMP, but stamps no packet. The guest
@@ -58,6 +61,7 @@ KERNEL=$KDIR/boot/vmlinuz-$kver
 [ -r "$KERNEL" ] || die "$KERNEL missing"
 
 QEMU=${VM_QEMU:-qemu-system-x86_64}
+case ${VM_TCG_THREAD:-multi} in multi|single) ;; *) die "VM_TCG_THREAD='$VM_TCG_THREAD': multi or single" ;; esac
 command -v "$QEMU" >/dev/null || die "$QEMU not found (apt-get install qemu-system-x86)"
 for t in cpio gzip timeout mkfifo modprobe readelf xz zstd; do
     command -v $t >/dev/null || die "$t not found"
@@ -222,7 +226,7 @@ fi
 # oops=panic: an oops in process context (an int3 at a patched call site hit by a daemon's
 # thread) only kills that task, and the test then waits for it until VM_TIMEOUT (a 5.10 run
 # in CI held 30 minutes that way); as a panic the guest stops at once and is rerun.
-timeout -k 10 "$TMO" "$QEMU" -accel tcg,thread=multi -cpu "${VM_CPU:-max}" -m "$MEM" -smp "$CPUS" \
+timeout -k 10 "$TMO" "$QEMU" -accel "tcg,thread=${VM_TCG_THREAD:-multi}" -cpu "${VM_CPU:-max}" -m "$MEM" -smp "$CPUS" \
     -nodefaults -no-user-config -display none -vga none -no-reboot \
     -kernel "$BOOTIMG" -initrd "$INITRD" \
     -append "console=ttyS0 loglevel=5 oops=panic panic=-1 mitigations=off rdinit=/init ${VM_APPEND:-}" \
