@@ -11,7 +11,7 @@ use model::Histogram;
 use serde::Serialize;
 
 use crate::hist_read::WORDS;
-use crate::loader::{decode, ReadError};
+use crate::map_read::{decode, ReadError};
 use crate::skel::types;
 
 const MAP: &str = "completion_device_hists";

@@ -5,7 +5,7 @@
 
 use model::hist::NUM_BUCKETS;
 
-use crate::loader::ReadError;
+use crate::map_read::ReadError;
 
 /// Words of one histogram value: the bucket counts, then the sum of latencies.
 pub(crate) const WORDS: usize = NUM_BUCKETS + 1;

@@ -22,6 +22,7 @@ mod features;
 mod hist_read;
 pub mod kernel_functions;
 mod loader;
+mod map_read;
 mod probes;
 mod snapshot;
 
@@ -46,7 +47,8 @@ pub use config::{
 };
 pub use device_hists::DeviceHist;
 pub use features::MissingFeature;
-pub use loader::{AttachMethod, Attachment, LoadError, NicClock, ProbeSet, ProgStats, ReadError};
+pub use loader::{AttachMethod, Attachment, LoadError, NicClock, ProbeSet, ProgStats};
+pub use map_read::ReadError;
 pub use snapshot::{Counters, ServiceHist, Snapshot};
 
 /// The slot of `host`, the catch-all service of traffic no service claims.
