@@ -6,6 +6,7 @@
 pub mod client;
 pub mod limits;
 pub mod query;
+mod query_error;
 pub mod server;
 pub mod timelines;
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use model::Verdict;
 use storage::IncidentVerdict;
 
+pub use super::query_error::QueryError;
 use super::timelines::{join_timelines, JoinedSample, TimelineSummary};
 use super::{ExportAnswer, HistoryAnswer, IncidentList, IncidentView, ProbeHistory};
 
@@ -88,32 +89,6 @@ pub struct PwruParams {
     pub after_seq: Option<u64>,
     /// Page size (0: the maximum).
     pub limit: usize,
-}
-
-/// Why a query failed: the caller's fault (bad parameter, unknown id) or the store's.
-#[derive(Debug, thiserror::Error)]
-pub enum QueryError {
-    /// A parameter is malformed.
-    #[error("{0}")]
-    BadRequest(String),
-    /// No such incident.
-    #[error("no incident {0}")]
-    NotFound(u64),
-    /// Nothing stored for what was asked (a service without history).
-    #[error("{0}")]
-    Missing(String),
-    /// The store failed.
-    #[error("{0}")]
-    Store(StoreError),
-}
-
-impl From<StoreError> for QueryError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::NoSuchIncident(id) => QueryError::NotFound(id),
-            other => QueryError::Store(other),
-        }
-    }
 }
 
 /// A page of incidents, newest first.

@@ -8,7 +8,7 @@ use model::Sample;
 use serde::{Deserialize, Serialize};
 use storage::{IncidentQuery, PwruRecord, Store};
 
-use super::query::QueryError;
+use super::query_error::QueryError;
 use crate::output::fmt_time;
 
 /// A sample and, when pwru traced its packet, the packet's timeline.
