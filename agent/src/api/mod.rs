@@ -68,7 +68,7 @@ pub struct StatusReport {
     pub otlp: Option<crate::otlp::OtlpReport>,
     /// Hardware RX stamping per interface (empty with `hw_rx_timestamps = "off"`).
     #[serde(default)]
-    pub nic_stamps: Vec<crate::daemon::NicStampRow>,
+    pub nic_stamps: Vec<NicStampRow>,
     /// driver-to-completion per device in the last interval (empty while the probe does
     /// not run or no hardware device has transmitted).
     #[serde(default)]
@@ -654,6 +654,41 @@ pub struct ProbeHistory {
 pub struct ApiError {
     /// What went wrong, for humans.
     pub error: String,
+}
+
+/// One interface's hardware RX stamping, as status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NicStampRow {
+    /// Interface name.
+    pub interface: String,
+    /// Whether received packets are stamped in hardware now, in a word: `on`, `off`
+    /// (the device can, but its `rx_filter` is none), `unsupported`, `no-phc`, `error`.
+    pub state: String,
+    /// The operator's sentence: "no hardware RX stamps on eth0: ...", or what is used.
+    pub summary: String,
+    /// The device's PTP clock (`/dev/ptpN`), when it has one.
+    pub phc: Option<String>,
+    /// The RX filter set now (`none`, `all`, `ptpv2-event`, ...), when the driver says.
+    pub rx_filter: Option<String>,
+    /// Whether tailtrap turned RX stamping on (`hw_rx_timestamps = "enable"`); it is put
+    /// back when the daemon stops.
+    #[serde(default)]
+    pub enabled_by_tailtrap: bool,
+    /// The PHC's offset to the system clock (CLOCK_REALTIME − PHC), ns, as last read.
+    pub offset_ns: Option<i64>,
+    /// Half the narrowest bracket of the system reads around the PHC read, ns (0 for a
+    /// cross-timestamp).
+    pub offset_uncertainty_ns: Option<u64>,
+    /// How the offset was read: `precise`, `extended`, `plain`.
+    pub offset_method: Option<String>,
+    /// When the offset was read, ns since the epoch.
+    pub offset_read_ns: Option<u64>,
+    /// Why the offset could not be read, when it could not.
+    pub offset_error: Option<String>,
+    /// The probes hold this device's clock: nic-to-stack times its stamped packets (set
+    /// once the kernel took the offset, each interval).
+    #[serde(default)]
+    pub timed_by_nic_to_stack: bool,
 }
 
 #[cfg(test)]

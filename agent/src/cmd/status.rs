@@ -373,7 +373,7 @@ fn print_report(r: &StatusReport) {
 
 /// Hardware RX stamping: a row per interface with a PTP clock; the others, which cannot
 /// stamp received packets, one line per reason (a host has hundreds of veths).
-fn print_nic_stamps(rows: &[crate::daemon::NicStampRow]) {
+fn print_nic_stamps(rows: &[crate::api::NicStampRow]) {
     let (with_clock, without): (Vec<_>, Vec<_>) = rows.iter().partition(|n| n.phc.is_some());
     if !with_clock.is_empty() {
         let mut t = table([

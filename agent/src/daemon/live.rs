@@ -10,7 +10,7 @@ use capture::pwru::{Prerequisites, SessionManager};
 use storage::{Store, StoreStats};
 
 use super::lock;
-use super::nic_stamps::NicStampRow;
+use crate::api::NicStampRow;
 
 use crate::api::{
     CaptureReport, CauseCount, DaemonInfo, DeviceLatencyRow, KernelCounters, LatencyRow,

@@ -16,7 +16,7 @@ mod interval;
 mod kernel;
 mod live;
 mod nic_stamps;
-pub(crate) use nic_stamps::{nic_to_stack_unavailable, NicStampRow};
+pub(crate) use nic_stamps::nic_to_stack_unavailable;
 mod pwru;
 mod reload;
 mod standing;

@@ -18,47 +18,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, SystemTime};
 
 use bpf::HwRxStamps;
-use serde::{Deserialize, Serialize};
+
+use crate::api::NicStampRow;
 
 /// How often the interface list is read again (interfaces come and go: veths of pods).
 const RESCAN_EVERY: Duration = Duration::from_secs(30);
 /// Samples per `PTP_SYS_OFFSET_EXTENDED` / `PTP_SYS_OFFSET` read: the narrowest bracket wins.
 const OFFSET_SAMPLES: u32 = 5;
-/// One interface's hardware RX stamping, as status shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NicStampRow {
-    /// Interface name.
-    pub interface: String,
-    /// Whether received packets are stamped in hardware now, in a word: `on`, `off`
-    /// (the device can, but its `rx_filter` is none), `unsupported`, `no-phc`, `error`.
-    pub state: String,
-    /// The operator's sentence: "no hardware RX stamps on eth0: ...", or what is used.
-    pub summary: String,
-    /// The device's PTP clock (`/dev/ptpN`), when it has one.
-    pub phc: Option<String>,
-    /// The RX filter set now (`none`, `all`, `ptpv2-event`, ...), when the driver says.
-    pub rx_filter: Option<String>,
-    /// Whether tailtrap turned RX stamping on (`hw_rx_timestamps = "enable"`); it is put
-    /// back when the daemon stops.
-    #[serde(default)]
-    pub enabled_by_tailtrap: bool,
-    /// The PHC's offset to the system clock (CLOCK_REALTIME − PHC), ns, as last read.
-    pub offset_ns: Option<i64>,
-    /// Half the narrowest bracket of the system reads around the PHC read, ns (0 for a
-    /// cross-timestamp).
-    pub offset_uncertainty_ns: Option<u64>,
-    /// How the offset was read: `precise`, `extended`, `plain`.
-    pub offset_method: Option<String>,
-    /// When the offset was read, ns since the epoch.
-    pub offset_read_ns: Option<u64>,
-    /// Why the offset could not be read, when it could not.
-    pub offset_error: Option<String>,
-    /// The probes hold this device's clock: nic-to-stack times its stamped packets (set
-    /// once the kernel took the offset, each interval).
-    #[serde(default)]
-    pub timed_by_nic_to_stack: bool,
-}
-
 /// A PHC's offset to the system clock at one instant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PhcOffset {

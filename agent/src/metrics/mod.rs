@@ -317,7 +317,7 @@ mod tests {
                     Some(1_700_000_000_000_000_000),
                 ),
                 nic("eth1", "off", None, None),
-                crate::daemon::NicStampRow {
+                crate::api::NicStampRow {
                     phc: None,
                     ..nic("veth0", "unsupported", None, None)
                 },
@@ -331,8 +331,8 @@ mod tests {
         state: &str,
         offset_ns: Option<i64>,
         read_ns: Option<u64>,
-    ) -> crate::daemon::NicStampRow {
-        crate::daemon::NicStampRow {
+    ) -> crate::api::NicStampRow {
+        crate::api::NicStampRow {
             interface: interface.into(),
             state: state.into(),
             summary: String::new(),
