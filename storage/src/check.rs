@@ -4,9 +4,11 @@ use serde::Serialize;
 
 use crate::chunk;
 use crate::codec;
+use crate::engine::T;
 use crate::error::Result;
+use crate::history_chunk;
 use crate::model::{Incident, IncidentState, PwruRecord};
-use crate::store::{Store, StoreStats, SCHEMA_VERSION, T};
+use crate::store::{Store, StoreStats, SCHEMA_VERSION};
 use crate::windows;
 
 /// One tree's figures.
@@ -95,7 +97,7 @@ impl Store {
                         Err(_) => false,
                     },
                     T::Pwru => codec::decode::<PwruRecord>(&v).is_ok(),
-                    T::History => crate::history::decode_record(0, &v).is_ok(),
+                    T::History => history_chunk::decode_record(0, &v).is_ok(),
                     T::Baselines => codec::decode::<Vec<u8>>(&v).is_ok(),
                     // Meta values have several types; the envelope check is what applies.
                     T::Meta => codec::verify(&v).is_ok(),

@@ -6,7 +6,6 @@
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
-use crate::layout::Record;
 
 /// Version of the envelope and of the record layouts inside it, for every tree but samples
 /// (and history chunks) and every record but incidents.
@@ -30,7 +29,33 @@ pub(crate) const SAMPLE_CHUNK_V4: u8 = 4;
 pub(crate) const SAMPLE_CHUNK_V3: u8 = 3;
 /// Sample chunks written before samples carried the skb address.
 pub(crate) const SAMPLE_CHUNK_V2: u8 = 2;
+/// Envelope version of a history chunk (`Vec<(offset ns, HistogramV1)>`, see the `layout`
+/// module); version-1 history records hold one point each (a `HistogramV1`, written before
+/// chunks) and stay readable.
+pub(crate) const HISTORY_CHUNK_VERSION: u8 = 2;
 pub(crate) const HEADER: usize = 5;
+
+/// A live type stored through a frozen one: the layout this build writes, its envelope
+/// version, and the conversions. Records of older layouts are read by
+/// [`Record::decode_older`] (incidents: envelope version 1), or by the code that knows
+/// their version (the samples and history trees, whose envelope versions name their
+/// layout). The frozen layouts and their conversions are the `layout` module's.
+pub(crate) trait Record: Sized {
+    /// The frozen type of the layout this build writes.
+    type Frozen: Serialize + DeserializeOwned;
+    /// The envelope version this build writes the record with (and reads as `Frozen`).
+    const VERSION: u8 = RECORD_VERSION;
+    /// The value as it is stored.
+    fn freeze(&self) -> Self::Frozen;
+    /// The stored value as the live type; `Err` (why) when it has no live equivalent.
+    fn thaw(frozen: Self::Frozen) -> Result<Self, String>;
+    /// A whole envelope (`bytes`, header included) of `version`, not [`Record::VERSION`],
+    /// as the live type: the layouts earlier builds wrote. No older layout by default.
+    fn decode_older(version: u8, bytes: &[u8]) -> Result<Self, DecodeError> {
+        let _ = bytes;
+        Err(DecodeError::Version(version))
+    }
+}
 
 /// Why a stored value could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +88,7 @@ pub(crate) fn encode<R: Record>(kind: &'static str, value: &R, max: usize) -> Re
     encode_as(R::VERSION, kind, &value.freeze(), max, 128)
 }
 
-/// Encode `value`, a frozen layout (`crate::layout`), into an envelope of `version`,
+/// Encode `value`, a frozen layout (of the `layout` module), into an envelope of `version`,
 /// refusing anything over `max` bytes; `capacity` is the expected size (one allocation
 /// when right).
 pub(crate) fn encode_as<T: Serialize>(
@@ -116,7 +141,7 @@ pub(crate) fn verify(bytes: &[u8]) -> Result<&[u8], DecodeError> {
                 || v == SAMPLE_CHUNK_V4
                 || v == SAMPLE_CHUNK_V3
                 || v == SAMPLE_CHUNK_V2
-                || v == crate::history::HISTORY_CHUNK_VERSION
+                || v == HISTORY_CHUNK_VERSION
                 || v == INCIDENT_RECORD_VERSION =>
         {
             verify_as(v, bytes)

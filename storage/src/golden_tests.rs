@@ -18,13 +18,12 @@ use model::{
 };
 
 use crate::codec::{
-    self, INCIDENT_RECORD_VERSION, RECORD_VERSION, SAMPLE_CHUNK_V3, SAMPLE_CHUNK_V4,
-    SAMPLE_CHUNK_V5, SAMPLE_CHUNK_VERSION,
+    self, Record, HISTORY_CHUNK_VERSION, INCIDENT_RECORD_VERSION, RECORD_VERSION, SAMPLE_CHUNK_V3,
+    SAMPLE_CHUNK_V4, SAMPLE_CHUNK_V5, SAMPLE_CHUNK_VERSION,
 };
-use crate::history::{decode_record, Chunk, Stored, HISTORY_CHUNK_VERSION};
+use crate::history_chunk::{decode_record, record_points, Chunk, Stored};
 use crate::layout::sample::{sample_bytes_before, samples_v3_bytes, samples_v5_bytes};
-use crate::layout::Record;
-use crate::store::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
+use crate::limits::{MAX_BASELINE_BYTES, MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
 use crate::{
     chunk, CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
     IncidentVerdict, PwruRecord, PwruState, PwruStatus,
@@ -513,7 +512,7 @@ fn golden_records_decode_to_their_values() {
     let chunk = golden("history-chunk-v2.bin");
     assert_eq!(chunk[0], HISTORY_CHUNK_VERSION);
     assert_eq!(decode_record(T, &chunk), Ok(history_points()));
-    assert_eq!(crate::history::record_points(&chunk), 3);
+    assert_eq!(record_points(&chunk), 3);
 }
 
 // ---- encoding: the layouts written today are the golden bytes ----------------------------

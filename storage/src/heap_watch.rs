@@ -19,9 +19,9 @@ pub struct HeapReading {
     pub taken: Instant,
 }
 
-/// Reads the process's heap for [`Store::watch_heap`](crate::Store::watch_heap); `None`
-/// when no reading is available yet. Called on write paths: it must be cheap (a stored
-/// reading, not a fresh walk of the allocator).
+/// Reads the process's heap for `Store::watch_heap`; `None` when no reading is available
+/// yet. Called on write paths: it must be cheap (a stored reading, not a fresh walk of the
+/// allocator).
 pub type HeapProbe = Box<dyn Fn() -> Option<HeapReading> + Send + Sync>;
 
 pub(crate) struct HeapWatch {

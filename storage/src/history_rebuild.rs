@@ -15,28 +15,19 @@
 //! after a clean stop, and done twice it finds nothing the second time. A stream whose
 //! points do not add up (a changed level configuration, records removed) is left as is.
 //!
-//! [`COARSE_WRITE_EVERY`]: crate::history::COARSE_WRITE_EVERY
+//! [`COARSE_WRITE_EVERY`]: crate::history_buffer::COARSE_WRITE_EVERY
 
 use std::collections::btree_map::{BTreeMap, Entry};
 
 use model::{Histogram, Probe};
 
+use crate::engine::T;
 use crate::error::Result;
-use crate::history::{decode_record, Chunk, Pending, COARSE_WRITE_EVERY};
+use crate::history::Pending;
+use crate::history_buffer::COARSE_WRITE_EVERY;
+use crate::history_chunk::{decode_record, Chunk};
 use crate::keys;
-use crate::store::{Store, T};
-
-/// What the pass restored.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct HistoryRebuild {
-    /// Finest-level points merged into a coarser level (once per level).
-    pub points: u64,
-    /// Coarser-level streams (service, probe, level) that lacked points.
-    pub streams: u64,
-    /// Coarser-level streams left as they were because their newest point does not add
-    /// up from the finest level's points.
-    pub inconsistent: u64,
-}
+use crate::store::{HistoryRebuild, Store};
 
 impl Store {
     /// Complete every coarser history level from the finest one (see the module doc).

@@ -17,16 +17,21 @@ mod check;
 mod chunk;
 mod codec;
 mod config;
+mod engine;
 mod error;
 #[cfg(test)]
 mod golden_tests;
 mod heap_watch;
 mod history;
+mod history_buffer;
+mod history_chunk;
 mod history_rebuild;
 mod keys;
 mod layout;
+mod limits;
 mod lock;
 mod model;
+mod paths;
 mod query;
 mod retention;
 mod store;
@@ -35,14 +40,13 @@ mod windows;
 
 pub use crate::model::{
     CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
-    NewIncident, PwruRecord, PwruState, PwruStatus,
+    IncidentVerdict, NewIncident, PwruRecord, PwruState, PwruStatus,
 };
 pub use check::{CheckReport, TreeCheck};
 pub use config::{HistoryLevel, StoreConfig, DEFAULTS_TOML, MAX_HISTORY_LEVELS};
 pub use error::{LockHolder, Result, StoreError};
 pub use heap_watch::{HeapProbe, HeapReading};
 pub use history::{HistoryPoint, HistorySeries, SparseSeries};
-pub use history_rebuild::HistoryRebuild;
 pub use keys::MAX_SERVICE_LEN;
 pub use query::{
     FlowCount, FlowFilter, IncidentBundle, IncidentPage, IncidentQuery, LatencyQuantiles,
@@ -50,7 +54,7 @@ pub use query::{
 };
 pub use retention::{RetentionReport, RotationReport};
 pub use store::{
-    OpenReport, Store, StoreStats, INCIDENT_ID_RESERVE, MAX_SAMPLE_BATCH, RECOVER_EVERY,
-    SCHEMA_VERSION,
+    HistoryRebuild, OpenReport, Store, StoreStats, INCIDENT_ID_RESERVE, MAX_SAMPLE_BATCH,
+    RECOVER_EVERY, SCHEMA_VERSION,
 };
-pub use verdict::{IncidentVerdict, MAX_NOTE_BYTES};
+pub use verdict::MAX_NOTE_BYTES;

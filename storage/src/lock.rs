@@ -10,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{LockHolder, Result, StoreError};
-use crate::store::sibling;
+use crate::paths::sibling;
 
 /// Path of the pid file for the database at `db`.
 pub(crate) fn pid_file(db: &Path) -> PathBuf {

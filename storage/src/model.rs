@@ -1,6 +1,6 @@
 //! The records the store keeps (other than [`model::Sample`], shared with capture).
 
-use model::{Flow, Probe};
+use model::{Flow, Probe, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// Where an incident stands.
@@ -215,4 +215,17 @@ pub struct PwruRecord {
     pub flow: Option<Flow>,
     /// The raw JSON line, verbatim.
     pub raw: String,
+}
+
+// With the other stored live types (not in `verdict.rs`, which stores it), so that its
+// frozen layout in `layout::incident` does not import the store.
+/// A verdict with the operator's note and when it was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentVerdict {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Free text (may be empty).
+    pub note: String,
+    /// When it was given, ns since the epoch.
+    pub marked_ns: u64,
 }

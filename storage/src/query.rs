@@ -10,11 +10,11 @@ use model::{Flow, Probe, Sample, SampleFlags, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::chunk;
+use crate::engine::T;
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::model::{Incident, IncidentState, PwruRecord};
-use crate::store::{Store, T};
-use crate::verdict::IncidentVerdict;
+use crate::model::{Incident, IncidentState, IncidentVerdict, PwruRecord};
+use crate::store::Store;
 
 /// Most items one page returns, whatever the caller asks.
 pub const MAX_PAGE: usize = 10_000;

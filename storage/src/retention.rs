@@ -10,11 +10,13 @@ use serde::Serialize;
 
 use crate::chunk;
 use crate::codec;
+use crate::engine::{Engine, T};
 use crate::error::{Result, StoreError};
-use crate::history;
+use crate::history_chunk;
 use crate::keys;
 use crate::model::{Incident, IncidentState};
-use crate::store::{sibling, timestamp, unused_sibling, Engine, Store, META_ROTATIONS, T};
+use crate::paths::{sibling, timestamp, unused_sibling};
+use crate::store::{Store, META_ROTATIONS};
 use crate::windows;
 
 /// What one retention pass deleted.
@@ -219,7 +221,7 @@ impl Store {
             .get(usize::from(level))
             .map_or(1, |l| nanos(l.resolution).max(1));
         // The newest point a chunk can hold starts this long after the chunk.
-        let reach = history::chunk_span(res) - res;
+        let reach = history_chunk::chunk_span(res) - res;
         if !by_start {
             // Before the stored records: a writer can no longer store the chunk again.
             self.history_write
@@ -235,14 +237,14 @@ impl Store {
             // eighth of all history at once.
             let range = (Bound::Included(stream.into()), Bound::Excluded(end.into()));
             self.for_each_record_in_windows(T::History, range, |k, v| {
-                let chunk = v.first() == Some(&history::HISTORY_CHUNK_VERSION);
+                let chunk = v.first() == Some(&codec::HISTORY_CHUNK_VERSION);
                 if chunk && !by_start {
                     let start = keys::parse_history(&k).map_or(0, |(_, _, _, t)| t);
                     if start.saturating_add(reach) >= cut_ns {
                         return Ok(());
                     }
                 }
-                n += history::record_points(&v);
+                n += history_chunk::record_points(&v);
                 rep.bytes_freed += self.remove(T::History, &k)?;
                 Ok(())
             })?;

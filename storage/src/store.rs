@@ -1,27 +1,34 @@
 //! The store: opening (with lock, corruption and restart handling), writes, flushing and
 //! counters. Queries, history, retention and checks live in sibling modules as further
-//! `impl Store` blocks.
+//! `impl Store` blocks; sled's files and trees themselves are `engine.rs`'s.
 
 use std::fs;
 use std::io;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use crate::layout::Record;
 use model::config::Validate;
 use model::Sample;
+use sled::IVec;
 
 use crate::chunk;
-use crate::codec;
+use crate::codec::{self, Record};
 use crate::config::StoreConfig;
+use crate::engine::{
+    open_engine, try_open_patiently, write_witness, Engine, OnCorrupt, SledFiles, Verify,
+    META_GENERATION, T,
+};
 use crate::error::{Result, StoreError};
+use crate::heap_watch::{HeapProbe, HeapWatch};
+use crate::history_buffer::HistoryBuffer;
 use crate::keys;
+use crate::limits::{MAX_INCIDENT_BYTES, MAX_PWRU_BYTES};
 use crate::lock;
 use crate::model::{CaptureState, Incident, IncidentState, NewIncident, PwruRecord, PwruState};
-use crate::windows;
+use crate::paths::unused_sibling;
+use crate::windows::{self, KeyRange};
 
 /// Layout version of the database (trees, keys, record types).
 /// 2: samples are stored in chunks (see docs/storage.md); a version-1 database opens and
@@ -42,82 +49,18 @@ use crate::windows;
 /// appended); every record written before reads unchanged.
 pub const SCHEMA_VERSION: u32 = 10;
 
-/// Caps on encoded record sizes, bytes: a record over its cap is refused, never truncated.
-pub(crate) const MAX_INCIDENT_BYTES: usize = 1 << 20;
-pub(crate) const MAX_PWRU_BYTES: usize = 64 << 10;
-pub(crate) const MAX_HISTORY_BYTES: usize = 16 << 10;
-pub(crate) const MAX_BASELINE_BYTES: usize = 1 << 20;
 /// Most samples in one batch (a sample's index in its batch must fit the low bits of its
 /// sequence number).
 pub const MAX_SAMPLE_BATCH: usize = 1 << chunk::BATCH_INDEX_BITS;
-
-/// The fixed set of trees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum T {
-    Meta,
-    Incidents,
-    Samples,
-    Pwru,
-    History,
-    Baselines,
-}
-
-impl T {
-    pub(crate) const ALL: [T; 6] = [
-        T::Meta,
-        T::Incidents,
-        T::Samples,
-        T::Pwru,
-        T::History,
-        T::Baselines,
-    ];
-
-    pub(crate) const fn name(self) -> &'static str {
-        match self {
-            T::Meta => "meta",
-            T::Incidents => "incidents",
-            T::Samples => "samples",
-            T::Pwru => "pwru",
-            T::History => "history",
-            T::Baselines => "baselines",
-        }
-    }
-
-    const fn index(self) -> usize {
-        self as usize
-    }
-}
 
 const META_SCHEMA: &[u8] = b"schema";
 const META_NEXT_INCIDENT: &[u8] = b"next_incident";
 const META_MOVED_ASIDE: &[u8] = b"moved_aside";
 pub(crate) const META_ROTATIONS: &[u8] = b"rotations";
-const META_GENERATION: &[u8] = b"flush_generation";
 
 /// How far ahead of the incidents handed out the stored id counter is kept: after a crash,
 /// ids skip at most this many.
 pub const INCIDENT_ID_RESERVE: u64 = 16;
-
-/// File inside the database directory recording the last flush generation sled confirmed.
-const WITNESS_FILE: &str = "tailtrap-flushed";
-
-pub(crate) struct Engine {
-    pub(crate) db: sled::Db,
-    trees: Vec<sled::Tree>,
-    /// Live bytes per tree found when it was opened.
-    pub(crate) live: [u64; 6],
-    /// Flush generation stored in the database when it was opened.
-    generation: u64,
-    /// An empty in-memory engine holding the place of the real one (while a failed one
-    /// shuts down): reads from it would wrongly look like an empty database.
-    stand_in: bool,
-}
-
-impl Engine {
-    pub(crate) fn tree(&self, t: T) -> &sled::Tree {
-        &self.trees[t.index()]
-    }
-}
 
 /// What happened while opening the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -127,7 +70,22 @@ pub struct OpenReport {
     /// Incidents that were open when the previous run stopped, now marked interrupted.
     pub interrupted: Vec<u64>,
     /// What the coarser history levels got back from the finest one after a crash.
-    pub history_rebuilt: crate::HistoryRebuild,
+    pub history_rebuilt: HistoryRebuild,
+}
+
+// Beside the report that holds it (not in `history_rebuild.rs`, the pass itself), so that
+// the store does not import the pass.
+/// What the pass completing the coarser history levels from the finest one restored at
+/// open.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HistoryRebuild {
+    /// Finest-level points merged into a coarser level (once per level).
+    pub points: u64,
+    /// Coarser-level streams (service, probe, level) that lacked points.
+    pub streams: u64,
+    /// Coarser-level streams left as they were because their newest point does not add
+    /// up from the finest level's points.
+    pub inconsistent: u64,
 }
 
 /// Counters of the store since it was opened (and, where noted, over its lifetime).
@@ -189,7 +147,7 @@ pub struct Store {
     /// Serialises flushes, so generations reach the witness file in order.
     flush_lock: Mutex<()>,
     /// Serialises history writes, with the chunks being filled (see `history`).
-    pub(crate) history_write: Mutex<crate::history::HistoryBuffer>,
+    pub(crate) history_write: Mutex<HistoryBuffer>,
     /// Bumped whenever history records are removed or the engine is replaced: what the
     /// history buffer knows of the tree is then out of date.
     pub(crate) history_epoch: AtomicU64,
@@ -197,7 +155,7 @@ pub struct Store {
     /// about what sled holds in memory (see [`Store::maybe_recycle`]).
     touched: AtomicU64,
     /// The process's heap, when the daemon lets the store read it (see `heap_watch`).
-    heap: crate::heap_watch::HeapWatch,
+    heap: HeapWatch,
     /// Tree handles in use outside the engine lock (long reads): the engine is not
     /// recycled under them, its files would stay locked.
     outside: AtomicUsize,
@@ -228,13 +186,6 @@ enum Recycle {
     Records,
     /// The process's heap grew this many bytes (at least `cache_bytes`) since it opened.
     Heap(u64),
-}
-
-/// How [`Store`] reacts to an engine that cannot open the database.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OnCorrupt {
-    MoveAside,
-    Fail,
 }
 
 impl Store {
@@ -341,7 +292,7 @@ impl Store {
             history_write: Mutex::default(),
             history_epoch: AtomicU64::new(0),
             touched,
-            heap: crate::heap_watch::HeapWatch::new(),
+            heap: HeapWatch::new(),
             outside: AtomicUsize::new(0),
             generation,
             engine_failed: AtomicBool::new(false),
@@ -780,6 +731,29 @@ impl Store {
         }
     }
 
+    /// [`windows::for_each_record`] over tree `t` of this store: each window through a tree
+    /// handle taken outside the engine lock, windows of `pass_window_bytes`, the engine
+    /// reopened between them once `cache_bytes` went through it.
+    pub(crate) fn for_each_record_in_windows(
+        &self,
+        t: T,
+        range: KeyRange,
+        mut visit: impl FnMut(IVec, IVec) -> Result<()>,
+    ) -> Result<()> {
+        let mut store = self;
+        windows::for_each_record(
+            &mut store,
+            |s| s.tree_outside(t),
+            range,
+            self.cfg.pass_window_bytes(),
+            |s| {
+                s.maybe_recycle();
+                Ok(())
+            },
+            |_, k, v| visit(k, v),
+        )
+    }
+
     /// Note `bytes` of records written, removed or read through the engine.
     pub(crate) fn touch(&self, bytes: u64) {
         self.touched.fetch_add(bytes, Ordering::Relaxed);
@@ -831,7 +805,7 @@ impl Store {
     /// segment cleaner read back from disk, which no count of the store's own reads and
     /// writes sees. The daemon passes glibc's count, once started. Growth counts from the
     /// first reading taken after this call; only the first probe set is used.
-    pub fn watch_heap(&self, probe: crate::heap_watch::HeapProbe) {
+    pub fn watch_heap(&self, probe: HeapProbe) {
         if !self.heap.set_probe(probe) {
             tracing::debug!("the store already watches the heap; the new probe is ignored");
         }
@@ -1428,269 +1402,12 @@ impl Drop for TreeHandle<'_> {
     }
 }
 
-/// Whether opening reads every record (to find damage and count live bytes).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Verify {
-    Yes,
-    /// Reopening files this process just closed: reading everything would only fill
-    /// memory again (the live counts are the store's own).
-    No,
-}
-
-/// Why sled could not open a database.
-enum OpenFailure {
-    Locked,
-    Damaged(String),
-    Other(StoreError),
-}
-
-impl OpenFailure {
-    /// The store's error for a failure to open the database at `path`.
-    fn into_error(self, path: &Path) -> StoreError {
-        match self {
-            OpenFailure::Other(e) => e,
-            OpenFailure::Locked => StoreError::Locked {
-                path: path.to_path_buf(),
-                holder: lock::holder(path),
-            },
-            OpenFailure::Damaged(detail) => StoreError::Corrupt {
-                path: path.to_path_buf(),
-                detail,
-            },
-        }
-    }
-}
-
-/// Another open database (of this process or another) holds the files' lock.
-fn is_lock_error(e: &sled::Error) -> bool {
-    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
-}
-
-fn classify(e: sled::Error) -> OpenFailure {
-    match e {
-        e if is_lock_error(&e) => OpenFailure::Locked,
-        sled::Error::Io(io)
-            if matches!(
-                io.kind(),
-                io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData
-            ) =>
-        {
-            OpenFailure::Damaged(io.to_string())
-        }
-        sled::Error::Io(cause) if cause.kind() == io::ErrorKind::ReadOnlyFilesystem => {
-            OpenFailure::Other(StoreError::Io {
-                context: "its file system takes no writes (after a disk error the kernel may \
-                          have remounted it read-only: see its log, check the file system, \
-                          then start again; docs/operations.md, \"Storage faults\")"
-                    .into(),
-                cause,
-            })
-        }
-        sled::Error::Io(cause) => OpenFailure::Other(StoreError::Io {
-            context: "the storage engine could not open its files".into(),
-            cause,
-        }),
-        sled::Error::Corruption { at, .. } => {
-            OpenFailure::Damaged(format!("engine found corruption at {at:?}"))
-        }
-        other => OpenFailure::Damaged(other.to_string()),
-    }
-}
-
 /// What [`Store::stats`] last read through the engine.
 #[derive(Default)]
 struct EngineStats {
     rotations: AtomicU64,
     recoveries: AtomicU64,
     size_on_disk: AtomicU64,
-}
-
-/// An open sled database and its trees, before they become an [`Engine`].
-struct SledFiles {
-    db: sled::Db,
-    trees: Vec<sled::Tree>,
-}
-
-impl SledFiles {
-    fn open(config: &sled::Config) -> sled::Result<SledFiles> {
-        let db = config.open()?;
-        let trees = T::ALL
-            .iter()
-            .map(|t| db.open_tree(t.name()))
-            .collect::<sled::Result<Vec<_>>>()?;
-        Ok(SledFiles { db, trees })
-    }
-
-    /// An empty in-memory database, deleted when dropped.
-    fn temporary() -> sled::Result<SledFiles> {
-        SledFiles::open(&sled::Config::new().temporary(true))
-    }
-
-    /// Close and open the same files again, dropping what sled held of them. sled's
-    /// threads release the files' lock a moment after the drop, so the open is retried
-    /// for a while.
-    fn reopen(&mut self, config: &sled::Config) -> sled::Result<()> {
-        *self = SledFiles::temporary()?;
-        let mut waited = Duration::ZERO;
-        loop {
-            match SledFiles::open(config) {
-                Ok(files) => {
-                    *self = files;
-                    return Ok(());
-                }
-                Err(e) if is_lock_error(&e) && waited < Duration::from_secs(3) => {
-                    std::thread::sleep(Duration::from_millis(20));
-                    waited += Duration::from_millis(20);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
-fn try_open(
-    path: &Path,
-    cfg: &StoreConfig,
-    verify: Verify,
-) -> std::result::Result<Engine, OpenFailure> {
-    let flush_ms = u64::try_from(cfg.flush_every.as_millis()).unwrap_or(1000);
-    // The mode is only recorded by sled 0.34 (nothing reads it). `cache_capacity` bounds
-    // little of sled's memory (see `Store::maybe_recycle`).
-    let config = sled::Config::new()
-        .path(path)
-        .mode(sled::Mode::HighThroughput)
-        .cache_capacity(cfg.cache_bytes)
-        .flush_every_ms(Some(flush_ms.max(1)));
-    // sled 0.34 can panic on some damaged files instead of returning an error; a panic at
-    // open is treated as damage so the daemon recovers rather than crash-looping.
-    // Reading every record once (to count live bytes) makes damage anywhere in the files
-    // show up now, at open, where it can be handled, rather than in a later query.
-    let opened = catch_unwind(AssertUnwindSafe(|| -> sled::Result<Engine> {
-        let mut files = SledFiles::open(&config)?;
-        let mut live = [0u64; 6];
-        if verify == Verify::Yes {
-            // In windows, reopening the files between them: read in one go, a large
-            // database stayed in memory until the daemon's first engine reopen.
-            for (i, slot) in live.iter_mut().enumerate() {
-                windows::for_each_record(
-                    &mut files,
-                    |f| Box::new(f.trees[i].clone()),
-                    windows::whole(),
-                    cfg.pass_window_bytes(),
-                    |f| f.reopen(&config),
-                    |_, k, v| {
-                        *slot += (k.len() + v.len()) as u64;
-                        Ok(())
-                    },
-                )?;
-            }
-        }
-        let SledFiles { db, trees } = files;
-        let generation = match trees[T::Meta.index()].get(META_GENERATION)? {
-            Some(v) => codec::decode::<u64>(&v).unwrap_or(0),
-            None => 0,
-        };
-        Ok(Engine {
-            db,
-            trees,
-            live,
-            generation,
-            stand_in: false,
-        })
-    }));
-    match opened {
-        Ok(Ok(engine)) => match read_witness(path) {
-            Some(w) if w > engine.generation => Err(OpenFailure::Damaged(format!(
-                "records acknowledged as durable are missing (flush generation {w} was \
-                 confirmed, the database holds {})",
-                engine.generation
-            ))),
-            _ => Ok(engine),
-        },
-        Ok(Err(e)) => Err(classify(e)),
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "engine panicked".into());
-            Err(OpenFailure::Damaged(format!("engine panicked: {msg}")))
-        }
-    }
-}
-
-/// Open, waiting briefly unless another process holds the lock: sled's I/O threads
-/// release a dropped database's file a moment after the drop returns, so the holder is
-/// either this very process or already gone (nobody listed) by the time we look.
-fn try_open_patiently(
-    path: &Path,
-    cfg: &StoreConfig,
-    verify: Verify,
-) -> std::result::Result<Engine, OpenFailure> {
-    let mut waited = Duration::ZERO;
-    loop {
-        match try_open(path, cfg, verify) {
-            Err(OpenFailure::Locked)
-                if waited < Duration::from_secs(3)
-                    && lock::holder(path).is_none_or(|h| h.pid == std::process::id()) =>
-            {
-                std::thread::sleep(Duration::from_millis(20));
-                waited += Duration::from_millis(20);
-            }
-            other => return other,
-        }
-    }
-}
-
-fn open_engine(
-    path: &Path,
-    cfg: &StoreConfig,
-    on_corrupt: OnCorrupt,
-) -> Result<(Engine, Option<PathBuf>)> {
-    match try_open_patiently(path, cfg, Verify::Yes) {
-        Ok(e) => Ok((e, None)),
-        Err(OpenFailure::Damaged(detail)) if on_corrupt == OnCorrupt::MoveAside => {
-            let aside = unused_sibling(path, &format!("corrupt-{}", timestamp()));
-            fs::rename(path, &aside).map_err(|e| {
-                StoreError::io(
-                    format!("moving damaged database {} aside", path.display()),
-                    e,
-                )
-            })?;
-            tracing::error!(
-                path = %path.display(),
-                moved_to = %aside.display(),
-                %detail,
-                "DATABASE DAMAGED: moved aside, starting a fresh one; the old data is kept there for inspection"
-            );
-            // A second failure on a fresh directory is not corruption: report it, do not loop.
-            match try_open_patiently(path, cfg, Verify::Yes) {
-                Ok(e) => Ok((e, Some(aside))),
-                Err(OpenFailure::Damaged(detail)) => Err(StoreError::Corrupt {
-                    path: path.to_path_buf(),
-                    detail: format!("fresh database failed to open: {detail}"),
-                }),
-                Err(f) => Err(f.into_error(path)),
-            }
-        }
-        Err(f) => Err(f.into_error(path)),
-    }
-}
-
-fn write_witness(db: &Path, generation: u64) -> io::Result<()> {
-    let tmp = db.join(format!("{WITNESS_FILE}.tmp"));
-    fs::write(&tmp, format!("{generation}\n"))?;
-    fs::rename(tmp, db.join(WITNESS_FILE))
-}
-
-/// The generation recorded beside the database; `None` when absent or unreadable (a torn
-/// write of the file itself must not condemn the database).
-fn read_witness(db: &Path) -> Option<u64> {
-    fs::read_to_string(db.join(WITNESS_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// Copy the directory `from` (files and directories, as sled lays them out) to a new `to`,
@@ -1714,31 +1431,6 @@ fn copy_dir(from: &Path, to: &Path) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// `<path>.<suffix>` beside the database directory.
-pub(crate) fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_os_string();
-    s.push(".");
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-/// Like [`sibling`], with `-2`, `-3`, ... appended until the name is free.
-pub(crate) fn unused_sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut candidate = sibling(path, suffix);
-    let mut n = 2;
-    while candidate.exists() {
-        candidate = sibling(path, &format!("{suffix}-{n}"));
-        n += 1;
-    }
-    candidate
-}
-
-/// A file-name-safe UTC timestamp, e.g. `20261121T010203Z`.
-pub(crate) fn timestamp() -> String {
-    let t = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-    t.chars().filter(|c| *c != '-' && *c != ':').collect()
 }
 
 /// Bytes an unprivileged writer may still use on the file system holding `path`

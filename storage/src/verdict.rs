@@ -6,26 +6,14 @@
 //! incident records written by older builds stay exactly as they were. Retention deletes
 //! the verdict with its incident.
 
-use model::Verdict;
-use serde::{Deserialize, Serialize};
-
+use crate::engine::T;
 use crate::error::{Result, StoreError};
 use crate::keys;
-use crate::store::{Store, T};
+use crate::model::IncidentVerdict;
+use crate::store::Store;
 
 /// Key prefix of verdict records in the meta tree (`verdict/` + big-endian id).
 const PREFIX: &[u8] = b"verdict/";
-
-/// A verdict with the operator's note and when it was given.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IncidentVerdict {
-    /// The verdict.
-    pub verdict: Verdict,
-    /// Free text (may be empty).
-    pub note: String,
-    /// When it was given, ns since the epoch.
-    pub marked_ns: u64,
-}
 
 /// Longest note kept, bytes.
 pub const MAX_NOTE_BYTES: usize = 4096;

@@ -14,9 +14,6 @@ use std::ops::{Bound, Deref};
 
 use sled::IVec;
 
-use crate::error::Result as StoreResult;
-use crate::store::{Store, T};
-
 /// A key range to pass over.
 pub(crate) type KeyRange = (Bound<IVec>, Bound<IVec>);
 
@@ -70,31 +67,6 @@ where
             }
             _ => return Ok(()),
         }
-    }
-}
-
-impl Store {
-    /// [`for_each_record`] over tree `t` of this store: each window through a tree handle
-    /// taken outside the engine lock, windows of `pass_window_bytes`, the engine reopened
-    /// between them once `cache_bytes` went through it.
-    pub(crate) fn for_each_record_in_windows(
-        &self,
-        t: T,
-        range: KeyRange,
-        mut visit: impl FnMut(IVec, IVec) -> StoreResult<()>,
-    ) -> StoreResult<()> {
-        let mut store = self;
-        for_each_record(
-            &mut store,
-            |s| s.tree_outside(t),
-            range,
-            self.cfg.pass_window_bytes(),
-            |s| {
-                s.maybe_recycle();
-                Ok(())
-            },
-            |_, k, v| visit(k, v),
-        )
     }
 }
 

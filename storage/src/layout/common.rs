@@ -188,8 +188,8 @@ impl From<SocketQueueV1> for SocketQueue {
 
 /// A histogram, sparse: `(bucket index, count)` of the non-empty buckets in index order,
 /// the count and the sum. History records: one per point (version 1), a chunk's points
-/// (version 2, `Vec<(offset ns, HistogramV1)>`). `history::put_point` writes the same bytes
-/// without building one (a test checks).
+/// (version 2, `Vec<(offset ns, HistogramV1)>`). `history_chunk::put_point` writes the
+/// same bytes without building one (a test checks).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HistogramV1 {
     pub(crate) buckets: Vec<(u64, u64)>,

@@ -81,7 +81,6 @@ macro_rules! pair {
 #[test]
 fn live_stored_types_have_the_fields_of_their_frozen_layouts() {
     use crate::model::*;
-    use crate::verdict::IncidentVerdict;
     use model::Verdict;
     use model::{CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SocketQueue, Transport};
     let pairs = [

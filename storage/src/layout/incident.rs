@@ -5,13 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::common::{FlowV1, ProbeV1};
-use super::Record;
-use crate::codec::{self, DecodeError, INCIDENT_RECORD_VERSION, RECORD_VERSION};
+use crate::codec::{self, DecodeError, Record, INCIDENT_RECORD_VERSION, RECORD_VERSION};
 use crate::model::{
     CaptureState, CaptureStatus, Incident, IncidentCause, IncidentCounters, IncidentState,
-    PwruRecord, PwruState, PwruStatus,
+    IncidentVerdict, PwruRecord, PwruState, PwruStatus,
 };
-use crate::verdict::IncidentVerdict;
 use model::Verdict;
 
 /// [`IncidentState`].

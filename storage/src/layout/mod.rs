@@ -27,31 +27,7 @@ mod fingerprint;
 pub(crate) mod incident;
 pub(crate) mod sample;
 
-use serde::{de::DeserializeOwned, Serialize};
-
-use crate::codec::{self, DecodeError};
-
-/// A live type stored through a frozen one: the layout this build writes, its envelope
-/// version, and the conversions. Records of older layouts are read by
-/// [`Record::decode_older`] (incidents: envelope version 1), or by the code that knows
-/// their version (the samples and history trees, whose envelope versions name their
-/// layout).
-pub(crate) trait Record: Sized {
-    /// The frozen type of the layout this build writes.
-    type Frozen: Serialize + DeserializeOwned;
-    /// The envelope version this build writes the record with (and reads as `Frozen`).
-    const VERSION: u8 = codec::RECORD_VERSION;
-    /// The value as it is stored.
-    fn freeze(&self) -> Self::Frozen;
-    /// The stored value as the live type; `Err` (why) when it has no live equivalent.
-    fn thaw(frozen: Self::Frozen) -> Result<Self, String>;
-    /// A whole envelope (`bytes`, header included) of `version`, not [`Record::VERSION`],
-    /// as the live type: the layouts earlier builds wrote. No older layout by default.
-    fn decode_older(version: u8, bytes: &[u8]) -> Result<Self, DecodeError> {
-        let _ = bytes;
-        Err(DecodeError::Version(version))
-    }
-}
+use crate::codec::Record;
 
 /// Types whose postcard encoding is fixed by postcard's own (stable, 1.0) wire format:
 /// integers, strings, byte and string lists. Meta values and baselines (opaque bytes)
