@@ -62,6 +62,10 @@ pub struct Thresholds {
     /// How long a notice-sized shift must last to become an incident (0: at once).
     #[serde(with = "humantime_serde")]
     pub notice_for: Duration,
+    /// ... and the level its quantile must have reached for lasting to count: a p99.9 of
+    /// ip-start moving from 8 µs to 33 µs for minutes is real and slows no request.
+    #[serde(with = "humantime_serde")]
+    pub notice_floor: Duration,
     /// Shortest evaluation window (the most recent intervals).
     #[serde(
         serialize_with = "humantime_serde::serialize",
@@ -139,6 +143,7 @@ impl Default for Thresholds {
             incident_ratio: 2.0,
             incident_delta: Duration::from_micros(200),
             notice_for: Duration::from_secs(60),
+            notice_floor: Duration::from_micros(100),
             window: Duration::from_secs(5),
             max_window: Duration::from_secs(60),
             min_samples: 500,
