@@ -225,7 +225,8 @@ pub struct ServiceSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Filters {
-    /// Process ids (thread group ids); applies to the read probes.
+    /// Process ids (thread group ids); applies to the read probes, and to sent packets
+    /// whose send call was seen (by their sender).
     pub pids: Vec<u32>,
     /// cgroup paths relative to the cgroup2 mount; matches the socket's own cgroup.
     pub cgroups: Vec<PathBuf>,

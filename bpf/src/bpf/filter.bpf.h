@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0-only */
 /*
- * netstacklat's filters. Each applies where its subject is known: pid only in process
- * context (the read probes), cgroup and queue length where there is a socket, ifindex and
- * network namespace from the socket or the skb's device. Sampling applies everywhere.
+ * netstacklat's filters. Each applies where its subject is known: pid in process context
+ * (the read probes) and for a sent packet whose send call was seen (its sender), cgroup
+ * and queue length where there is a socket, ifindex and network namespace from the socket
+ * or the skb's device. Sampling applies everywhere.
  */
 #ifndef TT_FILTER_BPF_H
 #define TT_FILTER_BPF_H
@@ -79,13 +80,15 @@ static __always_inline __u32 sample_netns(const struct sk_buff *skb, const struc
 	return 0;
 }
 
+/* sender: the process of a sent packet's send call when it is known (0: not known); a
+ * receive sample's process is the current one, in process context only. */
 static __always_inline bool filters_pass(const struct sk_buff *skb, const struct sock *sk,
-					 bool process_context, bool send)
+					 bool process_context, __u32 sender, bool send)
 {
 	if (sample_one_in > 1 && bpf_get_prandom_u32() % sample_one_in)
 		return false;
-	if (filter_pids && process_context) {
-		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (filter_pids && (process_context || sender)) {
+		__u32 tgid = sender ? sender : bpf_get_current_pid_tgid() >> 32;
 
 		if (!bpf_map_lookup_elem(&allowed_pids, &tgid))
 			return false;

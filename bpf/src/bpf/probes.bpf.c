@@ -187,7 +187,7 @@ static __always_inline void record_nic_to_stack(struct tt_sample *s)
 
 	if (!nic_to_stack(s->skb, s->stamp_ns, &latency_ns))
 		return;
-	if (!filters_pass(s->skb, NULL, false, false))
+	if (!filters_pass(s->skb, NULL, false, 0, false))
 		return;
 	s->probe = TT_PROBE_NIC_TO_STACK;
 	record_measured(s, service_of_port(s->local_port), latency_ns, false, 0);

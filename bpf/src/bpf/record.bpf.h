@@ -40,7 +40,7 @@ static __always_inline void record_latency(const struct tt_sample *s)
 	__u64 latency_ns, now_tai, stamp = s->stamp_ns;
 	__u32 service;
 
-	if (!filters_pass(s->skb, s->sk, s->process_context, s->send))
+	if (!filters_pass(s->skb, s->sk, s->process_context, 0, s->send))
 		return;
 	/* A receive stamp (REALTIME) moves back to the NIC's stamp with hw_stamp_origin: the
 	 * read-only switch first, so the verifier drops the rest when it is off. */

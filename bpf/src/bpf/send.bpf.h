@@ -448,7 +448,7 @@ static __always_inline void send_unqueued(const struct sk_buff *skb, struct tt_s
 	if (!call || call->thread != thread || call->sk != (__u64)(unsigned long)skb->sk)
 		return;
 	s->sk = sending_sock(skb);
-	if (!s->sk || !filters_pass(skb, s->sk, false, true))
+	if (!s->sk || !filters_pass(skb, s->sk, false, thread >> 32, true))
 		return;
 	now = bpf_ktime_get_ns();
 	if (call->start_ns > now || tcp_call_slept(call, s->sk, now))
@@ -489,7 +489,7 @@ int BPF_PROG(send_xmit, const struct sk_buff *skb, const struct net_device *dev)
 		return 0;
 	q->skb = 0;
 	s.sk = sending_sock(skb);
-	if (!filters_pass(skb, s.sk, false, true))
+	if (!filters_pass(skb, s.sk, false, s.sender_pid, true))
 		return 0;
 	now = bpf_ktime_get_ns();
 	service = s.sk ? service_of_sock(s.sk) : TT_SERVICE_HOST;
