@@ -6,21 +6,8 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use capture::pwru::{PwruEvent, PwruLine};
+use model::fixtures::fuzz_config;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
-
-/// Cases per property: `TAILTRAP_FUZZ_CASES`, or a budget that keeps CI quick.
-fn config(default: u32) -> Config {
-    let cases = std::env::var("TAILTRAP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// One parse may take this long before it counts as a hang: generous, as the long fuzz runs
 /// niced beside builds and a starved case once took 3 s of wall time.
@@ -113,7 +100,7 @@ fn the_reference_line_parses() {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(fuzz_config(512))]
 
     #[test]
     fn fuzz_pwru_arbitrary_text(raw in ".{0,400}") {

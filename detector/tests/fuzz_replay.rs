@@ -10,21 +10,8 @@ use std::time::{Duration, Instant};
 
 use detector::replay::{Record, Replayer};
 use detector::{Detector, DetectorConfig};
+use model::fixtures::fuzz_config;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
-
-/// Cases per property: `TAILTRAP_FUZZ_CASES`, or a budget that keeps CI quick.
-fn config(default: u32) -> Config {
-    let cases = std::env::var("TAILTRAP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// One parse may take this long before it counts as a hang: generous, as the long fuzz runs
 /// niced beside builds and a starved case once took 3 s of wall time.
@@ -108,7 +95,7 @@ fn a_time_past_year_9999_is_refused() {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(fuzz_config(256))]
 
     #[test]
     fn fuzz_replay_arbitrary_text_is_refused_or_parsed(text in ".{0,300}") {

@@ -1,5 +1,6 @@
 //! Sample builders for tests and benchmarks of every crate (cargo feature `fixtures`), so a
-//! new field of [`Sample`] is filled in one place.
+//! new field of [`Sample`] is filled in one place; and the one setting of every crate's
+//! property tests ([`fuzz_config`]).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -48,5 +49,21 @@ pub fn sample(incident: u64, i: u64, time_ns: u64) -> Sample {
         skb: Some(0xffff_8880_0400_0000 + (i << 8)),
         reader_wait: None,
         rx_queue: None,
+    }
+}
+
+/// The settings of a property test: `TAILTRAP_FUZZ_CASES` cases (`tests/fuzz/run.sh` sets
+/// it high), else `default`, a budget that keeps CI quick; no failure files written into
+/// the source tree.
+#[cfg(feature = "fixtures")]
+pub fn fuzz_config(default: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("TAILTRAP_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
     }
 }

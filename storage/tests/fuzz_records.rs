@@ -10,23 +10,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{new_incident, SEC, T0};
+use model::fixtures::fuzz_config;
 use model::fixtures::sample;
 use model::{Comm, CpuHolder, Histogram, Probe, ReaderWait, Sample};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use storage::{IncidentQuery, PwruRecord, SampleFilter, Store, StoreConfig};
-
-fn config(default: u32) -> Config {
-    let cases = std::env::var("TAILTRAP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// Every kind of record: incidents (one open, one closed), sample chunks (samples with and
 /// without the reader's wait and the RX queue), pwru lines, history at every level, a baseline.
@@ -181,7 +169,7 @@ fn read_everything(s: &Store) {
 }
 
 proptest! {
-    #![proptest_config(config(24))]
+    #![proptest_config(fuzz_config(24))]
 
     #[test]
     fn fuzz_stored_records_with_flipped_bytes(damages in prop::collection::vec(damage(), 1..6)) {

@@ -7,24 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use model::fixtures::fuzz_config;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::TestRunner;
 use storage::{NewIncident, Store, StoreConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::server::{bind, serve, AppState};
-
-fn config(default: u32) -> Config {
-    let cases = std::env::var("TAILTRAP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// Values a hostile or careless config might hold.
 fn toml_value() -> impl Strategy<Value = String> {
@@ -75,7 +64,7 @@ fn config_text() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(fuzz_config(256))]
 
     #[test]
     fn fuzz_config_arbitrary_text(text in ".{0,300}") {
@@ -228,7 +217,7 @@ fn fuzz_api_paths_and_queries() {
     });
     let socket = rt.block_on(bind(&path)).unwrap();
     let server = rt.spawn(serve(socket, state));
-    let mut runner = TestRunner::new(config(256));
+    let mut runner = TestRunner::new(fuzz_config(256));
     let result = runner.run(&target(), |t| {
         // /v1/status needs the daemon; every other target is fair game.
         if t.trim_end_matches('/') == "/v1/status" || t.starts_with("/v1/status?") {

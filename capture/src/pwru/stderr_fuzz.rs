@@ -2,8 +2,8 @@
 //! never panic. Kept apart from `stderr.rs`, whose private reader they need.
 #![allow(clippy::unwrap_used)] // tests may unwrap
 
+use model::fixtures::fuzz_config;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use super::stderr::StderrLog;
 
@@ -21,18 +21,6 @@ const PIECES: &[&str] = &[
     "é",
 ];
 
-fn config(default: u32) -> Config {
-    let cases = std::env::var("TAILTRAP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
-
 fn stream() -> impl Strategy<Value = Vec<u8>> {
     let piece = prop_oneof![
         prop::sample::select(PIECES).prop_map(|s| s.as_bytes().to_vec()),
@@ -44,7 +32,7 @@ fn stream() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(config(256))]
+    #![proptest_config(fuzz_config(256))]
 
     #[test]
     fn fuzz_pwru_stderr_any_bytes_any_chunks(bytes in stream(), chunk in 1usize..97) {
