@@ -23,6 +23,7 @@ mod cgroup;
 mod cmd;
 mod cpu;
 mod daemon;
+mod daemon_config;
 mod error;
 mod k8s;
 mod netns;
@@ -37,6 +38,7 @@ pub use bins::{
 pub use cgroup::Cgroup;
 pub use cpu::{pin, CpuQuota, Hog};
 pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
+pub use daemon_config::DaemonConfig;
 pub use error::{Error, Result};
 pub use k8s::{
     chart_dir, helm, helm_bin, helm_template, image_archive, k8s_tools, k8s_validate, object,

@@ -11,20 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use tailtrap_tests::{cli_json, Daemon, ScratchDir};
+use tailtrap_tests::{cli_json, Daemon, DaemonConfig, ScratchDir};
 
 fn config(dir: &Path) -> PathBuf {
-    let path = dir.join("tailtrap.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[daemon]\ninterval = \"200ms\"\ndb = \"{d}/db\"\n\n[api]\nsocket = \"{d}/api.sock\"\n\n\
-             [metrics]\nenabled = false\n\n[pwru]\nenabled = false\n",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    path
+    DaemonConfig::new(dir).without_metrics().write().unwrap()
 }
 
 /// The daemon's status once its heap figures are in (read as the trimming thread starts).

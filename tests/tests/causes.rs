@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, CpuQuota, Daemon, EchoServer,
-    Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream, TcpServer,
-    UdpServer, VethPair,
+    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, CpuQuota, Daemon, DaemonConfig,
+    EchoServer, Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream,
+    TcpServer, UdpServer, VethPair,
 };
 
 const SERVICE: &str = "echo";
@@ -79,35 +79,15 @@ fn write_config(dir: &std::path::Path, services: &[(&str, u16)]) -> PathBuf {
 
 /// [`write_config`] with another `[detector]` table.
 fn write_config_with(dir: &std::path::Path, services: &[(&str, u16)], detector: &str) -> PathBuf {
-    let services: String = services
+    services
         .iter()
-        .map(|(name, port)| format!("[[services]]\nname = \"{name}\"\nports = [{port}]\n\n"))
-        .collect();
-    let config = dir.join("tailtrap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-enabled = false
-
-[pwru]
-enabled = false
-
-{services}{detector}
-"#,
-            dir = dir.display(),
-        ),
-    )
-    .unwrap();
-    config
+        .fold(
+            DaemonConfig::new(dir).without_metrics(),
+            |c, (name, port)| c.service(name, *port),
+        )
+        .table(detector)
+        .write()
+        .unwrap()
 }
 
 /// The daemon is up (its probes attached) before the clients send, and they stop before it

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
-use tailtrap_tests::{cli, cli_json, vm_kernel, Cgroup, Daemon, ScratchDir, ServerOpts, TcpServer};
+use tailtrap_tests::{
+    cli, cli_json, vm_kernel, Cgroup, Daemon, DaemonConfig, ScratchDir, ServerOpts, TcpServer,
+};
 
 /// Waves in CI; `TAILTRAP_CHURN_WAVES=N` runs a longer churn (e.g. 250 for 5 000 cgroups) to
 /// see whether memory levels off, and `TAILTRAP_CHURN_CACHE_BYTES=N` sets the daemon's
@@ -110,34 +112,18 @@ fn churning_cgroups_reuse_freed_slots_and_none_land_in_other() {
     let started = Instant::now();
     let scratch = ScratchDir::new("churn").unwrap();
     let dir = scratch.path();
-    let config = dir.join("tailtrap.toml");
     let storage = std::env::var("TAILTRAP_CHURN_CACHE_BYTES")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .map(|n| format!("\n[storage]\ncache_bytes = {n}\n"))
+        .map(|n| format!("[storage]\ncache_bytes = {n}"))
         .unwrap_or_default();
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "100ms"
-db = "{dir}/db"
-
-[api]
-socket = "{dir}/api.sock"
-
-# Not the default port: a daemon on this host (or a second test run) may hold it.
-[metrics]
-enabled = false
-
-[probes]
-auto_service_limit = {LIMIT}
-{storage}"#,
-            dir = dir.display()
-        ),
-    )
-    .unwrap();
+    let config = DaemonConfig::new(dir)
+        .interval("100ms")
+        .without_metrics()
+        .table(&format!("[probes]\nauto_service_limit = {LIMIT}"))
+        .table(&storage)
+        .write()
+        .unwrap();
     let daemon = Daemon::start(&config, dir, &[]).unwrap();
     let timeout = if vm_kernel().is_some() {
         Duration::from_secs(120)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-use tailtrap_tests::{cli, cli_json, Daemon, ScratchDir};
+use tailtrap_tests::{cli, cli_json, Daemon, DaemonConfig, ScratchDir};
 
 /// The deadline of every wait: loading the probes again takes a moment, much longer under
 /// qemu's software emulation (the VM runner) or on a busy host (builds, VMs).
@@ -33,33 +33,14 @@ fn config_text(
     flush_every: &str,
     daemon_extra: &str,
 ) -> String {
-    let mut text = format!(
-        r#"[daemon]
-interval = "200ms"
-db = "{dir}/db"
-{daemon_extra}
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[pwru]
-enabled = false
-runtime_dir = "{dir}/run"
-
-[storage]
-flush_every = "{flush_every}"
-"#,
-        dir = dir.display(),
-    );
-    for (name, port) in services {
-        text.push_str(&format!(
-            "\n[[services]]\nname = \"{name}\"\nports = [{port}]\n"
-        ));
-    }
-    text
+    services
+        .iter()
+        .fold(DaemonConfig::new(dir), |c, (name, port)| {
+            c.service(name, *port)
+        })
+        .daemon_keys(daemon_extra)
+        .table(&format!("[storage]\nflush_every = \"{flush_every}\""))
+        .text()
 }
 
 /// The 1-based line of `text` that is exactly `line`, the `nth` (0-based) such line.

@@ -14,7 +14,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
     baselines_warm, cli, cli_json, fake_pwru, require_vm, tailtrap_bin, vm_kernel, Daemon,
-    EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
+    DaemonConfig, EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// The pwru session's deadline, a bound only: sessions end at their output limit, well
@@ -237,40 +237,19 @@ fn slow_reader_scenario(proto: Proto) {
     let slow = EchoServer::spawn(proto).unwrap();
     let quiet = EchoServer::spawn(proto).unwrap();
     let (slow_port, quiet_port) = (slow.addr().port(), quiet.addr().port());
-    let config = dir.join("tailtrap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-baseline_save_every = "1s"
-pwru_ignore_prerequisites = true
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[[services]]
-name = "slow"
-ports = [{slow_port}]
-
-[[services]]
-name = "quiet"
-ports = [{quiet_port}]
-
-{detector}
-[capture]
+    let config = DaemonConfig::new(dir)
+        .daemon_keys("baseline_save_every = \"1s\"\npwru_ignore_prerequisites = true")
+        .service("slow", slow_port)
+        .service("quiet", quiet_port)
+        .table(SLOW_READER_DETECTOR)
+        .table(
+            r#"[capture]
 # Loopback's fast-read baseline has a long p99.9 (delayed ACKs, connection starts); a fixed
 # flight threshold keeps the pre-trigger check about the 20 ms reads.
-flight_threshold = "5ms"
-
-[pwru]
-binary = "{pwru}"
-runtime_dir = "{dir}/run"
+flight_threshold = "5ms""#,
+        )
+        .pwru_keys(&format!(
+            r#"binary = "{pwru}"
 deadline = "{pwru_deadline}s"
 # The stand-in stops by itself after this many of its 52 lines: a session takes about a
 # second, so a session for another incident rarely keeps this one's busy.
@@ -278,15 +257,12 @@ output_limit_lines = 20
 # A busy machine can take seconds to run the stand-in's SIGTERM handler (when a session
 # does reach its deadline); the grace must not be what the test measures.
 kill_grace = "30s"
-cooldown = "1s"
-"#,
-            detector = SLOW_READER_DETECTOR,
-            dir = dir.display(),
+cooldown = "1s""#,
             pwru_deadline = pwru_deadline().as_secs(),
             pwru = fake_pwru().display(),
-        ),
-    )
-    .unwrap();
+        ))
+        .write()
+        .unwrap();
     let check = Command::new(tailtrap_bin())
         .args(["config", "check"])
         .arg(&config)

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli_json, fake_pwru, Daemon, LoopingClient, Proto, ScratchDir, ServerOpts,
-    TcpServer, SLOW_READER_DETECTOR,
+    baselines_warm, cli_json, fake_pwru, Daemon, DaemonConfig, LoopingClient, Proto, ScratchDir,
+    ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
 /// One `GET` on a fresh connection: the status code and the body, checked complete against
@@ -139,47 +139,23 @@ fn pinned() -> BTreeSet<PathBuf> {
 }
 
 fn config(dir: &Path, port: u16, pwru: &Path) -> PathBuf {
-    let config = dir.join("tailtrap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-baseline_save_every = "1s"
-pwru_ignore_prerequisites = true
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-enabled = false
-
-[[services]]
-name = "slow"
-ports = [{port}]
-
-{detector}
-[capture]
-flight_threshold = "5ms"
-
-[pwru]
-binary = "{pwru}"
-runtime_dir = "{dir}/run"
+    DaemonConfig::new(dir)
+        .daemon_keys("baseline_save_every = \"1s\"\npwru_ignore_prerequisites = true")
+        .without_metrics()
+        .service("slow", port)
+        .table(SLOW_READER_DETECTOR)
+        .table("[capture]\nflight_threshold = \"5ms\"")
+        .pwru_keys(&format!(
+            r#"binary = "{pwru}"
 # The session must still run when the daemon is killed: slow lines, a long deadline.
 deadline = "300s"
 output_limit_lines = 1000
 kill_grace = "30s"
-cooldown = "1s"
-"#,
-            detector = SLOW_READER_DETECTOR,
-            dir = dir.display(),
+cooldown = "1s""#,
             pwru = pwru.display(),
-        ),
-    )
-    .unwrap();
-    config
+        ))
+        .write()
+        .unwrap()
 }
 
 #[test]

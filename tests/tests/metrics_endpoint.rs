@@ -13,20 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tailtrap_tests::{cli_json, http_get, tailtrap_bin, Daemon, ScratchDir};
+use tailtrap_tests::{cli_json, http_get, tailtrap_bin, Daemon, DaemonConfig, ScratchDir};
 
 fn config(dir: &Path, listen: &str) -> std::path::PathBuf {
-    let path = dir.join("tailtrap.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[daemon]\ninterval = \"200ms\"\ndb = \"{d}/db\"\n\n[api]\nsocket = \"{d}/api.sock\"\n\n\
-             [metrics]\nlisten = \"{listen}\"\n\n[pwru]\nenabled = false\n",
-            d = dir.display()
-        ),
-    )
-    .unwrap();
-    path
+    DaemonConfig::new(dir)
+        .metrics_keys(&format!("listen = \"{listen}\""))
+        .write()
+        .unwrap()
 }
 
 #[test]

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tailtrap_tests::{
     attr, baselines_warm, cli_json, http_get, make_test_pki, resource_attr, tailtrap_bin, Daemon,
-    LoopingClient, OtelCollector, OtelCollectorOpts, OtelTls, Proto, ScratchDir, ServerOpts,
-    TcpServer, SLOW_READER_DETECTOR,
+    DaemonConfig, LoopingClient, OtelCollector, OtelCollectorOpts, OtelTls, Proto, ScratchDir,
+    ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
@@ -30,38 +30,12 @@ const SLOW: Duration = Duration::from_millis(20);
 
 /// A daemon watching one TCP service on loopback, with `otlp` as its `[otlp]` table.
 fn config(dir: &Path, port: u16, otlp: &str) -> PathBuf {
-    let path = dir.join("tailtrap.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[pwru]
-enabled = false
-
-[[services]]
-name = "web"
-ports = [{port}]
-
-[otlp]
-enabled = true
-{otlp}
-
-{SLOW_READER_DETECTOR}"#,
-            dir = dir.display(),
-        ),
-    )
-    .unwrap();
-    path
+    DaemonConfig::new(dir)
+        .service("web", port)
+        .table(&format!("[otlp]\nenabled = true\n{otlp}"))
+        .table(SLOW_READER_DETECTOR)
+        .write()
+        .unwrap()
 }
 
 fn status(config: &Path) -> Value {

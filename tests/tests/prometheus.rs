@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli_json, find_on_path, http_get, Daemon, LoopingClient, Netns, Prometheus,
-    Proto, ScratchDir, ServerOpts, SinkStream, TcpServer, UdpServer, VethPair,
+    baselines_warm, cli_json, find_on_path, http_get, Daemon, DaemonConfig, LoopingClient, Netns,
+    Prometheus, Proto, ScratchDir, ServerOpts, SinkStream, TcpServer, UdpServer, VethPair,
     SLOW_READER_DETECTOR,
 };
 
@@ -243,40 +243,12 @@ fn prometheus_scrapes_histograms_incidents_and_every_dashboard_query() {
         Duration::from_secs(600),
     )
     .unwrap();
-    let config = dir.join("tailtrap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[pwru]
-enabled = false
-
-[[services]]
-name = "slow"
-ports = [{slow}]
-
-[[services]]
-name = "quiet"
-ports = [{quiet}]
-
-{detector}"#,
-            detector = SLOW_READER_DETECTOR,
-            dir = dir.display(),
-            slow = slow.addr().port(),
-            quiet = quiet.addr().port(),
-        ),
-    )
-    .unwrap();
+    let config = DaemonConfig::new(dir)
+        .service("slow", slow.addr().port())
+        .service("quiet", quiet.addr().port())
+        .table(SLOW_READER_DETECTOR)
+        .write()
+        .unwrap();
     let daemon = Daemon::start(&config, dir, &[]).unwrap();
     daemon.wait_for_api(&config, Duration::from_secs(60));
     let status = || cli_json(&config, &["status", "--json"]).0;

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, fake_pwru, require_vm, vm_kernel, Daemon, EchoServer,
-    LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
+    baselines_warm, cli, cli_json, fake_pwru, require_vm, vm_kernel, Daemon, DaemonConfig,
+    EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// Under qemu's software emulation pwru takes 20–115 s to attach next to a daemon and
@@ -136,16 +136,6 @@ fn start_run(label: &str, services: &[(&'static str, Proto)], setup: PwruSetup<'
             }
         })
         .collect();
-    let declared: String = services
-        .iter()
-        .map(|s| {
-            format!(
-                "[[services]]\nname = \"{}\"\nports = [{}]\n\n",
-                s.name,
-                s.server.addr().port()
-            )
-        })
-        .collect();
     // The 20 ms reader moves the body by 20 ms; a guest starved by a busy host moved a quiet
     // UDP service's p90 by 7.5 ms on its own once, and that incident took the session
     // meant for the other service. A 12 ms bar keeps such noise out.
@@ -153,27 +143,19 @@ fn start_run(label: &str, services: &[(&'static str, Proto)], setup: PwruSetup<'
         .iter()
         .map(|s| format!("[detector.services.{}]\nmin_delta = \"12ms\"\n\n", s.name))
         .collect();
-    let config = dir.join("tailtrap.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "200ms"
-db = "{dir}/db"
-baseline_save_every = "1s"
-pwru_ignore_prerequisites = {ignore}
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-{declared}
-{detector}
-{thresholds}
-# The clients' side of the traffic (replies to ephemeral ports) is `host`: its reads slow
+    let config = services
+        .iter()
+        .fold(DaemonConfig::new(&dir), |c, s| {
+            c.service(s.name, s.server.addr().port())
+        })
+        .daemon_keys(&format!(
+            "baseline_save_every = \"1s\"\npwru_ignore_prerequisites = {}",
+            setup.ignore_prerequisites
+        ))
+        .table(SLOW_READER_DETECTOR)
+        .table(&thresholds)
+        .table(
+            r#"# The clients' side of the traffic (replies to ephemeral ports) is `host`: its reads slow
 # down with the servers' and its incident would take the one pwru session first.
 [detector.services.host]
 min_ratio = 1000.0
@@ -183,23 +165,16 @@ flight_threshold = "5ms"
 # Every 20 ms read is captured, for as long as pwru may need to attach and trace: the
 # timelines join samples taken while pwru traced.
 threshold = "10ms"
-max_time = "10m"
-
-[pwru]
-binary = "{binary}"
-runtime_dir = "{dir}/run"
-cooldown = "{cooldown}s"
-{extra}
-"#,
-            detector = SLOW_READER_DETECTOR,
-            dir = dir.display(),
-            binary = setup.binary.display(),
-            extra = setup.extra,
-            ignore = setup.ignore_prerequisites,
-            cooldown = setup.cooldown.as_secs(),
-        ),
-    )
-    .unwrap();
+max_time = "10m""#,
+        )
+        .pwru_keys(&format!(
+            "binary = \"{}\"\ncooldown = \"{}s\"\n{}",
+            setup.binary.display(),
+            setup.cooldown.as_secs(),
+            setup.extra,
+        ))
+        .write()
+        .unwrap();
     let daemon = Daemon::start(&config, &dir, &setup.env).unwrap();
     let started = Instant::now();
     daemon.wait_for_api(&config, Duration::from_secs(120));

@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, tailtrap_bin, Daemon, LoopingClient, Proto, ScratchDir,
-    ServerOpts, TcpServer, SLOW_READER_DETECTOR,
+    baselines_warm, cli, cli_json, tailtrap_bin, Daemon, DaemonConfig, LoopingClient, Proto,
+    ScratchDir, ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
 const READ_PROBE: &str = "tcp-socket-read";
@@ -45,37 +45,14 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     let scratch = ScratchDir::new("tune").unwrap();
     let dir = scratch.path();
     let slow = TcpServer::spawn(ServerOpts::loopback()).unwrap();
-    let config = dir.join("tailtrap.toml");
     // The 1 s interval is the history's finest resolution, so the replay sees exactly the
     // intervals the daemon saw. Detector settings as in e2e_daemon.rs (see there why).
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[daemon]
-interval = "1s"
-db = "{dir}/db"
-
-[api]
-socket = "{dir}/api.sock"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[pwru]
-enabled = false
-
-[[services]]
-name = "slow"
-ports = [{port}]
-
-{detector}"#,
-            detector = SLOW_READER_DETECTOR,
-            dir = dir.display(),
-            port = slow.addr().port(),
-        ),
-    )
-    .unwrap();
+    let config = DaemonConfig::new(dir)
+        .interval("1s")
+        .service("slow", slow.addr().port())
+        .table(SLOW_READER_DETECTOR)
+        .write()
+        .unwrap();
     let check = Command::new(tailtrap_bin())
         .args(["config", "check"])
         .arg(&config)
