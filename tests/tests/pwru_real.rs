@@ -78,11 +78,12 @@ struct PwruSetup<'a> {
 }
 
 /// A daemon with declared services whose traffic runs and whose baselines are warm.
+/// Dropped in this order: the traffic stops before the daemon does (see [`start_run`]).
 struct Run {
-    _scratch: ScratchDir,
-    config: PathBuf,
-    daemon: Daemon,
     services: Vec<Service>,
+    daemon: Daemon,
+    config: PathBuf,
+    _scratch: ScratchDir,
     /// `pwru.cooldown`.
     cooldown: Duration,
 }
@@ -119,20 +120,23 @@ struct Session {
 }
 
 /// Start the daemon with one declared service per `(name, proto)` and wait until every
-/// service's baseline is warm.
+/// service's baseline is warm. The traffic starts once the daemon's probes are attached
+/// (its API answers), and stops before the daemon does: attaching an fentry program
+/// rewrites the call site of a function the traffic runs, and under qemu's emulation a
+/// vCPU inside that site can be left spinning (a 5.10 guest's UDP reader looped at
+/// `skb_consume_udp+0x0` for the whole 30-minute timeout) or hit a stale int3.
 fn start_run(label: &str, services: &[(&'static str, Proto)], setup: PwruSetup<'_>) -> Run {
     let scratch = ScratchDir::new(label).unwrap();
     let dir = scratch.path().to_owned();
-    let services: Vec<Service> = services
+    let mut services: Vec<Service> = services
         .iter()
         .map(|&(name, proto)| {
             let server = EchoServer::spawn(proto).unwrap();
-            let traffic = Some(LoopingClient::start(server.addr(), proto));
             Service {
                 name,
                 proto,
                 server,
-                traffic,
+                traffic: None,
             }
         })
         .collect();
@@ -179,6 +183,9 @@ max_time = "10m""#,
     let started = Instant::now();
     daemon.wait_for_api(&config, Duration::from_secs(120));
     eprintln!("[{label}] API up {:?} after the start", started.elapsed());
+    for service in &mut services {
+        service.start_traffic();
+    }
     wait_sparingly(
         &daemon,
         Duration::from_secs(1),
@@ -197,10 +204,10 @@ max_time = "10m""#,
         started.elapsed()
     );
     Run {
-        _scratch: scratch,
-        config,
-        daemon,
         services,
+        daemon,
+        config,
+        _scratch: scratch,
         cooldown: setup.cooldown,
     }
 }
