@@ -526,18 +526,6 @@ mod tests {
         }
     }
 
-    fn fuzz_cases(default: u32) -> proptest::test_runner::Config {
-        let cases = std::env::var("TAILTRAP_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default);
-        proptest::test_runner::Config {
-            cases,
-            failure_persistence: None,
-            ..proptest::test_runner::Config::default()
-        }
-    }
-
     /// Any reader's wait: either time, a holder or none, any pid and command name.
     fn any_reader_wait() -> impl proptest::strategy::Strategy<Value = Option<ReaderWait>> {
         use proptest::prelude::*;
@@ -557,7 +545,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(fuzz_cases(256))]
+        #![proptest_config(model::fixtures::fuzz_config(256))]
 
         /// The checksum catches flipped bytes; this is what decompression gets if a damaged
         /// record's checksum matched anyway: any header and block, a real block cut or
