@@ -18,6 +18,11 @@
 #                                     tell memory that follows the data from memory that
 #                                     follows time (sled's files may then exceed it: see
 #                                     rotate_min_bytes in docs/storage.md)
+#                     [--services N]  echo services, each its own port and [[services]]
+#                                     entry (default 1); the clients' pause grows with N so
+#                                     the host's packet rate stays that of one service
+#                     [--rss-bound-mib M] the absolute memory bound: every 5 s RSS reading
+#                                     at most M MiB (default 48, docs/reliability.md)
 #                     [--bin DIR]     where tailtrap and tailtrap-traffic are (default: the
 #                                     release build, $CARGO_TARGET_DIR/release), so a before
 #                                     and an after build can run side by side
@@ -25,7 +30,8 @@
 # tests/soak/run.sh` (the daemon's own limit is 2); two soaks can run at once with
 # distinct --out directories.
 # Prints the series, a terminal chart of RSS and fds, and the targets with their verdicts:
-#   RSS and fds flat: the last minute within 5 % of the 10-minute mark (the middle minute
+#   RSS within its absolute bound at every reading (the target since issue 31: 48 MiB for
+#   a day with 16 services); RSS and fds flat: the last minute within 5 % of the 10-minute mark (the middle minute
 #   for runs under 20 min; RSS as each minute's mean of its 5 s readings, with the single
 #   reading at the minute's end and the means of minutes 6-15 and of the last ten printed
 #   beside it); no interval over 100 ms late after the first minute (start-up);
@@ -44,6 +50,8 @@ out=""
 cache_bytes=""
 budget=$((256 << 20))
 bin=""
+services=1
+rss_bound_mib=48
 while [ $# -gt 0 ]; do
     case "$1" in
         --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
@@ -51,15 +59,17 @@ while [ $# -gt 0 ]; do
         --out) out=${2:?--out needs a directory}; shift 2 ;;
         --cache-bytes) cache_bytes=${2:?--cache-bytes needs a number}; shift 2 ;;
         --max-bytes) budget=${2:?--max-bytes needs a number}; shift 2 ;;
+        --services) services=${2:?--services needs a number}; shift 2 ;;
+        --rss-bound-mib) rss_bound_mib=${2:?--rss-bound-mib needs a number}; shift 2 ;;
         --bin) bin=${2:?--bin needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 case "$cache_bytes" in *[!0-9]*) echo "--cache-bytes must be a number of bytes" >&2; exit 2 ;; esac
 case "$budget" in ''|*[!0-9]*) echo "--max-bytes must be a number of bytes" >&2; exit 2 ;; esac
-for v in "$minutes" "$every"; do
-    case "$v" in ''|*[!0-9]*|0) echo "--minutes and --every must be positive numbers" >&2; exit 2 ;; esac
+for v in "$minutes" "$every" "$services" "$rss_bound_mib"; do
+    case "$v" in ''|*[!0-9]*|0) echo "--minutes, --every, --services and --rss-bound-mib must be positive numbers" >&2; exit 2 ;; esac
 done
 [ "$(id -u)" = 0 ] || { echo "the soak needs root (it loads BPF programs)" >&2; exit 2; }
 command -v jq >/dev/null || { echo "the soak needs jq (apt-get install jq)" >&2; exit 2; }
@@ -81,14 +91,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The service: an echo server whose read delay comes from a file.
+# The services: echo servers whose read delay comes from one file, so a slowdown shifts
+# every service at once (with more than one, the host-wide incident opens too).
 echo 0s >"$out/delay"
-"$out/tailtrap-traffic" tcp-server --bind 127.0.0.1:0 --delay-file "$out/delay" \
-    >"$out/server.out" 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do [ -s "$out/server.out" ] && break; sleep 0.1; done
-port=$(head -n1 "$out/server.out" | grep -o '[0-9]*$')
-[ -n "$port" ] || { echo "the echo server did not start: $(cat "$out/server.out")" >&2; exit 1; }
+ports=()
+for i in $(seq 1 "$services"); do
+    "$out/tailtrap-traffic" tcp-server --bind 127.0.0.1:0 --delay-file "$out/delay" \
+        >"$out/server$i.out" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 50); do [ -s "$out/server$i.out" ] && break; sleep 0.1; done
+    p=$(head -n1 "$out/server$i.out" | grep -o '[0-9]*$')
+    [ -n "$p" ] || { echo "echo server $i did not start: $(cat "$out/server$i.out")" >&2; exit 1; }
+    ports+=("$p")
+done
 
 # The pwru stand-in (a private copy too), printing a line every 50 ms (sessions end at 200
 # lines).
@@ -115,9 +130,11 @@ socket = "$out/api.sock"
 [metrics]
 enabled = false
 
-[[services]]
-name = "web"
-ports = [$port]
+$(for i in $(seq 1 "$services"); do
+    # One service keeps the name earlier soaks used.
+    if (( services == 1 )); then name=web; else name=web$i; fi
+    printf '[[services]]\nname = "%s"\nports = [%s]\n\n' "$name" "${ports[i - 1]}"
+done)
 
 [detector]
 min_delta = "5ms"
@@ -155,16 +172,19 @@ for _ in $(seq 300); do
     sleep 0.2
 done
 
-# Steady traffic: one client at a time, 2 ms between messages, restarted as each ends.
-(
-    while kill -0 $daemon 2>/dev/null; do
-        "$out/tailtrap-traffic" tcp-client --target "127.0.0.1:$port" --messages 1000000 \
-            --size 100 --pause 2ms --deadline 300s >/dev/null 2>&1 || sleep 1
-    done
-) &
-pids+=($!)
+# Steady traffic: one client per service at a time, restarted as each ends; 2 ms between
+# messages for one service, N x 2 ms for N.
+for p in "${ports[@]}"; do
+    (
+        while kill -0 $daemon 2>/dev/null; do
+            "$out/tailtrap-traffic" tcp-client --target "127.0.0.1:$p" --messages 1000000 \
+                --size 100 --pause "$((2 * services))ms" --deadline 300s >/dev/null 2>&1 || sleep 1
+        done
+    ) &
+    pids+=($!)
+done
 
-echo "soak: $minutes min, a 60 s slowdown every $every min; output in $out" >&2
+echo "soak: $minutes min, $services service(s), a 60 s slowdown every $every min; output in $out" >&2
 echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib,steal_ms,load1,heap_arena_kib,heap_mapped_kib,worst_wakeup_ms,rss_mean_kib,rss_max_kib" >"$out/series.csv"
 # CPU time the hypervisor gave to other guests (steal, all CPUs) and the load: whether a late
 # minute came with the host's own contention.
@@ -252,13 +272,16 @@ chart 3 "open fds per minute"
 
 ref_row=$(( minutes >= 20 ? 10 : (minutes + 1) / 2 ))
 verdicts=$(awk -F, -v r="$ref_row" -v n="$minutes" -v worst="$worst_run" -v budget="$budget" \
+    -v bound="$((rss_bound_mib * 1024))" \
     -v leftover="$leftover" -v pdone="$pwru_done" -v pempty="$pwru_empty" -v plines="$pwru_lines" '
     NR == r + 1 { rss0 = $16; one0 = $2; fd0 = $3; anon0 = $9; file0 = $10; arena0 = $13 }
     NR == n + 1 { rss1 = $16; one1 = $2; fd1 = $3; db = $6; anon1 = $9; file1 = $10; arena1 = $13 }
-    NR > 1 { rss[$1] = $16 }
+    NR > 1 { rss[$1] = $16; if ($17 > peak) { peak = $17; peak_min = $1 } }
     NR > 2 { steal_sum += $11; rows++; if ($7 > late) { late = $7; late_min = $1; late_steal = $11; late_load = $12; late_wake = $15 } }
     END {
         fail = 0
+        ok = peak <= bound; fail += !ok
+        printf "RSS bound: the highest 5 s reading %d KiB (%.1f MiB) in minute %d, bound %d MiB  %s\n", peak, peak / 1024, peak_min, bound / 1024, ok ? "ok" : "FAILED"
         d = (rss1 - rss0) / rss0 * 100; ok = (d <= 5 && d >= -5); fail += !ok
         printf "RSS flat (each minute'"'"'s mean of its 5 s readings): minute %d %d KiB, end %d KiB (%+.1f %%)  %s\n", r, rss0, rss1, d, ok ? "ok" : "FAILED"
         printf "  one reading at each minute'"'"'s end: minute %d %d KiB, end %d KiB (%+.1f %%)\n", r, one0, one1, (one1 - one0) / one0 * 100
