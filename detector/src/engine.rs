@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::baseline::{Baseline, BaselineError, Cumulative};
 use crate::config::{DetectorConfig, Slo, Thresholds};
+use crate::dispersion::Dispersion;
 use crate::event::{
     attribute, CloseReason, Estimate, Event, Evidence, EvidenceKind, Incident, Notice,
     StageAttribution,
@@ -57,6 +58,8 @@ struct ServiceState {
 #[derive(Debug)]
 struct KeyState {
     baseline: Baseline,
+    /// How clustered the key's exceedances are; learns and holds with the baseline.
+    dispersion: Dispersion,
     /// Recent intervals; `observe` adds to it directly.
     window: Window,
     /// Whether the window held enough samples at the last evaluation.
@@ -201,6 +204,7 @@ impl Detector {
                         let base_cum = key.baseline.cumulative();
                         for &q in &t.quantiles {
                             if let Some(s) = Shift::new(q, snap, &window_cum, &base_cum) {
+                                let s = s.clustered(key.dispersion.factor(q));
                                 let p = if s.worth_testing(bars) {
                                     s.p_value(self.config.significance)
                                 } else {
@@ -210,6 +214,13 @@ impl Detector {
                                     service: si,
                                     evidence: s.evidence(probe, p, weight),
                                 });
+                            }
+                        }
+                        // What this interval adds to the key's clustering, learnt if the
+                        // baseline learns it.
+                        if key.fresh {
+                            if let Some(newest) = key.window.newest() {
+                                key.dispersion.note(&base_cum, newest, &t.quantiles);
                             }
                         }
                     }
@@ -260,6 +271,7 @@ impl Detector {
                 if renews_baselines(&ev) {
                     for key in keys.values_mut() {
                         key.baseline = Baseline::new(ts);
+                        key.dispersion = Dispersion::default();
                     }
                 }
                 events.push(ev);
@@ -268,9 +280,13 @@ impl Detector {
             for key in keys.values_mut() {
                 match key.window.newest() {
                     Some(buckets) if key.fresh && !frozen => {
-                        key.baseline.learn(ts, buckets, t.half_life)
+                        key.baseline.learn(ts, buckets, t.half_life);
+                        key.dispersion.learn(ts, t.half_life);
                     }
-                    _ => key.baseline.hold(ts),
+                    _ => {
+                        key.baseline.hold(ts);
+                        key.dispersion.hold(ts);
+                    }
                 }
                 key.fresh = false;
             }
@@ -382,6 +398,7 @@ impl Detector {
         };
         svc.keys.entry(probe).or_insert_with(|| KeyState {
             baseline: Baseline::new(now),
+            dispersion: Dispersion::default(),
             window: Window::default(),
             evaluated: false,
             fresh: false,
@@ -729,6 +746,9 @@ pub(crate) struct Shift {
     exceedances: u64,
     count: u64,
     start: SystemTime,
+    /// How many packets weigh as one independent sample ([`crate::dispersion`]); 1 until
+    /// the key has learnt its clustering.
+    dispersion: f64,
     /// Observed over baseline value.
     pub ratio: f64,
 }
@@ -775,8 +795,30 @@ impl Shift {
             exceedances: window.above(b_bucket).round() as u64,
             count: snap.count,
             start: snap.start,
+            dispersion: 1.0,
             ratio: o_value / b_value.max(1.0),
         })
+    }
+
+    /// This test with its evidence weighed as `factor` times fewer independent samples (a
+    /// key whose slow packets come in clusters of about `factor`).
+    pub(crate) fn clustered(self, factor: f64) -> Shift {
+        Shift {
+            dispersion: factor.max(1.0),
+            ..self
+        }
+    }
+
+    /// Window samples and exceedances as independent samples: divided by the dispersion,
+    /// the samples rounded up and the exceedances down, so rounding never adds evidence.
+    fn independent(&self) -> (u64, u64) {
+        if self.dispersion <= 1.0 {
+            return (self.count, self.exceedances);
+        }
+        (
+            (self.count as f64 / self.dispersion).ceil() as u64,
+            (self.exceedances as f64 / self.dispersion).floor() as u64,
+        )
     }
 
     /// Observed minus baseline value, ns.
@@ -788,9 +830,10 @@ impl Shift {
     /// open incident under `t`, or there are no more exceedances than expected, p = 1
     /// stands in. That is an upper bound of the true p-value, so Holm's guarantee holds.
     pub(crate) fn worth_testing(&self, t: Bars) -> bool {
+        let (count, exceedances) = self.independent();
         self.ratio >= 1.0 + (t.min_ratio - 1.0) * HOLD_FRACTION
             && self.delta() >= t.min_delta_ns * HOLD_FRACTION
-            && self.exceedances as f64 > self.p0 * self.count as f64
+            && exceedances as f64 > self.p0 * count as f64
     }
 
     /// The p-value the detector uses: the exact one-sided binomial tail, or 1 when a cheap
@@ -800,10 +843,11 @@ impl Shift {
     /// the same, and a non-hot test's p-value is reported nowhere.
     pub(crate) fn p_value(&self, significance: f64) -> f64 {
         let level = significance.max(HOLD_P_VALUE);
-        if upper_tail_exceeds(self.count, self.p0, self.exceedances, level) {
+        let (count, exceedances) = self.independent();
+        if upper_tail_exceeds(count, self.p0, exceedances, level) {
             1.0
         } else {
-            binomial_upper_tail(self.count, self.p0, self.exceedances)
+            binomial_upper_tail(count, self.p0, exceedances)
         }
     }
 

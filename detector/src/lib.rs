@@ -13,6 +13,7 @@ mod baseline;
 pub mod candidates;
 pub mod config;
 pub mod diagnosis;
+mod dispersion;
 mod engine;
 pub mod event;
 pub mod replay;

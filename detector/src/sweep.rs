@@ -31,6 +31,7 @@ use model::Probe;
 
 use crate::baseline::{Baseline, Cumulative, CumulativeBatch, DecayMemo};
 use crate::config::{Slo, Thresholds};
+use crate::dispersion::Dispersion;
 use crate::engine::{
     applies, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView, Machine, Shift,
     Verdict, HOLD_P_VALUE,
@@ -123,6 +124,9 @@ struct BaseGroup {
     warmup_samples: u64,
     warmup_time: Duration,
     baselines: BTreeMap<Probe, Baseline>,
+    /// Each baseline's clustering of exceedances, over every quantile some candidate tests
+    /// (each quantile's is independent of the others, so a candidate sees its own replay's).
+    dispersions: BTreeMap<Probe, Dispersion>,
     /// This interval's figures per probe, filled before the candidates judge.
     stats: BTreeMap<Probe, BaseStats>,
 }
@@ -187,6 +191,7 @@ impl Sweep {
                         warmup_samples: t.warmup_samples,
                         warmup_time: t.warmup_time,
                         baselines: BTreeMap::new(),
+                        dispersions: BTreeMap::new(),
                         stats: BTreeMap::new(),
                     });
                     bases.len() - 1
@@ -348,6 +353,22 @@ impl Sweep {
             }
         }
         sums.finish();
+        for g in &mut self.bases {
+            let windows = &self.windows[g.window].keys;
+            for (probe, stats) in &g.stats {
+                let newest = windows
+                    .get(probe)
+                    .filter(|k| k.fresh)
+                    .and_then(|k| k.window.newest());
+                if let (true, Some(newest)) = (stats.tested, newest) {
+                    g.dispersions.entry(*probe).or_default().note(
+                        &stats.cum,
+                        newest,
+                        &self.quantiles,
+                    );
+                }
+            }
+        }
 
         // 3. Each candidate's tests, verdicts and state machine.
         let s = &mut self.scratch;
@@ -387,6 +408,7 @@ impl Sweep {
                             if stats.hints.len() < self.quantiles.len() {
                                 stats.hints.resize(self.quantiles.len(), usize::MAX);
                             }
+                            let factor = group.dispersions.get(&probe).map_or(1.0, |d| d.factor(q));
                             let shift = Shift::with_window_quantile(
                                 q,
                                 snap,
@@ -394,7 +416,8 @@ impl Sweep {
                                 qi.and_then(|i| key.observed.get(i).copied().flatten()),
                                 &stats.cum,
                                 qi.map_or(&mut no_hint, |i| &mut stats.hints[i]),
-                            );
+                            )
+                            .map(|s| s.clustered(factor));
                             stats.shifts.push(ShiftSlot {
                                 q,
                                 shift,
@@ -519,6 +542,7 @@ fn learn(group: &mut BaseGroup, keys: &BTreeMap<Probe, WindowKey>, how: Learning
         for b in group.baselines.values_mut() {
             *b = Baseline::new(ts);
         }
+        group.dispersions.clear();
         for stats in group.stats.values_mut() {
             stats.cum_current = false;
         }
@@ -526,15 +550,24 @@ fn learn(group: &mut BaseGroup, keys: &BTreeMap<Probe, WindowKey>, how: Learning
     let mut memo = DecayMemo::default();
     for (probe, b) in group.baselines.iter_mut() {
         let key = keys.get(probe);
+        let dispersion = group.dispersions.get_mut(probe);
         match key.and_then(|k| k.window.newest().filter(|_| k.fresh)) {
             Some(buckets) if how != Learning::Hold => {
                 b.learn_memo(ts, buckets, group.half_life, &mut memo);
+                if let Some(d) = dispersion {
+                    d.learn(ts, group.half_life);
+                }
                 if let Some(stats) = group.stats.get_mut(probe) {
                     stats.cum_current = false;
                 }
             }
             // Holding changes no weight: the running sums stay valid.
-            _ => b.hold(ts),
+            _ => {
+                b.hold(ts);
+                if let Some(d) = dispersion {
+                    d.hold(ts);
+                }
+            }
         }
     }
 }

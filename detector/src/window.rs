@@ -203,7 +203,7 @@ impl Window {
     }
 
     /// `(bucket, count)` of the newest interval.
-    pub(crate) fn newest(&self) -> Option<impl Iterator<Item = (usize, u64)> + '_> {
+    pub(crate) fn newest(&self) -> Option<impl Iterator<Item = (usize, u64)> + Clone + '_> {
         self.intervals.back().map(|iv| {
             iv.buckets
                 .iter()
