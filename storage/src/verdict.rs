@@ -39,7 +39,7 @@ impl Store {
             });
         }
         self.meta_put(&key(id), verdict)?;
-        self.flush_with(false)
+        self.flush_records()
     }
 
     /// The verdict on incident `id`, if one was given.
