@@ -538,9 +538,7 @@ impl Store {
     /// `flush_every`.
     pub fn update_incident(&self, incident: &Incident) -> Result<()> {
         keys::check_service(&incident.service)?;
-        if !self.incident_exists(incident.id)? {
-            return Err(StoreError::NoSuchIncident(incident.id));
-        }
+        self.require_incident(incident.id)?;
         let value = self.encode("incident", incident, MAX_INCIDENT_BYTES)?;
         self.put(T::Incidents, &keys::incident(incident.id), value)
     }
@@ -564,6 +562,15 @@ impl Store {
     pub fn incident(&self, id: u64) -> Result<Option<Incident>> {
         let raw = self.engine().tree(T::Incidents).get(keys::incident(id))?;
         Ok(raw.and_then(|v| self.decode_counted(T::Incidents, &keys::incident(id), &v)))
+    }
+
+    /// [`StoreError::NoSuchIncident`] unless incident `id` is stored: what every call
+    /// naming an incident checks first.
+    pub(crate) fn require_incident(&self, id: u64) -> Result<()> {
+        if !self.incident_exists(id)? {
+            return Err(StoreError::NoSuchIncident(id));
+        }
+        Ok(())
     }
 
     pub(crate) fn incident_exists(&self, id: u64) -> Result<bool> {
@@ -676,9 +683,7 @@ impl Store {
         let mut seen: Vec<u64> = Vec::new();
         for id in ids {
             if !seen.contains(&id) {
-                if !self.incident_exists(id)? {
-                    return Err(StoreError::NoSuchIncident(id));
-                }
+                self.require_incident(id)?;
                 seen.push(id);
             }
         }
