@@ -122,6 +122,16 @@ fn numbered_incidents_stored_later_or_never_keep_ids_unique() {
     );
 }
 
+/// The ids of the first page of incidents `q` lists.
+fn listed(s: &Store, q: &IncidentQuery) -> Vec<u64> {
+    s.incidents(q)
+        .unwrap()
+        .incidents
+        .iter()
+        .map(|i| i.id)
+        .collect()
+}
+
 #[test]
 fn incident_listing_filters_and_pages_newest_first() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,40 +148,25 @@ fn incident_listing_filters_and_pages_newest_first() {
         }
         ids.push(inc.id);
     }
-    let web: Vec<u64> = s
-        .incidents(&IncidentQuery {
-            service: Some("web".into()),
-            ..Default::default()
-        })
-        .unwrap()
-        .incidents
-        .iter()
-        .map(|i| i.id)
-        .collect();
-    assert_eq!(web, vec![ids[6], ids[4], ids[2], ids[0]]);
+    let web = IncidentQuery {
+        service: Some("web".into()),
+        ..Default::default()
+    };
+    assert_eq!(listed(&s, &web), vec![ids[6], ids[4], ids[2], ids[0]]);
 
-    let open: Vec<u64> = s
-        .incidents(&IncidentQuery {
-            state: Some(IncidentState::Open),
-            ..Default::default()
-        })
-        .unwrap()
-        .incidents
-        .iter()
-        .map(|i| i.id)
-        .collect();
-    assert_eq!(open, vec![ids[6], ids[5]]);
+    let open = IncidentQuery {
+        state: Some(IncidentState::Open),
+        ..Default::default()
+    };
+    assert_eq!(listed(&s, &open), vec![ids[6], ids[5]]);
 
     // Incidents still going on at or after since: closed ones that ended before are out.
-    let recent = s
-        .incidents(&IncidentQuery {
-            since_ns: Some(T0 + 305 * SEC),
-            until_ns: Some(T0 + 450 * SEC),
-            ..Default::default()
-        })
-        .unwrap();
-    let got: Vec<u64> = recent.incidents.iter().map(|i| i.id).collect();
-    assert_eq!(got, vec![ids[4], ids[3]]);
+    let recent = IncidentQuery {
+        since_ns: Some(T0 + 305 * SEC),
+        until_ns: Some(T0 + 450 * SEC),
+        ..Default::default()
+    };
+    assert_eq!(listed(&s, &recent), vec![ids[4], ids[3]]);
 
     // Paging walks everything exactly once.
     let mut seen = Vec::new();
