@@ -1,8 +1,10 @@
 //! Sample builders for tests and benchmarks of every crate (cargo feature `fixtures`), so a
-//! new field of [`Sample`] is filled in one place; and the one setting of every crate's
-//! property tests ([`fuzz_config`]).
+//! new field of [`Sample`] is filled in one place; the one setting of every crate's
+//! property tests ([`fuzz_config`]); and the one writer of every crate's golden files
+//! ([`write_missing_golden`]).
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
 
 use crate::{Comm, Flow, Probe, Sample, SampleFlags, SocketQueue, Transport};
 
@@ -65,5 +67,22 @@ pub fn fuzz_config(default: u32) -> proptest::test_runner::Config {
         cases,
         failure_persistence: None,
         ..proptest::test_runner::Config::default()
+    }
+}
+
+/// Writes those of `files` (a name and what makes its bytes) that `dir` lacks, when
+/// `TAILTRAP_WRITE_GOLDEN` is set: the body of every crate's ignored `write_golden_*` test.
+/// A golden file is what some build wrote: never replaced.
+#[allow(clippy::unwrap_used)] // a test helper: a failed write fails the test
+pub fn write_missing_golden<M: Fn() -> Vec<u8>>(dir: &Path, files: &[(&str, M)]) {
+    if std::env::var_os("TAILTRAP_WRITE_GOLDEN").is_none() {
+        return;
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, make) in files {
+        let path = dir.join(name);
+        if !path.exists() {
+            std::fs::write(&path, make()).unwrap();
+        }
     }
 }

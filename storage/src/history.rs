@@ -14,6 +14,7 @@ use model::{Histogram, Probe};
 use serde::Serialize;
 
 use crate::codec::{self, HISTORY_CHUNK_VERSION};
+use crate::config::HistoryLevel;
 use crate::engine::T;
 use crate::error::{Result, StoreError};
 use crate::history_buffer::{HistoryBuffer, COARSE_WRITE_EVERY};
@@ -192,6 +193,19 @@ pub struct HistoryPoint<'a> {
     pub probe: Probe,
     /// The interval's histogram.
     pub hist: &'a Histogram,
+}
+
+/// Where a read of one stream at one level begins ([`Store::read_start`]).
+struct ReadStart {
+    /// The level's index, as keys hold it.
+    lvl: u8,
+    /// The start of the point containing the read's first time.
+    first: u64,
+    /// The key time of the first record to read ([`Store::first_record_start`]).
+    from: u64,
+    /// The stream's chunk being filled in memory: its start and its points in the read's
+    /// range. It supersedes its stored record (it was read in when started).
+    buffered: Option<(u64, Vec<(u64, Histogram)>)>,
 }
 
 impl Store {
@@ -572,18 +586,12 @@ impl Store {
                 ),
             });
         };
-        let res = nanos(l.resolution).max(1);
-        // The point containing `since_ns` starts before it, and its chunk before that.
-        let first = since_ns - since_ns % res;
-        // The level index fits a byte: config validation caps the number of levels.
-        let lvl = level as u8;
-        let from = self.first_record_start(lvl, service, probe, first, res)?;
-        // The buffered chunk supersedes its stored record (it was read in when started).
-        let buffered = self
-            .history_write
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .points_of(service, probe, lvl, first, until_ns);
+        let ReadStart {
+            lvl,
+            first,
+            from,
+            buffered,
+        } = self.read_start((level, l), (service, probe), since_ns, until_ns)?;
         let tree = self.tree_outside(T::History);
         let start = keys::history(lvl, service, probe, from);
         let end = keys::history(lvl, service, probe, until_ns);
@@ -666,17 +674,9 @@ impl Store {
                 .history_at_level(level, service, probe, since_ns, until_ns)
                 .map(|_| ());
         };
-        let res = nanos(l.resolution).max(1);
-        let first = since_ns - since_ns % res;
-        let lvl = level as u8;
-        let from = self.first_record_start(lvl, service, probe, first, res)?;
-        let buffered = self
-            .history_write
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .points_of(service, probe, lvl, first, until_ns)
-            .is_some();
-        if !buffered && self.sparse_chunks(lvl, service, probe, (from, first, until_ns), out)? {
+        let start = self.read_start((level, l), (service, probe), since_ns, until_ns)?;
+        let range = (start.from, start.first, until_ns);
+        if start.buffered.is_none() && self.sparse_chunks(start.lvl, service, probe, range, out)? {
             return Ok(());
         }
         out.clear();
@@ -685,6 +685,35 @@ impl Store {
             out.push_histogram(*t, h);
         }
         Ok(())
+    }
+
+    /// Where a read of the `(service, probe)` stream at history level `level` (`l`, its
+    /// settings) from `since_ns` to `until_ns` begins: the dense and the sparse reads start
+    /// alike.
+    fn read_start(
+        &self,
+        (level, l): (usize, &HistoryLevel),
+        (service, probe): (&str, Probe),
+        since_ns: u64,
+        until_ns: u64,
+    ) -> Result<ReadStart> {
+        let res = nanos(l.resolution).max(1);
+        // The point containing `since_ns` starts before it, and its chunk before that.
+        let first = since_ns - since_ns % res;
+        // The level index fits a byte: config validation caps the number of levels.
+        let lvl = level as u8;
+        let from = self.first_record_start(lvl, service, probe, first, res)?;
+        let buffered = self
+            .history_write
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .points_of(service, probe, lvl, first, until_ns);
+        Ok(ReadStart {
+            lvl,
+            first,
+            from,
+            buffered,
+        })
     }
 
     /// Where a read of a stream from `first` must start: the aligned start of the chunk

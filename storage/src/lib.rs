@@ -28,6 +28,7 @@ mod history_chunk;
 mod history_rebuild;
 mod keys;
 mod layout;
+mod lifecycle;
 mod limits;
 mod lock;
 mod model;

@@ -392,9 +392,7 @@ impl Store {
         after: Option<SampleCursor>,
         limit: usize,
     ) -> Result<SamplePage> {
-        if !self.incident_exists(incident)? {
-            return Err(StoreError::NoSuchIncident(incident));
-        }
+        self.require_incident(incident)?;
         let limit = page_limit(limit);
         // One more than asked tells whether another page exists.
         let mut samples: Vec<(u64, Sample)> = Vec::new();
@@ -415,9 +413,7 @@ impl Store {
         after: Option<SampleCursor>,
         limit: usize,
     ) -> Result<SamplePage> {
-        if !self.incident_exists(incident)? {
-            return Err(StoreError::NoSuchIncident(incident));
-        }
+        self.require_incident(incident)?;
         let limit = page_limit(limit);
         let slowest_first = |a: &(u64, Sample), b: &(u64, Sample)| {
             b.1.latency_ns.cmp(&a.1.latency_ns).then(a.0.cmp(&b.0))
@@ -445,9 +441,7 @@ impl Store {
 
     /// Summary of an incident's samples matching `filter`.
     pub fn sample_summary(&self, incident: u64, filter: &SampleFilter) -> Result<SampleSummary> {
-        if !self.incident_exists(incident)? {
-            return Err(StoreError::NoSuchIncident(incident));
-        }
+        self.require_incident(incident)?;
         let mut all = Vec::new();
         self.for_each_sample(incident, filter, None, |_, s| {
             all.push(s);
@@ -533,9 +527,7 @@ impl Store {
         after_seq: Option<u64>,
         limit: usize,
     ) -> Result<Vec<PwruRecord>> {
-        if !self.incident_exists(incident)? {
-            return Err(StoreError::NoSuchIncident(incident));
-        }
+        self.require_incident(incident)?;
         let limit = page_limit(limit);
         let start = match after_seq {
             Some(s) if s == u64::MAX => return Ok(Vec::new()),

@@ -1,6 +1,8 @@
 //! The store: opening (with lock, corruption and restart handling), writes, flushing and
 //! counters. Queries, history, retention and checks live in sibling modules as further
-//! `impl Store` blocks; sled's files and trees themselves are `engine.rs`'s.
+//! `impl Store` blocks; sled's files and trees themselves are `engine.rs`'s. The daemon's
+//! open, the full flush and the drop also write history, so they are `lifecycle.rs`'s,
+//! above it, from the parts here.
 
 use std::fs;
 use std::io;
@@ -189,11 +191,10 @@ enum Recycle {
 }
 
 impl Store {
-    /// Open (or create) the database at `path` for the daemon: a damaged database is moved
-    /// aside and a fresh one started, incidents left open by the previous run are marked
-    /// interrupted, and a pid file is written next to the directory so others can name the
-    /// lock holder.
-    pub fn open(path: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store> {
+    /// The first part of [`Store::open`], up to the history pass (`lifecycle.rs`): the
+    /// settings checked, a damaged database moved aside and a fresh one started, incidents
+    /// left open by the previous run marked interrupted.
+    pub(crate) fn open_repaired(path: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store> {
         if let Some(p) = cfg.validate().into_iter().next() {
             return Err(StoreError::Config {
                 key: p.key,
@@ -212,14 +213,16 @@ impl Store {
         }
         store.report.moved_aside = moved_aside;
         store.report.interrupted = store.mark_interrupted()?;
-        // Best effort: a database whose history cannot be completed still opens.
-        match store.rebuild_coarse_history() {
-            Ok(done) => store.report.history_rebuilt = done,
-            Err(e) => tracing::warn!(error = %e, "coarse history levels not completed"),
-        }
-        store.flush_with(false)?;
-        store.pid_file = Some(lock::write_pid_file(&store.path)?);
         Ok(store)
+    }
+
+    /// The last part of [`Store::open`]: what the history pass restored reported, the
+    /// repairs made durable, and the pid file written so others can name the lock holder.
+    pub(crate) fn finish_open(mut self, history_rebuilt: HistoryRebuild) -> Result<Store> {
+        self.report.history_rebuilt = history_rebuilt;
+        self.flush_records()?;
+        self.pid_file = Some(lock::write_pid_file(&self.path)?);
+        Ok(self)
     }
 
     /// Open an existing database for reading and checking (the CLI when no daemon runs).
@@ -335,45 +338,23 @@ impl Store {
         &self.report
     }
 
-    /// Make everything written so far durable. Opening and closing incidents flush by
-    /// themselves; sample and pwru writes are flushed by the engine every `flush_every`
-    /// (≤ 1 s) or by this call; history chunks being filled in memory are written by this
-    /// call (and when complete, see [`Store::record_history_batch`]).
-    ///
-    /// Each flush also bumps a generation number in the database and, once the engine
-    /// confirms, records it in a small file beside the engine's own. sled 0.34 can come
-    /// back from damaged log segments silently missing data; finding a generation lower
-    /// than the file's at the next open exposes that as damage.
-    ///
-    /// After an engine I/O failure (a full disk, a file system gone read-only), sled refuses
-    /// all further work; a flush (or [`Store::recover`]) reopens it from its files once the
-    /// directory takes a write again, so the store recovers once space is back.
-    pub fn flush(&self) -> Result<()> {
-        self.flush_with(true)
-    }
-
     /// Make incidents, samples and pwru lines durable, leaving the history chunks being
     /// filled in memory (they are written when complete, at [`Store::flush`] and at close).
     pub fn flush_records(&self) -> Result<()> {
-        self.flush_with(false)
+        self.flush_after(|| {})
     }
 
-    /// [`Store::flush`]; without `history`, the history chunks being filled stay in memory
-    /// (an incident's own flush must not wait for writing every stream's chunk).
-    pub(crate) fn flush_with(&self, history: bool) -> Result<()> {
+    /// The flush of [`Store::flush_records`], with `first` run inside it once the engine
+    /// takes work (a failed one reopened) and before the engine flushes: [`Store::flush`]
+    /// writes the history chunks being filled there.
+    pub(crate) fn flush_after(&self, first: impl FnOnce()) -> Result<()> {
         let _serial = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         // A flush seals sled's current log buffer, retiring it on this thread.
         let _release = ReleaseOnDrop;
         if self.engine_failed.load(Ordering::Relaxed) {
             self.reopen_failed()?;
         }
-        // History chunks being filled are written first. A failure is counted and logged
-        // but does not fail the flush: incidents must still be made durable.
-        if history {
-            if let Err(e) = self.write_history_buffer() {
-                tracing::warn!(error = %e, "buffered history could not be written");
-            }
-        }
+        first();
         let generation = self.generation.load(Ordering::Relaxed) + 1;
         self.meta_put(META_GENERATION, &generation)?;
         let r = self.engine().db.flush().map(|_| ());
@@ -450,7 +431,7 @@ impl Store {
     /// Open an incident: allocate its id and store it durably.
     pub fn open_incident(&self, new: &NewIncident) -> Result<Incident> {
         let incident = self.open_incident_buffered(new)?;
-        self.flush_with(false)?;
+        self.flush_records()?;
         Ok(incident)
     }
 
@@ -557,9 +538,7 @@ impl Store {
     /// `flush_every`.
     pub fn update_incident(&self, incident: &Incident) -> Result<()> {
         keys::check_service(&incident.service)?;
-        if !self.incident_exists(incident.id)? {
-            return Err(StoreError::NoSuchIncident(incident.id));
-        }
+        self.require_incident(incident.id)?;
         let value = self.encode("incident", incident, MAX_INCIDENT_BYTES)?;
         self.put(T::Incidents, &keys::incident(incident.id), value)
     }
@@ -568,7 +547,7 @@ impl Store {
     /// durably.
     pub fn close_incident(&self, incident: &mut Incident, closed_ns: u64) -> Result<()> {
         self.close_incident_buffered(incident, closed_ns)?;
-        self.flush_with(false)
+        self.flush_records()
     }
 
     /// [`Store::close_incident`] without waiting for the disk (see
@@ -583,6 +562,15 @@ impl Store {
     pub fn incident(&self, id: u64) -> Result<Option<Incident>> {
         let raw = self.engine().tree(T::Incidents).get(keys::incident(id))?;
         Ok(raw.and_then(|v| self.decode_counted(T::Incidents, &keys::incident(id), &v)))
+    }
+
+    /// [`StoreError::NoSuchIncident`] unless incident `id` is stored: what every call
+    /// naming an incident checks first.
+    pub(crate) fn require_incident(&self, id: u64) -> Result<()> {
+        if !self.incident_exists(id)? {
+            return Err(StoreError::NoSuchIncident(id));
+        }
+        Ok(())
     }
 
     pub(crate) fn incident_exists(&self, id: u64) -> Result<bool> {
@@ -695,9 +683,7 @@ impl Store {
         let mut seen: Vec<u64> = Vec::new();
         for id in ids {
             if !seen.contains(&id) {
-                if !self.incident_exists(id)? {
-                    return Err(StoreError::NoSuchIncident(id));
-                }
+                self.require_incident(id)?;
                 seen.push(id);
             }
         }
@@ -1290,8 +1276,10 @@ impl Store {
     }
 }
 
-impl Drop for Store {
-    fn drop(&mut self) {
+impl Store {
+    /// What dropping the store does (`lifecycle.rs`), with `last_writes` run first when the
+    /// engine has not failed: the history chunks being filled are written there.
+    pub(crate) fn close(&mut self, last_writes: impl FnOnce(&Store)) {
         if self.engine_failed.load(Ordering::Relaxed) {
             // Dropping a failed engine in place could block the shutdown forever (see
             // `reopen_engine`): retire it, waiting a bounded time.
@@ -1302,9 +1290,7 @@ impl Drop for Store {
                 }
             }
         } else {
-            if let Err(e) = self.write_history_buffer() {
-                tracing::error!(error = %e, "the last history chunks could not be written");
-            }
+            last_writes(self);
             // A clean close leaves the exact next id, not the reserve: ids skip only
             // after a crash.
             let next = *self.next_incident.lock().unwrap_or_else(|e| e.into_inner());

@@ -28,9 +28,7 @@ impl Store {
     /// Store the operator's verdict on incident `id`, replacing an earlier one. Durable on
     /// return.
     pub fn mark_incident(&self, id: u64, verdict: &IncidentVerdict) -> Result<()> {
-        if !self.incident_exists(id)? {
-            return Err(StoreError::NoSuchIncident(id));
-        }
+        self.require_incident(id)?;
         if verdict.note.len() > MAX_NOTE_BYTES {
             return Err(StoreError::TooLarge {
                 kind: "verdict note",
@@ -39,7 +37,7 @@ impl Store {
             });
         }
         self.meta_put(&key(id), verdict)?;
-        self.flush_with(false)
+        self.flush_records()
     }
 
     /// The verdict on incident `id`, if one was given.

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{new_incident, SEC, T0};
+use common::{new_incident, open_raw, SEC, T0};
 use model::fixtures::fuzz_config;
 use model::fixtures::sample;
 use model::{Comm, CpuHolder, Histogram, Probe, ReaderWait, Sample};
@@ -64,17 +64,6 @@ fn fill(path: &Path) {
     s.put_baseline("web", Probe::TcpSocketRead, b"opaque baseline")
         .unwrap();
     s.flush().unwrap();
-}
-
-/// sled below the store; its I/O threads let go of a dropped database's lock a moment late.
-fn open_raw(path: &Path) -> sled::Db {
-    for _ in 0..150 {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-    sled::open(path).unwrap()
 }
 
 /// One damage to one record: which tree and record (indices wrap), and what is done.

@@ -8,7 +8,7 @@ use std::io::{BufReader, Write};
 use std::path::Path;
 use std::process::Stdio;
 
-use common::{new_incident, rerun_as_child, wait_for_line, SEC, T0};
+use common::{envelope, new_incident, open_raw, rerun_as_child, wait_for_line, SEC, T0};
 use model::fixtures::sample;
 use storage::{SampleFilter, Store, StoreConfig, StoreError};
 
@@ -211,26 +211,6 @@ fn v3_layout(s: &model::Sample) -> Vec<u8> {
     assert_eq!(bytes.pop(), Some(0));
     assert_eq!(bytes.pop(), Some(0));
     bytes
-}
-
-/// A stored value's envelope: version byte, CRC32C of version and payload, payload.
-fn envelope(version: u8, payload: &[u8]) -> Vec<u8> {
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&[version]), payload);
-    let mut v = vec![version];
-    v.extend_from_slice(&crc.to_be_bytes());
-    v.extend_from_slice(payload);
-    v
-}
-
-/// sled below the store; its I/O threads let go of a dropped database's lock a moment late.
-fn open_raw(path: &Path) -> sled::Db {
-    for _ in 0..150 {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
-    }
-    sled::open(path).unwrap()
 }
 
 /// The child role: open the store, say so, hold it until stdin closes.

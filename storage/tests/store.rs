@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{new_incident, SEC, T0};
 use model::fixtures::sample;
-use model::{Histogram, Probe};
+use model::{Histogram, Probe, Sample};
 use storage::{
     FlowFilter, IncidentQuery, IncidentState, PwruRecord, PwruState, PwruStatus, SampleFilter,
     Store, StoreConfig, StoreError,
@@ -122,6 +122,16 @@ fn numbered_incidents_stored_later_or_never_keep_ids_unique() {
     );
 }
 
+/// The ids of the first page of incidents `q` lists.
+fn listed(s: &Store, q: &IncidentQuery) -> Vec<u64> {
+    s.incidents(q)
+        .unwrap()
+        .incidents
+        .iter()
+        .map(|i| i.id)
+        .collect()
+}
+
 #[test]
 fn incident_listing_filters_and_pages_newest_first() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,40 +148,25 @@ fn incident_listing_filters_and_pages_newest_first() {
         }
         ids.push(inc.id);
     }
-    let web: Vec<u64> = s
-        .incidents(&IncidentQuery {
-            service: Some("web".into()),
-            ..Default::default()
-        })
-        .unwrap()
-        .incidents
-        .iter()
-        .map(|i| i.id)
-        .collect();
-    assert_eq!(web, vec![ids[6], ids[4], ids[2], ids[0]]);
+    let web = IncidentQuery {
+        service: Some("web".into()),
+        ..Default::default()
+    };
+    assert_eq!(listed(&s, &web), vec![ids[6], ids[4], ids[2], ids[0]]);
 
-    let open: Vec<u64> = s
-        .incidents(&IncidentQuery {
-            state: Some(IncidentState::Open),
-            ..Default::default()
-        })
-        .unwrap()
-        .incidents
-        .iter()
-        .map(|i| i.id)
-        .collect();
-    assert_eq!(open, vec![ids[6], ids[5]]);
+    let open = IncidentQuery {
+        state: Some(IncidentState::Open),
+        ..Default::default()
+    };
+    assert_eq!(listed(&s, &open), vec![ids[6], ids[5]]);
 
     // Incidents still going on at or after since: closed ones that ended before are out.
-    let recent = s
-        .incidents(&IncidentQuery {
-            since_ns: Some(T0 + 305 * SEC),
-            until_ns: Some(T0 + 450 * SEC),
-            ..Default::default()
-        })
-        .unwrap();
-    let got: Vec<u64> = recent.incidents.iter().map(|i| i.id).collect();
-    assert_eq!(got, vec![ids[4], ids[3]]);
+    let recent = IncidentQuery {
+        since_ns: Some(T0 + 305 * SEC),
+        until_ns: Some(T0 + 450 * SEC),
+        ..Default::default()
+    };
+    assert_eq!(listed(&s, &recent), vec![ids[4], ids[3]]);
 
     // Paging walks everything exactly once.
     let mut seen = Vec::new();
@@ -295,20 +290,28 @@ fn all_pages(s: &Store, incident: u64, filter: &SampleFilter, limit: usize) -> V
     }
 }
 
+/// Two batches of `incident`'s samples interleaved in time, in time order each: A,
+/// samples 0..700 at `T0 + i * 10` (three chunks); B, 700..1000 at times inside A's span,
+/// 5 ns after each of A's first 300.
+fn interleaved_batches(incident: u64) -> (Vec<Sample>, Vec<Sample>) {
+    let a = (0..700u64)
+        .map(|i| sample(incident, i, T0 + i * 10))
+        .collect();
+    let b = (700..1000u64)
+        .map(|i| sample(incident, i, T0 + 5 + (i - 700) * 10))
+        .collect();
+    (a, b)
+}
+
 #[test]
 fn paging_crosses_chunks_and_batches_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(&dir);
     let inc = s.open_incident(&new_incident("web", T0)).unwrap();
-    // Batch A: samples 0..700 given newest first (stored in time order, three chunks);
-    // batch B: 700..1000 at times inside A's span; batch C: 1000..1001, late.
-    let a: Vec<_> = (0..700u64)
-        .rev()
-        .map(|i| sample(inc.id, i, T0 + i * 10))
-        .collect();
-    let b: Vec<_> = (700..1000u64)
-        .map(|i| sample(inc.id, i, T0 + 5 + (i - 700) * 10))
-        .collect();
+    // Batch A given newest first (stored in time order, three chunks); batch C:
+    // 1000..1001, late.
+    let (mut a, b) = interleaved_batches(inc.id);
+    a.reverse();
     s.put_samples(&a).unwrap();
     s.put_samples(&b).unwrap();
     s.put_samples(&[sample(inc.id, 1000, T0 + 100_000)])
@@ -369,12 +372,7 @@ fn slowest_first_pages_every_sample_once_in_latency_order() {
     let inc = s.open_incident(&new_incident("web", T0)).unwrap();
     // Two batches interleaved in time, three chunks and more: latencies 1 ms + (i % 100) x
     // 0.1 ms, ten samples of each, so ties cross chunk and page boundaries.
-    let a: Vec<_> = (0..700u64)
-        .map(|i| sample(inc.id, i, T0 + i * 10))
-        .collect();
-    let b: Vec<_> = (700..1000u64)
-        .map(|i| sample(inc.id, i, T0 + 5 + (i - 700) * 10))
-        .collect();
+    let (a, b) = interleaved_batches(inc.id);
     s.put_samples(&a).unwrap();
     s.put_samples(&b).unwrap();
     let latency = |i: u64| 1_000_000 + (i % 100) * 100_000;

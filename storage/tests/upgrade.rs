@@ -16,7 +16,7 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use common::{SEC, T0};
+use common::{envelope, open_raw, SEC, T0};
 use model::{
     Comm, CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SampleFlags, SocketQueue,
     Transport, Verdict,
@@ -496,26 +496,6 @@ fn sample_key(s: &Sample, seq: u64) -> Vec<u8> {
         .iter()
         .flat_map(|v| v.to_be_bytes())
         .collect()
-}
-
-/// `version | CRC32C(version, payload) big-endian | payload`.
-fn envelope(version: u8, payload: &[u8]) -> Vec<u8> {
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&[version]), payload);
-    let mut out = vec![version];
-    out.extend_from_slice(&crc.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-/// sled below the store; its I/O threads let go of a dropped database's lock a moment late.
-fn open_raw(path: &Path) -> sled::Db {
-    for _ in 0..150 {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
-        }
-    }
-    sled::open(path).unwrap()
 }
 
 fn copy_dir(from: &Path, to: &Path) {

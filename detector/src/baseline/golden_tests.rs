@@ -82,17 +82,7 @@ fn files() -> Vec<(&'static str, Make)> {
 #[test]
 #[ignore = "writes golden files; TAILTRAP_WRITE_GOLDEN=1 to run"]
 fn write_golden_baselines() {
-    if std::env::var_os("TAILTRAP_WRITE_GOLDEN").is_none() {
-        return;
-    }
-    std::fs::create_dir_all(dir()).unwrap();
-    for (name, make) in files() {
-        let path = dir().join(name);
-        // A golden file is what some build wrote: never replaced.
-        if !path.exists() {
-            std::fs::write(&path, make()).unwrap();
-        }
-    }
+    model::fixtures::write_missing_golden(&dir(), &files());
 }
 
 #[test]

@@ -10,9 +10,9 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 use super::common::{FlowV1, HistogramV1, ProbeV1, SocketQueueV1, TransportV1};
 use super::incident::{
     CaptureStateV1, CaptureStatusV1, IncidentCauseV1, IncidentCountersV1, IncidentStateV1,
-    IncidentV2, IncidentVerdictV1, PwruRecordV1, PwruStateV1, PwruStatusV1, VerdictV1,
+    IncidentV1, IncidentV2, IncidentVerdictV1, PwruRecordV1, PwruStateV1, PwruStatusV1, VerdictV1,
 };
-use super::sample::{CpuHolderV1, ReaderWaitV1, SampleV6};
+use super::sample::{CpuHolderV1, ReaderWaitV1, SampleV1, SampleV6};
 
 /// Records the field or variant names serde asks for, then stops the deserialization.
 struct Names<'a>(&'a mut Option<&'static [&'static str]>);
@@ -72,9 +72,28 @@ fn mismatches(pairs: &[(&str, Vec<String>, Vec<String>)]) -> Vec<String> {
         .collect()
 }
 
+/// `outer`'s names with `field`'s replaced by `inner`, the names of the struct it holds:
+/// a frozen layout that starts with an earlier one holds it as a field, whose fields the
+/// live type has in its place.
+fn nested(outer: Vec<String>, field: &str, inner: Vec<String>) -> Vec<String> {
+    let field = field.replace('_', "");
+    assert!(outer.contains(&field), "no field {field} in {outer:?}");
+    outer
+        .into_iter()
+        .flat_map(|n| if n == field { inner.clone() } else { vec![n] })
+        .collect()
+}
+
 macro_rules! pair {
     ($live:ty, $frozen:ty) => {
         (stringify!($live), names::<$live>(), names::<$frozen>())
+    };
+    ($live:ty, $frozen:ty, $field:ident: $inner:ty) => {
+        (
+            stringify!($live),
+            names::<$live>(),
+            nested(names::<$frozen>(), stringify!($field), names::<$inner>()),
+        )
     };
 }
 
@@ -84,7 +103,7 @@ fn live_stored_types_have_the_fields_of_their_frozen_layouts() {
     use model::Verdict;
     use model::{CpuHolder, Flow, Histogram, Probe, ReaderWait, Sample, SocketQueue, Transport};
     let pairs = [
-        pair!(Sample, SampleV6<'static>),
+        pair!(Sample, SampleV6<'static>, v1: SampleV1<'static>),
         pair!(ReaderWait, ReaderWaitV1<'static>),
         pair!(CpuHolder, CpuHolderV1<'static>),
         pair!(Flow, FlowV1),
@@ -92,7 +111,7 @@ fn live_stored_types_have_the_fields_of_their_frozen_layouts() {
         pair!(SocketQueue, SocketQueueV1),
         pair!(Probe, ProbeV1),
         pair!(Histogram, HistogramV1),
-        pair!(Incident, IncidentV2),
+        pair!(Incident, IncidentV2, v1: IncidentV1),
         pair!(IncidentCause, IncidentCauseV1),
         pair!(IncidentState, IncidentStateV1),
         pair!(CaptureStatus, CaptureStatusV1),
@@ -140,12 +159,30 @@ fn a_field_added_to_a_live_type_is_reported() {
     enum FrozenEnum {
         One,
     }
+    /// [`Frozen`]'s fields held as one, then one more.
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct FrozenNested {
+        first: Frozen,
+        added: Option<u32>,
+    }
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct LiveMore {
+        a: u64,
+        b: String,
+        added: Option<u32>,
+        more: u8,
+    }
     let bad = mismatches(&[
         pair!(Live, Frozen),
         pair!(Frozen, Frozen),
         pair!(LiveEnum, FrozenEnum),
+        pair!(Live, FrozenNested, first: Frozen),
+        pair!(LiveMore, FrozenNested, first: Frozen),
     ]);
-    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert_eq!(bad.len(), 3, "{bad:?}");
     assert!(bad[0].contains("added"), "{bad:?}");
     assert!(bad[1].contains("two"), "{bad:?}");
+    assert!(bad[2].contains("more"), "{bad:?}");
 }

@@ -70,7 +70,8 @@ pub(crate) struct IncidentCountersV1 {
     store_errors: u64,
 }
 
-/// [`Incident`]: the incidents tree's records.
+/// [`Incident`]: the incidents tree's records before causes (envelope version 1); the
+/// fields [`IncidentV2`] starts with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct IncidentV1 {
     id: u64,
@@ -96,20 +97,12 @@ pub(crate) struct IncidentCauseV1 {
 }
 
 /// [`Incident`]: the incidents tree's records since incidents carry the daemon's cause
-/// verdict (envelope version 2): [`IncidentV1`]'s fields, then the cause.
+/// verdict (envelope version 2): [`IncidentV1`]'s fields, then the cause. postcard writes
+/// the nested [`IncidentV1`]'s fields in place, so the bytes are those of the same fields
+/// written one by one (the golden files pin them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct IncidentV2 {
-    id: u64,
-    service: String,
-    probes: Vec<ProbeV1>,
-    opened_ns: u64,
-    closed_ns: Option<u64>,
-    state: IncidentStateV1,
-    evidence_json: String,
-    stages_json: String,
-    capture: CaptureStatusV1,
-    pwru: PwruStatusV1,
-    counters: IncidentCountersV1,
+    v1: IncidentV1,
     cause: Option<IncidentCauseV1>,
 }
 
@@ -135,50 +128,25 @@ impl Record for Incident {
             cause,
         } = self;
         IncidentV2 {
-            id: *id,
-            service: service.clone(),
-            probes: probes.iter().map(|&p| p.into()).collect(),
-            opened_ns: *opened_ns,
-            closed_ns: *closed_ns,
-            state: freeze_state(*state),
-            evidence_json: evidence_json.clone(),
-            stages_json: stages_json.clone(),
-            capture: freeze_capture(capture),
-            pwru: freeze_pwru(pwru),
-            counters: freeze_counters(counters),
+            v1: IncidentV1 {
+                id: *id,
+                service: service.clone(),
+                probes: probes.iter().map(|&p| p.into()).collect(),
+                opened_ns: *opened_ns,
+                closed_ns: *closed_ns,
+                state: (*state).into(),
+                evidence_json: evidence_json.clone(),
+                stages_json: stages_json.clone(),
+                capture: freeze_capture(capture),
+                pwru: freeze_pwru(pwru),
+                counters: freeze_counters(counters),
+            },
             cause: cause.as_ref().map(freeze_cause),
         }
     }
 
     fn thaw(f: IncidentV2) -> Result<Incident, String> {
-        let IncidentV2 {
-            id,
-            service,
-            probes,
-            opened_ns,
-            closed_ns,
-            state,
-            evidence_json,
-            stages_json,
-            capture,
-            pwru,
-            counters,
-            cause,
-        } = f;
-        Ok(Incident {
-            id,
-            service,
-            probes: probes.into_iter().map(Into::into).collect(),
-            opened_ns,
-            closed_ns,
-            state: thaw_state(state),
-            evidence_json,
-            stages_json,
-            capture: thaw_capture(capture),
-            pwru: thaw_pwru(pwru),
-            counters: thaw_counters(counters),
-            cause: cause.map(thaw_cause),
-        })
+        Ok(f.v1.thaw(f.cause.map(thaw_cause)))
     }
 
     /// Version 1 records: [`IncidentV1`], written before causes (`cause: None`).
@@ -190,54 +158,37 @@ impl Record for Incident {
     }
 }
 
-/// A record of the layout before causes: not decided (`None`).
-impl From<IncidentV1> for Incident {
-    fn from(f: IncidentV1) -> Incident {
-        let IncidentV1 {
-            id,
-            service,
-            probes,
-            opened_ns,
-            closed_ns,
-            state,
-            evidence_json,
-            stages_json,
-            capture,
-            pwru,
-            counters,
-        } = f;
+impl IncidentV1 {
+    /// The live incident of these fields and of `cause`, which a later layout adds.
+    fn thaw(self, cause: Option<IncidentCause>) -> Incident {
         Incident {
-            id,
-            service,
-            probes: probes.into_iter().map(Into::into).collect(),
-            opened_ns,
-            closed_ns,
-            state: thaw_state(state),
-            evidence_json,
-            stages_json,
-            capture: thaw_capture(capture),
-            pwru: thaw_pwru(pwru),
-            counters: thaw_counters(counters),
-            cause: None,
+            id: self.id,
+            service: self.service,
+            probes: self.probes.into_iter().map(Into::into).collect(),
+            opened_ns: self.opened_ns,
+            closed_ns: self.closed_ns,
+            state: self.state.into(),
+            evidence_json: self.evidence_json,
+            stages_json: self.stages_json,
+            capture: thaw_capture(self.capture),
+            pwru: thaw_pwru(self.pwru),
+            counters: thaw_counters(self.counters),
+            cause,
         }
     }
 }
 
-fn freeze_state(state: IncidentState) -> IncidentStateV1 {
-    match state {
-        IncidentState::Open => IncidentStateV1::Open,
-        IncidentState::Closed => IncidentStateV1::Closed,
-        IncidentState::Interrupted => IncidentStateV1::Interrupted,
+/// A record of the layout before causes: not decided (`None`).
+impl From<IncidentV1> for Incident {
+    fn from(f: IncidentV1) -> Incident {
+        f.thaw(None)
     }
 }
 
-fn thaw_state(state: IncidentStateV1) -> IncidentState {
-    match state {
-        IncidentStateV1::Open => IncidentState::Open,
-        IncidentStateV1::Closed => IncidentState::Closed,
-        IncidentStateV1::Interrupted => IncidentState::Interrupted,
-    }
-}
+same_variants!(IncidentState <-> IncidentStateV1 { Open, Closed, Interrupted });
+same_variants!(CaptureState <-> CaptureStateV1 { NotArmed, Armed, Disarmed, Failed });
+same_variants!(PwruState <-> PwruStateV1 { NotRun, Running, Done, Failed });
+same_variants!(Verdict <-> VerdictV1 { Real, FalseAlarm, Expected });
 
 fn freeze_capture(capture: &CaptureStatus) -> CaptureStatusV1 {
     let CaptureStatus {
@@ -250,12 +201,7 @@ fn freeze_capture(capture: &CaptureStatus) -> CaptureStatusV1 {
         message,
     } = capture;
     CaptureStatusV1 {
-        state: match state {
-            CaptureState::NotArmed => CaptureStateV1::NotArmed,
-            CaptureState::Armed => CaptureStateV1::Armed,
-            CaptureState::Disarmed => CaptureStateV1::Disarmed,
-            CaptureState::Failed => CaptureStateV1::Failed,
-        },
+        state: (*state).into(),
         emitted: *emitted,
         dropped: *dropped,
         rate_limited: *rate_limited,
@@ -267,12 +213,7 @@ fn freeze_capture(capture: &CaptureStatus) -> CaptureStatusV1 {
 
 fn thaw_capture(c: CaptureStatusV1) -> CaptureStatus {
     CaptureStatus {
-        state: match c.state {
-            CaptureStateV1::NotArmed => CaptureState::NotArmed,
-            CaptureStateV1::Armed => CaptureState::Armed,
-            CaptureStateV1::Disarmed => CaptureState::Disarmed,
-            CaptureStateV1::Failed => CaptureState::Failed,
-        },
+        state: c.state.into(),
         emitted: c.emitted,
         dropped: c.dropped,
         rate_limited: c.rate_limited,
@@ -294,12 +235,7 @@ fn freeze_pwru(pwru: &PwruStatus) -> PwruStatusV1 {
         message,
     } = pwru;
     PwruStatusV1 {
-        state: match state {
-            PwruState::NotRun => PwruStateV1::NotRun,
-            PwruState::Running => PwruStateV1::Running,
-            PwruState::Done => PwruStateV1::Done,
-            PwruState::Failed => PwruStateV1::Failed,
-        },
+        state: (*state).into(),
         exit_status: *exit_status,
         signal: *signal,
         stderr_tail: stderr_tail.clone(),
@@ -312,12 +248,7 @@ fn freeze_pwru(pwru: &PwruStatus) -> PwruStatusV1 {
 
 fn thaw_pwru(p: PwruStatusV1) -> PwruStatus {
     PwruStatus {
-        state: match p.state {
-            PwruStateV1::NotRun => PwruState::NotRun,
-            PwruStateV1::Running => PwruState::Running,
-            PwruStateV1::Done => PwruState::Done,
-            PwruStateV1::Failed => PwruState::Failed,
-        },
+        state: p.state.into(),
         exit_status: p.exit_status,
         signal: p.signal,
         stderr_tail: p.stderr_tail,
@@ -449,11 +380,7 @@ impl Record for IncidentVerdict {
             marked_ns,
         } = self;
         IncidentVerdictV1 {
-            verdict: match verdict {
-                Verdict::Real => VerdictV1::Real,
-                Verdict::FalseAlarm => VerdictV1::FalseAlarm,
-                Verdict::Expected => VerdictV1::Expected,
-            },
+            verdict: (*verdict).into(),
             note: note.clone(),
             marked_ns: *marked_ns,
         }
@@ -461,11 +388,7 @@ impl Record for IncidentVerdict {
 
     fn thaw(f: IncidentVerdictV1) -> Result<IncidentVerdict, String> {
         Ok(IncidentVerdict {
-            verdict: match f.verdict {
-                VerdictV1::Real => Verdict::Real,
-                VerdictV1::FalseAlarm => Verdict::FalseAlarm,
-                VerdictV1::Expected => Verdict::Expected,
-            },
+            verdict: f.verdict.into(),
             note: f.note,
             marked_ns: f.marked_ns,
         })

@@ -21,6 +21,29 @@
 //!
 //! A frozen type is never edited once a build wrote it; a new layout is a new type.
 
+/// `From` both ways between a live enum and its frozen layout, whose variants are the
+/// same, by name and without data. Both matches are exhaustive: a variant added to the
+/// live enum is a compile error until its layout has it (a new type).
+macro_rules! same_variants {
+    ($live:ident <-> $frozen:ident { $($variant:ident),+ $(,)? }) => {
+        impl From<$live> for $frozen {
+            fn from(v: $live) -> $frozen {
+                match v {
+                    $($live::$variant => $frozen::$variant,)+
+                }
+            }
+        }
+
+        impl From<$frozen> for $live {
+            fn from(v: $frozen) -> $live {
+                match v {
+                    $($frozen::$variant => $live::$variant,)+
+                }
+            }
+        }
+    };
+}
+
 pub(crate) mod common;
 #[cfg(test)]
 mod fingerprint;

@@ -8,8 +8,12 @@ use serde::{Deserialize, Serialize};
 use super::common::{FlowV1, ProbeV1, SocketQueueV1};
 
 /// A sample before it carried its skb address: one-sample records (envelope version 1,
-/// schema 1) and version 2 chunks. Only read.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// schema 1) and version 2 chunks; the fields every later layout starts with.
+///
+/// The later layouts hold it as their first field: postcard writes a nested struct's
+/// fields in place, with nothing around them, so their bytes are those of the same
+/// fields written one by one (the golden files pin them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SampleV1<'a> {
     time_ns: u64,
     incident: u64,
@@ -29,79 +33,60 @@ pub(crate) struct SampleV1<'a> {
     flags: u32,
 }
 
-impl TryFrom<SampleV1<'_>> for Sample {
-    type Error = String;
-    fn try_from(s: SampleV1<'_>) -> Result<Sample, String> {
+impl SampleV1<'_> {
+    /// The live sample of these fields and of those a later layout adds after them
+    /// (`None` where the layout has none).
+    fn thaw(
+        self,
+        skb: Option<u64>,
+        reader_wait: Option<ReaderWaitV1<'_>>,
+        rx_queue: Option<u16>,
+    ) -> Result<Sample, String> {
         Ok(Sample {
-            time_ns: s.time_ns,
-            incident: s.incident,
-            probe: s.probe.into(),
-            latency_ns: s.latency_ns,
-            flow: s.flow.into(),
-            cgroup_id: s.cgroup_id,
-            pid: s.pid,
-            comm: Comm::try_from(s.comm).map_err(|e| e.to_string())?,
-            cpu: s.cpu,
-            ifindex: s.ifindex,
-            netns_ino: s.netns_ino,
-            skb_len: s.skb_len,
-            socket_queue: s.socket_queue.map(Into::into),
-            tcp_seq: s.tcp_seq,
+            time_ns: self.time_ns,
+            incident: self.incident,
+            probe: self.probe.into(),
+            latency_ns: self.latency_ns,
+            flow: self.flow.into(),
+            cgroup_id: self.cgroup_id,
+            pid: self.pid,
+            comm: Comm::try_from(self.comm).map_err(|e| e.to_string())?,
+            cpu: self.cpu,
+            ifindex: self.ifindex,
+            netns_ino: self.netns_ino,
+            skb_len: self.skb_len,
+            socket_queue: self.socket_queue.map(Into::into),
+            tcp_seq: self.tcp_seq,
             // Bits of a newer build are dropped, not refused: the rest is still evidence.
-            flags: SampleFlags::from_bits_truncate(s.flags),
-            skb: None,
-            reader_wait: None,
-            rx_queue: None,
+            flags: SampleFlags::from_bits_truncate(self.flags),
+            skb,
+            reader_wait: reader_wait.map(ReaderWait::try_from).transpose()?,
+            rx_queue,
         })
     }
 }
 
+impl TryFrom<SampleV1<'_>> for Sample {
+    type Error = String;
+    fn try_from(s: SampleV1<'_>) -> Result<Sample, String> {
+        s.thaw(None, None, None)
+    }
+}
+
 /// A sample with its skb address: the samples of version 3 chunks (uncompressed) and of
-/// version 4 chunks (the lz4 block's content). Only read.
+/// version 4 chunks (the lz4 block's content). [`SampleV1`]'s fields, then the address.
+/// Only read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SampleV3<'a> {
-    time_ns: u64,
-    incident: u64,
-    probe: ProbeV1,
-    latency_ns: u64,
-    flow: FlowV1,
-    cgroup_id: u64,
-    pid: Option<u32>,
-    comm: &'a str,
-    cpu: u32,
-    ifindex: u32,
-    netns_ino: u32,
-    skb_len: u32,
-    socket_queue: Option<SocketQueueV1>,
-    tcp_seq: Option<u32>,
-    /// [`SampleFlags`]' bits.
-    flags: u32,
+    #[serde(borrow)]
+    v1: SampleV1<'a>,
     skb: Option<u64>,
 }
 
 impl TryFrom<SampleV3<'_>> for Sample {
     type Error = String;
     fn try_from(s: SampleV3<'_>) -> Result<Sample, String> {
-        Ok(Sample {
-            time_ns: s.time_ns,
-            incident: s.incident,
-            probe: s.probe.into(),
-            latency_ns: s.latency_ns,
-            flow: s.flow.into(),
-            cgroup_id: s.cgroup_id,
-            pid: s.pid,
-            comm: Comm::try_from(s.comm).map_err(|e| e.to_string())?,
-            cpu: s.cpu,
-            ifindex: s.ifindex,
-            netns_ino: s.netns_ino,
-            skb_len: s.skb_len,
-            socket_queue: s.socket_queue.map(Into::into),
-            tcp_seq: s.tcp_seq,
-            flags: SampleFlags::from_bits_truncate(s.flags),
-            skb: s.skb,
-            reader_wait: None,
-            rx_queue: None,
-        })
+        s.v1.thaw(s.skb, None, None)
     }
 }
 
@@ -109,22 +94,8 @@ impl TryFrom<SampleV3<'_>> for Sample {
 /// content). [`SampleV3`]'s fields, then the reader's wait. Only read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SampleV5<'a> {
-    time_ns: u64,
-    incident: u64,
-    probe: ProbeV1,
-    latency_ns: u64,
-    flow: FlowV1,
-    cgroup_id: u64,
-    pid: Option<u32>,
-    comm: &'a str,
-    cpu: u32,
-    ifindex: u32,
-    netns_ino: u32,
-    skb_len: u32,
-    socket_queue: Option<SocketQueueV1>,
-    tcp_seq: Option<u32>,
-    /// [`SampleFlags`]' bits.
-    flags: u32,
+    #[serde(borrow)]
+    v1: SampleV1<'a>,
     skb: Option<u64>,
     #[serde(borrow)]
     reader_wait: Option<ReaderWaitV1<'a>>,
@@ -149,26 +120,7 @@ pub(crate) struct CpuHolderV1<'a> {
 impl TryFrom<SampleV5<'_>> for Sample {
     type Error = String;
     fn try_from(s: SampleV5<'_>) -> Result<Sample, String> {
-        Ok(Sample {
-            time_ns: s.time_ns,
-            incident: s.incident,
-            probe: s.probe.into(),
-            latency_ns: s.latency_ns,
-            flow: s.flow.into(),
-            cgroup_id: s.cgroup_id,
-            pid: s.pid,
-            comm: Comm::try_from(s.comm).map_err(|e| e.to_string())?,
-            cpu: s.cpu,
-            ifindex: s.ifindex,
-            netns_ino: s.netns_ino,
-            skb_len: s.skb_len,
-            socket_queue: s.socket_queue.map(Into::into),
-            tcp_seq: s.tcp_seq,
-            flags: SampleFlags::from_bits_truncate(s.flags),
-            skb: s.skb,
-            reader_wait: s.reader_wait.map(ReaderWait::try_from).transpose()?,
-            rx_queue: None,
-        })
+        s.v1.thaw(s.skb, s.reader_wait, None)
     }
 }
 
@@ -176,22 +128,8 @@ impl TryFrom<SampleV5<'_>> for Sample {
 /// block's content). [`SampleV5`]'s fields, then the RX queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct SampleV6<'a> {
-    time_ns: u64,
-    incident: u64,
-    probe: ProbeV1,
-    latency_ns: u64,
-    flow: FlowV1,
-    cgroup_id: u64,
-    pid: Option<u32>,
-    comm: &'a str,
-    cpu: u32,
-    ifindex: u32,
-    netns_ino: u32,
-    skb_len: u32,
-    socket_queue: Option<SocketQueueV1>,
-    tcp_seq: Option<u32>,
-    /// [`SampleFlags`]' bits.
-    flags: u32,
+    #[serde(borrow)]
+    v1: SampleV1<'a>,
     skb: Option<u64>,
     #[serde(borrow)]
     reader_wait: Option<ReaderWaitV1<'a>>,
@@ -223,21 +161,23 @@ impl<'a> From<&'a Sample> for SampleV6<'a> {
             rx_queue,
         } = s;
         SampleV6 {
-            time_ns: *time_ns,
-            incident: *incident,
-            probe: (*probe).into(),
-            latency_ns: *latency_ns,
-            flow: (*flow).into(),
-            cgroup_id: *cgroup_id,
-            pid: *pid,
-            comm: comm.as_str(),
-            cpu: *cpu,
-            ifindex: *ifindex,
-            netns_ino: *netns_ino,
-            skb_len: *skb_len,
-            socket_queue: socket_queue.map(Into::into),
-            tcp_seq: *tcp_seq,
-            flags: flags.bits(),
+            v1: SampleV1 {
+                time_ns: *time_ns,
+                incident: *incident,
+                probe: (*probe).into(),
+                latency_ns: *latency_ns,
+                flow: (*flow).into(),
+                cgroup_id: *cgroup_id,
+                pid: *pid,
+                comm: comm.as_str(),
+                cpu: *cpu,
+                ifindex: *ifindex,
+                netns_ino: *netns_ino,
+                skb_len: *skb_len,
+                socket_queue: socket_queue.map(Into::into),
+                tcp_seq: *tcp_seq,
+                flags: flags.bits(),
+            },
             skb: *skb,
             reader_wait: reader_wait.as_ref().map(Into::into),
             rx_queue: *rx_queue,
@@ -248,26 +188,7 @@ impl<'a> From<&'a Sample> for SampleV6<'a> {
 impl TryFrom<SampleV6<'_>> for Sample {
     type Error = String;
     fn try_from(s: SampleV6<'_>) -> Result<Sample, String> {
-        Ok(Sample {
-            time_ns: s.time_ns,
-            incident: s.incident,
-            probe: s.probe.into(),
-            latency_ns: s.latency_ns,
-            flow: s.flow.into(),
-            cgroup_id: s.cgroup_id,
-            pid: s.pid,
-            comm: Comm::try_from(s.comm).map_err(|e| e.to_string())?,
-            cpu: s.cpu,
-            ifindex: s.ifindex,
-            netns_ino: s.netns_ino,
-            skb_len: s.skb_len,
-            socket_queue: s.socket_queue.map(Into::into),
-            tcp_seq: s.tcp_seq,
-            flags: SampleFlags::from_bits_truncate(s.flags),
-            skb: s.skb,
-            reader_wait: s.reader_wait.map(ReaderWait::try_from).transpose()?,
-            rx_queue: s.rx_queue,
-        })
+        s.v1.thaw(s.skb, s.reader_wait, s.rx_queue)
     }
 }
 

@@ -29,6 +29,28 @@ pub fn sample_count(s: &Store, id: u64) -> u64 {
         .count
 }
 
+/// A stored value's envelope: version byte, CRC32C of version and payload (big-endian),
+/// payload. Written here rather than by the store, to make records as earlier builds did.
+pub fn envelope(version: u8, payload: &[u8]) -> Vec<u8> {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&[version]), payload);
+    let mut out = vec![version];
+    out.extend_from_slice(&crc.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// sled below the store; its I/O threads let go of a dropped database's lock a moment late.
+#[allow(clippy::unwrap_used)] // a test helper: a database that does not open fails the test
+pub fn open_raw(path: &std::path::Path) -> sled::Db {
+    for _ in 0..150 {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    sled::open(path).unwrap()
+}
+
 /// This test executable again, to run only `test` (ignored or not) as a child process,
 /// with `env` set to `value` so that the test knows to play the child's part.
 #[allow(clippy::unwrap_used)] // a test helper: failing to find itself fails the test
