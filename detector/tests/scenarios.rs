@@ -218,6 +218,19 @@ fn a_bimodal_service_is_judged_per_mode() {
     assert!(incidents[1].evidence.iter().any(|e| e.quantile == 0.5));
 }
 
+/// The scenario's anomalies, in order, as `(label, stage verdict)`: each detected within
+/// 15 s and its stage named as expected.
+fn each_found_fast_and_named(score: &Score, expect: &[(&str, &str)]) {
+    for (o, &(label, verdict)) in score.outcomes.iter().zip(expect) {
+        assert_eq!(o.label, label);
+        assert!(
+            o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
+            "{o:?}"
+        );
+        assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
+    }
+}
+
 #[test]
 fn the_stage_that_grew_is_named() {
     let (_, score) = run("stages.toml", include_str!("../scenarios/stages.toml"));
@@ -227,14 +240,7 @@ fn the_stage_that_grew_is_named() {
         ("softirq stall", "driver and softirq (arrival to IP)"),
         ("slow UDP enqueue", "UDP processing"),
     ];
-    for (o, (label, verdict)) in score.outcomes.iter().zip(expect) {
-        assert_eq!(o.label, label);
-        assert!(
-            o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
-            "{o:?}"
-        );
-        assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
-    }
+    each_found_fast_and_named(&score, &expect);
 }
 
 #[test]
@@ -249,14 +255,7 @@ fn send_side_shifts_are_named_by_their_own_stage_and_never_blamed_on_the_receive
         ),
         ("application reads late", "application read delay"),
     ];
-    for (o, (label, verdict)) in score.outcomes.iter().zip(expect) {
-        assert_eq!(o.label, label);
-        assert!(
-            o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
-            "{o:?}"
-        );
-        assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
-    }
+    each_found_fast_and_named(&score, &expect);
     // Each incident's probes stay on one side: a send shift lists no receive probe.
     for i in &incidents {
         let send = i.headline.probe.is_send();
