@@ -11,6 +11,8 @@ mod cli;
 mod cmd;
 mod config;
 mod daemon;
+#[cfg(test)]
+mod fixtures;
 mod metrics;
 mod otlp;
 mod output;

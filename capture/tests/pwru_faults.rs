@@ -6,18 +6,16 @@
 
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use capture::pwru::{
     ManagerConfig, PcapFilter, Protocol, PwruLine, SessionLimits, SessionManager, SessionRequest,
     SessionState, SessionStatus,
 };
-use tokio::sync::mpsc;
 
-fn fake_pwru() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-pwru/pwru")
-}
+mod common;
+use common::{fake_pwru, run_collecting};
 
 /// A scratch directory with a `pwru` wrapper running the stand-in in `mode`; it writes its
 /// pid (the wrapper execs, so it is the stand-in's).
@@ -70,17 +68,9 @@ async fn run(
     mgr: &SessionManager,
     req: SessionRequest,
 ) -> (SessionStatus, Vec<PwruLine>, Duration) {
-    let (tx, mut rx) = mpsc::channel(16);
-    let collector = tokio::spawn(async move {
-        let mut got = Vec::new();
-        while let Some(l) = rx.recv().await {
-            got.push(l);
-        }
-        got
-    });
     let start = Instant::now();
-    let status = mgr.run(req, tx).await;
-    (status, collector.await.unwrap(), start.elapsed())
+    let (status, lines) = run_collecting(mgr, req).await;
+    (status, lines, start.elapsed())
 }
 
 /// After a fault, the same manager runs a normal session to its end.

@@ -9,19 +9,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use capture::pwru::{
-    FilterFuncs, ManagerConfig, NetnsFilter, PcapFilter, Prerequisites, Protocol, PwruLine,
-    SessionLimits, SessionManager, SessionRequest, SessionState, SessionStatus,
+    FilterFuncs, ManagerConfig, NetnsFilter, PcapFilter, Prerequisites, Protocol, SessionLimits,
+    SessionManager, SessionRequest, SessionState, SessionStatus,
 };
 use tokio::sync::mpsc;
+
+mod common;
+use common::{fake_pwru, run_collecting};
 
 fn testdata(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("testdata/pwru")
         .join(name)
-}
-
-fn fake_pwru() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-pwru/pwru")
 }
 
 /// A scratch directory with a `pwru` wrapper that runs the stand-in in `mode` (set per
@@ -100,20 +99,6 @@ fn request_with_grace(
         .with_limits(SessionLimits::new(Duration::from_millis(deadline_ms), grace, limit).unwrap())
 }
 
-/// Run a session and collect the lines it delivered.
-async fn run(mgr: &SessionManager, req: SessionRequest) -> (SessionStatus, Vec<PwruLine>) {
-    let (tx, mut rx) = mpsc::channel(16);
-    let collector = tokio::spawn(async move {
-        let mut got = Vec::new();
-        while let Some(l) = rx.recv().await {
-            got.push(l);
-        }
-        got
-    });
-    let status = mgr.run(req, tx).await;
-    (status, collector.await.unwrap())
-}
-
 fn no_progress_bars(status: &SessionStatus) {
     assert!(
         status.stderr_tail.iter().all(|l| !l.contains("p/s")),
@@ -126,7 +111,7 @@ fn no_progress_bars(status: &SessionStatus) {
 async fn ok_stops_at_output_limit() {
     let rig = Rig::new("ok", "tcpmeta612.jsonl");
     let mgr = rig.manager();
-    let (st, lines) = run(&mgr, request("web", 9000, 20_000, 5)).await;
+    let (st, lines) = run_collecting(&mgr, request("web", 9000, 20_000, 5)).await;
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     assert_eq!(
         st.reason,
@@ -188,7 +173,7 @@ async fn ok_stops_at_output_limit() {
 #[tokio::test]
 async fn ok_stops_at_deadline_with_sigterm() {
     let rig = Rig::new("ok", "udpmeta612.jsonl");
-    let (st, lines) = run(&rig.manager(), request("dns", 9001, DEADLINE_MS, 5000)).await;
+    let (st, lines) = run_collecting(&rig.manager(), request("dns", 9001, DEADLINE_MS, 5000)).await;
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     assert!(
         st.reason
@@ -211,7 +196,7 @@ async fn all_ignored_is_failed_despite_exit_0() {
     let req = request("web", 9000, DEADLINE_MS, 100).with_filter_funcs(
         FilterFuncs::new(["tcp_v4_rcv", "tcp_queue_rcv", "udp_rcv", "tcp_data_queue"]).unwrap(),
     );
-    let (st, lines) = run(&rig.manager(), req).await;
+    let (st, lines) = run_collecting(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::Failed, "{st:#?}");
     assert_eq!(st.exit_code, Some(0));
     assert!(st.ready.is_some());
@@ -239,7 +224,7 @@ async fn all_ignored_without_progress_bar() {
     );
     let req = request("web", 9000, DEADLINE_MS, 100)
         .with_filter_funcs(FilterFuncs::new(["tcp_v4_rcv", "tcp_queue_rcv", "udp_rcv"]).unwrap());
-    let (st, _) = run(&rig.manager(), req).await;
+    let (st, _) = run_collecting(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::Failed, "{st:#?}");
     assert_eq!((st.attach.attempted, st.attach.ignored), (Some(3), Some(3)));
     assert!(st
@@ -251,7 +236,7 @@ async fn all_ignored_without_progress_bar() {
 #[tokio::test]
 async fn no_kprobes_fails_to_start() {
     let rig = Rig::new("no-kprobes", "tcp612.jsonl");
-    let (st, lines) = run(&rig.manager(), request("web", 9000, 5000, 100)).await;
+    let (st, lines) = run_collecting(&rig.manager(), request("web", 9000, 5000, 100)).await;
     assert_eq!(st.state, SessionState::Failed, "{st:#?}");
     assert_eq!(st.exit_code, Some(1));
     assert_eq!(st.ready, None);
@@ -268,7 +253,7 @@ async fn no_kprobes_fails_to_start() {
 #[tokio::test]
 async fn bad_filter_fails_to_start() {
     let rig = Rig::new("bad-filter", "tcp612.jsonl");
-    let (st, _) = run(&rig.manager(), request("web", 9000, 5000, 100)).await;
+    let (st, _) = run_collecting(&rig.manager(), request("web", 9000, 5000, 100)).await;
     assert_eq!(st.state, SessionState::Failed, "{st:#?}");
     assert_eq!(st.exit_code, Some(1));
     assert!(
@@ -283,7 +268,7 @@ async fn bad_filter_fails_to_start() {
 async fn hang_on_term_is_killed_and_reaped() {
     let rig = Rig::new("hang-on-term", "tcp612.jsonl");
     let req = request_with_grace("web", 9000, DEADLINE_MS, 5000, Duration::from_millis(500));
-    let (st, lines) = run(&rig.manager(), req).await;
+    let (st, lines) = run_collecting(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::Timeout, "{st:#?}");
     assert_eq!((st.exit_code, st.signal), (None, Some(9)));
     assert!(st.sigterm.is_some() && st.sigkill.is_some());
@@ -317,7 +302,7 @@ async fn not_ready_by_the_attach_timeout_is_not_ready() {
         .with_attach_timeout(Duration::from_millis(100))
         .unwrap();
     req = req.with_limits(limits);
-    let (st, lines) = run(&rig.manager(), req).await;
+    let (st, lines) = run_collecting(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::NotReady, "{st:#?}");
     // How the stand-in ends depends on whether its SIGTERM handler was installed yet when
     // the signal came (a busy machine starts bash slowly): both are a clean stop.
@@ -352,7 +337,7 @@ async fn slow_attach_then_ignored_sigterm_is_not_ready() {
         .with_attach_timeout(Duration::from_secs(3))
         .unwrap();
     req = req.with_limits(limits);
-    let (st, lines) = run(&rig.manager(), req).await;
+    let (st, lines) = run_collecting(&rig.manager(), req).await;
     assert_eq!(st.state, SessionState::NotReady, "{st:#?}");
     assert_eq!(
         st.reason,
@@ -374,7 +359,7 @@ async fn the_deadline_counts_from_readiness() {
     );
     // Attaching takes 1.5 s, longer than the 1 s deadline: with the deadline counted from
     // the start it would end not ready.
-    let (st, lines) = run(&rig.manager(), request("dns", 9001, 1_000, 5000)).await;
+    let (st, lines) = run_collecting(&rig.manager(), request("dns", 9001, 1_000, 5000)).await;
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     let (ready, term) = (st.ready.unwrap(), st.sigterm.unwrap());
     let traced = term.duration_since(ready).unwrap();
@@ -407,7 +392,7 @@ async fn a_binary_briefly_open_for_writing_still_starts() {
 
     let writer = std::fs::OpenOptions::new().write(true).open(&bin).unwrap();
     let released = release(writer);
-    let (st, _) = run(&rig.manager(), request("web", 9000, DEADLINE_MS, 5)).await;
+    let (st, _) = run_collecting(&rig.manager(), request("web", 9000, DEADLINE_MS, 5)).await;
     released.join().unwrap();
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
 }
@@ -426,7 +411,7 @@ async fn a_failed_prerequisite_check_is_repeated_at_the_next_request() {
         ..rig.config()
     };
     let mgr = SessionManager::from_prerequisites(&stale, config);
-    let (st, _) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    let (st, _) = run_collecting(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
     if fresh_summary.starts_with("usable") {
         // A host where pwru can run: the new check lets the session through.
         assert_eq!(st.state, SessionState::Ok, "{st:#?}");
@@ -437,7 +422,7 @@ async fn a_failed_prerequisite_check_is_repeated_at_the_next_request() {
     }
     // With the default interval the stale verdict stands until a minute has passed.
     let mgr = SessionManager::from_prerequisites(&stale, rig.config());
-    let (st, _) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    let (st, _) = run_collecting(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
     assert_eq!(st.reason, stale.summary);
 }
 
@@ -450,7 +435,7 @@ async fn a_reserved_session_is_busy_before_it_runs() {
     assert!(!mgr.is_busy());
     let reservation = mgr.reserve();
     assert!(mgr.is_busy(), "asked for, not started yet");
-    let (st, _) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    let (st, _) = run_collecting(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     assert!(mgr.is_busy(), "still reserved until its owner drops it");
     drop(reservation);
@@ -463,7 +448,7 @@ async fn one_at_a_time_and_close() {
     let mgr = rig.manager();
     let first = {
         let mgr = mgr.clone();
-        tokio::spawn(async move { run(&mgr, request("web", 9000, 60_000, 5000)).await })
+        tokio::spawn(async move { run_collecting(&mgr, request("web", 9000, 60_000, 5000)).await })
     };
     // Once it has attached (its ready file exists), try a second session for another
     // service.
@@ -475,7 +460,7 @@ async fn one_at_a_time_and_close() {
     });
     assert!(attached.await.is_ok(), "the first session never attached");
     assert!(mgr.is_busy());
-    let (busy, _) = run(&mgr, request("api", 8080, 5000, 10)).await;
+    let (busy, _) = run_collecting(&mgr, request("api", 8080, 5000, 10)).await;
     assert_eq!(busy.state, SessionState::SkippedBusy);
     assert_eq!(busy.reason, "the pwru session for \"web\" is still running");
     assert!(busy.argv.is_empty() && busy.started.is_none());
@@ -501,7 +486,7 @@ async fn a_closed_manager_starts_no_session() {
     let mgr = rig.manager();
     let reservation = mgr.reserve();
     assert!(!mgr.close(), "nothing was running yet");
-    let (st, lines) = run(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
+    let (st, lines) = run_collecting(&mgr, request("web", 9000, DEADLINE_MS, 5)).await;
     assert_eq!(st.state, SessionState::Unavailable, "{st:#?}");
     assert_eq!(st.reason, "tailtrap is stopping: no new pwru session");
     assert!(st.argv.is_empty() && st.started.is_none() && lines.is_empty());
@@ -513,9 +498,9 @@ async fn a_closed_manager_starts_no_session() {
 async fn cooldown_is_per_service() {
     let rig = Rig::new("ok", "tcp612.jsonl");
     let mgr = rig.manager();
-    let (st, _) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    let (st, _) = run_collecting(&mgr, request("web", 9000, 5000, 2)).await;
     assert_eq!(st.state, SessionState::Ok);
-    let (again, _) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    let (again, _) = run_collecting(&mgr, request("web", 9000, 5000, 2)).await;
     assert_eq!(again.state, SessionState::SkippedCooldown);
     // How long ago depends on how fast the machine ran the first session.
     assert!(
@@ -526,7 +511,7 @@ async fn cooldown_is_per_service() {
         "{}",
         again.reason
     );
-    let (other, _) = run(&mgr, request("api", 8080, 5000, 2)).await;
+    let (other, _) = run_collecting(&mgr, request("api", 8080, 5000, 2)).await;
     assert_eq!(other.state, SessionState::Ok);
 
     // A zero cooldown lets the same service run again at once.
@@ -539,7 +524,10 @@ async fn cooldown_is_per_service() {
     );
     for _ in 0..2 {
         assert_eq!(
-            run(&mgr, request("web", 9000, 5000, 2)).await.0.state,
+            run_collecting(&mgr, request("web", 9000, 5000, 2))
+                .await
+                .0
+                .state,
             SessionState::Ok
         );
     }
@@ -551,7 +539,7 @@ async fn unavailable_on_this_kernel() {
     let prereq = Prerequisites::check(Some(&fake_pwru())).await;
     let rig = Rig::new("ok", "tcp612.jsonl");
     let mgr = SessionManager::from_prerequisites(&prereq, rig.config());
-    let (st, lines) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    let (st, lines) = run_collecting(&mgr, request("web", 9000, 5000, 2)).await;
     if prereq.is_usable() {
         assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     } else {
@@ -571,7 +559,7 @@ async fn missing_binary_fails_cleanly() {
             ..ManagerConfig::default()
         },
     );
-    let (st, _) = run(&mgr, request("web", 9000, 5000, 2)).await;
+    let (st, _) = run_collecting(&mgr, request("web", 9000, 5000, 2)).await;
     assert_eq!(st.state, SessionState::Failed);
     assert!(st.reason.starts_with("cannot start "), "{}", st.reason);
     assert!(
@@ -605,31 +593,31 @@ async fn netns_and_functions_reach_pwru() {
         .with_limits(
             SessionLimits::new(Duration::from_secs(10), Duration::from_secs(1), 3).unwrap(),
         );
-    let (st, lines) = run(&rig.manager(), req).await;
+    let (st, lines) = run_collecting(&rig.manager(), req.clone()).await;
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");
     assert_eq!(lines.len(), 3);
     let log = rig.argv_log();
     let ready = log[4].clone();
     assert!(ready.starts_with(&rig.dir.path().join("run").display().to_string()));
-    let expected = [
-        "--output-json",
-        "--output-limit-lines",
-        "3",
-        "--ready-file",
-        &ready,
-        "--filter-func",
-        "^(udp_rcv|skb_consume_udp)$",
-        "--filter-netns",
-        &format!("/proc/{}/ns/net", std::process::id()),
-        "--timestamp",
-        "current",
-        "--output-meta",
-        "--output-tuple",
-        "--output-caller",
-        "--filter-track-skb",
-        "udp and (dst port 9001 or dst port 53)",
-    ];
+    // pwru gets the request's argv as built (request.rs's argv tests pin its every word),
+    // with the session's own ready file.
+    let expected: Vec<String> = req
+        .argv(Path::new(&ready))
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     assert_eq!(log, expected);
+    let after = |flag: &str| {
+        let at = log.iter().position(|a| a == flag)?;
+        log.get(at + 1).map(String::as_str)
+    };
+    assert_eq!(after("--filter-func"), Some("^(udp_rcv|skb_consume_udp)$"));
+    let netns = format!("/proc/{}/ns/net", std::process::id());
+    assert_eq!(after("--filter-netns"), Some(netns.as_str()));
+    assert_eq!(
+        log.last().map(String::as_str),
+        Some("udp and (dst port 9001 or dst port 53)")
+    );
     // The stand-in counts the functions it was given as attempted.
     assert_eq!(st.attach.attempted, Some(2));
 }
@@ -648,7 +636,7 @@ async fn every_capture_replays_and_parses() {
         let expected = std::fs::read_to_string(&file).unwrap();
         let n = expected.lines().count() as u64;
         let rig = Rig::new("ok", &name);
-        let (st, lines) = run(&rig.manager(), request("web", 9000, 20_000, n)).await;
+        let (st, lines) = run_collecting(&rig.manager(), request("web", 9000, 20_000, n)).await;
         assert_eq!(st.state, SessionState::Ok, "{name}: {st:#?}");
         assert_eq!((st.lines_captured, st.lines_unparsed), (n, 0), "{name}");
         for (l, raw) in lines.iter().zip(expected.lines()) {
@@ -688,7 +676,7 @@ async fn session_in_doomed_process(dir: PathBuf) {
         rig.dir.path().as_os_str().as_encoded_bytes(),
     )
     .unwrap();
-    let (st, _) = run(&mgr, request("web", 9000, 60_000, 5000)).await;
+    let (st, _) = run_collecting(&mgr, request("web", 9000, 60_000, 5000)).await;
     panic!("the session should not have ended: {st:#?}");
 }
 
@@ -782,7 +770,7 @@ async fn pwru_runs_at_an_ordinary_priority_whatever_the_daemons() {
         assert_eq!(nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, -5), 0);
         before
     };
-    let (st, _) = run(&rig.manager(), request("web", 9000, 20_000, 5)).await;
+    let (st, _) = run_collecting(&rig.manager(), request("web", 9000, 20_000, 5)).await;
     // SAFETY: as above.
     unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, 0, before) };
     assert_eq!(st.state, SessionState::Ok, "{st:#?}");

@@ -67,25 +67,16 @@ pub struct Thresholds {
     #[serde(with = "humantime_serde")]
     pub notice_floor: Duration,
     /// Shortest evaluation window (the most recent intervals).
-    #[serde(
-        serialize_with = "humantime_serde::serialize",
-        deserialize_with = "de::positive_duration"
-    )]
+    #[serde(with = "de::positive_duration")]
     pub window: Duration,
     /// The window grows up to this long to gather `min_samples`.
-    #[serde(
-        serialize_with = "humantime_serde::serialize",
-        deserialize_with = "de::positive_duration"
-    )]
+    #[serde(with = "de::positive_duration")]
     pub max_window: Duration,
     /// Fewest samples a window must hold to be tested at all.
     #[serde(deserialize_with = "de::at_least_one")]
     pub min_samples: u64,
     /// Half-life of the baseline's memory: older intervals weigh half as much per half-life.
-    #[serde(
-        serialize_with = "humantime_serde::serialize",
-        deserialize_with = "de::positive_duration"
-    )]
+    #[serde(with = "de::positive_duration")]
     pub half_life: Duration,
     /// Baseline weight (samples, decayed) needed before any incident can open.
     pub warmup_samples: u64,
@@ -99,17 +90,14 @@ pub struct Thresholds {
     #[serde(deserialize_with = "de::count_1_64")]
     pub open_window: u32,
     /// K: an open incident closes after this many consecutive cool windows.
-    #[serde(deserialize_with = "de::count_1_u32")]
+    #[serde(deserialize_with = "de::at_least_one")]
     pub close_after: u32,
     /// After an incident closes, no new one opens for the service during this time.
     #[serde(with = "humantime_serde")]
     pub cooldown: Duration,
     /// An incident open this long is closed and the service's baselines start learning
     /// afresh: the shift has become the new normal (a deploy, new hardware).
-    #[serde(
-        serialize_with = "humantime_serde::serialize",
-        deserialize_with = "de::positive_duration"
-    )]
+    #[serde(with = "de::positive_duration")]
     pub max_incident: Duration,
 }
 
@@ -127,10 +115,7 @@ pub struct Slo {
     #[serde(deserialize_with = "de::quantile")]
     pub quantile: f64,
     /// The ceiling.
-    #[serde(
-        serialize_with = "humantime_serde::serialize",
-        deserialize_with = "de::positive_duration"
-    )]
+    #[serde(with = "de::positive_duration")]
     pub max: Duration,
 }
 
@@ -399,8 +384,8 @@ mod de {
         }
     }
 
-    fn is_at_least_one(n: &u64) -> Result<(), String> {
-        if *n >= 1 {
+    fn is_at_least_one<N: PartialOrd + From<u8>>(n: &N) -> Result<(), String> {
+        if *n >= N::from(1) {
             Ok(())
         } else {
             Err("must be at least 1".into())
@@ -412,14 +397,6 @@ mod de {
             Ok(())
         } else {
             Err(format!("{n} is outside 1..=64"))
-        }
-    }
-
-    fn is_count_1_u32(n: &u32) -> Result<(), String> {
-        if *n >= 1 {
-            Ok(())
-        } else {
-            Err("must be at least 1".into())
         }
     }
 
@@ -445,7 +422,11 @@ mod de {
         check(d, is_ratio)
     }
 
-    pub fn at_least_one<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    pub fn at_least_one<'de, D, N>(d: D) -> Result<N, D::Error>
+    where
+        D: Deserializer<'de>,
+        N: Deserialize<'de> + PartialOrd + From<u8>,
+    {
         check(d, is_at_least_one)
     }
 
@@ -453,16 +434,22 @@ mod de {
         check(d, is_count_1_64)
     }
 
-    pub fn count_1_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-        check(d, is_count_1_u32)
-    }
+    /// A duration written as humantime text that must be longer than zero (`#[serde(with)]`).
+    pub mod positive_duration {
+        use std::time::Duration;
 
-    pub fn positive_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v: Duration = humantime_serde::deserialize(d)?;
-        if v.is_zero() {
-            return Err(D::Error::custom("duration must be longer than zero"));
+        use serde::de::Error;
+        use serde::Deserializer;
+
+        pub use humantime_serde::serialize;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+            let v: Duration = humantime_serde::deserialize(d)?;
+            if v.is_zero() {
+                return Err(D::Error::custom("duration must be longer than zero"));
+            }
+            Ok(v)
         }
-        Ok(v)
     }
 }
 

@@ -152,26 +152,9 @@ impl Detector {
     /// ending at `ts`, normally the `ts` then given to [`Detector::end_interval`]). Several
     /// calls for the same key and `ts` add up.
     pub fn observe(&mut self, ts: SystemTime, service: &str, probe: Probe, interval: &Histogram) {
-        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
+        let start = interval_start(self.last_end, ts);
         let key = self.key_mut(service, probe, ts);
         key.window.push(start, ts, interval);
-        key.fresh = true;
-    }
-
-    /// [`Detector::observe`] from the interval's non-empty `(bucket, count)` pairs (as
-    /// [`Histogram::nonzero`] yields them) and its sample count: replaying one history many
-    /// times can convert it to sparse form once.
-    pub fn observe_buckets(
-        &mut self,
-        ts: SystemTime,
-        service: &str,
-        probe: Probe,
-        nonzero: impl Iterator<Item = (usize, u64)>,
-        count: u64,
-    ) {
-        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
-        let key = self.key_mut(service, probe, ts);
-        key.window.push_buckets(start, ts, nonzero, count);
         key.fresh = true;
     }
 
@@ -626,6 +609,12 @@ pub(crate) fn stage<'a>(
 fn on_path(p: Probe, of: Probe) -> bool {
     use model::Path;
     p.path() == of.path() || p.path() == Path::Ip
+}
+
+/// Where the interval ending at `ts` starts: where the last one ended, or at `ts` itself
+/// for the first (or after a clock step back), so a window's span never runs backwards.
+pub(crate) fn interval_start(last_end: Option<SystemTime>, ts: SystemTime) -> SystemTime {
+    last_end.filter(|&s| s < ts).unwrap_or(ts)
 }
 
 pub(crate) fn reach(t: &Thresholds) -> Reach {

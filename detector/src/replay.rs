@@ -173,6 +173,43 @@ fn latest_rfc3339() -> SystemTime {
     UNIX_EPOCH + Duration::new(253_402_300_799, 999_999_999)
 }
 
+/// The order both replays ([`Replayer`] and [`Sweep`](crate::sweep::Sweep)) take records
+/// in: a record at `ts` after `current`, the interval being fed, ends that interval
+/// (returned); one before it is refused.
+pub(crate) fn interval_ended(
+    current: Option<SystemTime>,
+    ts: SystemTime,
+) -> Result<Option<SystemTime>, RecordError> {
+    match current {
+        Some(cur) if ts < cur => Err(RecordError::OutOfOrder {
+            ts: format_time(ts),
+            previous: format_time(cur),
+        }),
+        Some(cur) if ts > cur => Ok(Some(cur)),
+        _ => Ok(None),
+    }
+}
+
+/// Mark `probe` fed in `fed` (the service's probes fed this interval, bit `probe.id()`),
+/// refusing a second record of it.
+pub(crate) fn mark_fed(
+    fed: &mut u32,
+    service: &str,
+    probe: Probe,
+    ts: SystemTime,
+) -> Result<(), RecordError> {
+    let bit = probe.bit();
+    if *fed & bit != 0 {
+        return Err(RecordError::Duplicate {
+            service: service.to_string(),
+            probe,
+            ts: format_time(ts),
+        });
+    }
+    *fed |= bit;
+    Ok(())
+}
+
 /// Feeds records, grouped by `ts`, through a [`Detector`] and collects the incidents.
 #[derive(Debug)]
 pub struct Replayer {
@@ -199,55 +236,19 @@ impl Replayer {
     /// Feed one record. Records of one interval share a `ts`; a later `ts` ends the interval
     /// before. A record out of time order or repeated is refused and changes nothing.
     pub fn push(&mut self, rec: &Record) -> Result<(), RecordError> {
-        self.push_buckets(
-            rec.ts,
-            &rec.service,
-            rec.probe,
-            rec.hist.nonzero(),
-            rec.hist.count(),
-        )
-    }
-
-    /// [`Replayer::push`] of a record given as its non-empty `(bucket, count)` pairs and
-    /// sample count (see [`Detector::observe_buckets`]).
-    pub fn push_buckets(
-        &mut self,
-        ts: SystemTime,
-        service: &str,
-        probe: Probe,
-        nonzero: impl Iterator<Item = (usize, u64)>,
-        count: u64,
-    ) -> Result<(), RecordError> {
-        match self.current {
-            Some(cur) if ts < cur => {
-                return Err(RecordError::OutOfOrder {
-                    ts: format_time(ts),
-                    previous: format_time(cur),
-                })
-            }
-            Some(cur) if ts > cur => {
-                let events = self.detector.end_interval(cur);
-                self.absorb(events);
-                self.seen.values_mut().for_each(|bits| *bits = 0);
-            }
-            _ => {}
+        if let Some(ended) = interval_ended(self.current, rec.ts)? {
+            let events = self.detector.end_interval(ended);
+            self.absorb(events);
+            self.seen.values_mut().for_each(|bits| *bits = 0);
         }
-        let bit = probe.bit();
-        let bits = match self.seen.get_mut(service) {
+        let fed = match self.seen.get_mut(&rec.service) {
             Some(bits) => bits,
-            None => self.seen.entry(service.to_string()).or_default(),
+            None => self.seen.entry(rec.service.clone()).or_default(),
         };
-        if *bits & bit != 0 {
-            return Err(RecordError::Duplicate {
-                service: service.to_string(),
-                probe,
-                ts: format_time(ts),
-            });
-        }
-        *bits |= bit;
-        self.current = Some(ts);
+        mark_fed(fed, &rec.service, rec.probe, rec.ts)?;
+        self.current = Some(rec.ts);
         self.detector
-            .observe_buckets(ts, service, probe, nonzero, count);
+            .observe(rec.ts, &rec.service, rec.probe, &rec.hist);
         Ok(())
     }
 

@@ -33,11 +33,11 @@ use crate::baseline::{Baseline, Cumulative, CumulativeBatch, DecayMemo};
 use crate::config::{Slo, Thresholds};
 use crate::dispersion::Dispersion;
 use crate::engine::{
-    applies, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView, Machine, Shift,
-    Verdict, HOLD_P_VALUE,
+    applies, interval_start, judge, reach, renews_baselines, slo_evidence, stage, Bars, KeyView,
+    Machine, Shift, Verdict, HOLD_P_VALUE,
 };
 use crate::event::{Event, Evidence, Incident};
-use crate::replay::{format_time, RecordError};
+use crate::replay::{interval_ended, mark_fed, RecordError};
 use crate::stats::holm_into;
 use crate::window::{Reach, Window};
 
@@ -242,30 +242,13 @@ impl Sweep {
         nonzero: &[(usize, u64)],
         count: u64,
     ) -> Result<(), RecordError> {
-        match self.current {
-            Some(cur) if ts < cur => {
-                return Err(RecordError::OutOfOrder {
-                    ts: format_time(ts),
-                    previous: format_time(cur),
-                })
-            }
-            Some(cur) if ts > cur => {
-                self.end_interval(cur);
-                self.seen = 0;
-            }
-            _ => {}
+        if let Some(ended) = interval_ended(self.current, ts)? {
+            self.end_interval(ended);
+            self.seen = 0;
         }
-        let bit = probe.bit();
-        if self.seen & bit != 0 {
-            return Err(RecordError::Duplicate {
-                service: self.service.clone(),
-                probe,
-                ts: format_time(ts),
-            });
-        }
-        self.seen |= bit;
+        mark_fed(&mut self.seen, &self.service, probe, ts)?;
         self.current = Some(ts);
-        let start = self.last_end.filter(|&s| s < ts).unwrap_or(ts);
+        let start = interval_start(self.last_end, ts);
         for g in &mut self.windows {
             let key = g.keys.entry(probe).or_insert_with(|| WindowKey {
                 window: Window::default(),

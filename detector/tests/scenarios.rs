@@ -218,16 +218,12 @@ fn a_bimodal_service_is_judged_per_mode() {
     assert!(incidents[1].evidence.iter().any(|e| e.quantile == 0.5));
 }
 
-#[test]
-fn the_stage_that_grew_is_named() {
-    let (_, score) = run("stages.toml", include_str!("../scenarios/stages.toml"));
+/// Replay scenario `name` and check it opens no false incident and finds its anomalies,
+/// given in order as `(label, stage verdict)`, each within 15 s with its stage named.
+fn each_found_fast_and_named(name: &str, text: &str, expect: &[(&str, &str)]) -> Vec<Incident> {
+    let (incidents, score) = run(name, text);
     assert_eq!(score.false_incidents, 0);
-    let expect = [
-        ("application reads late", "application read delay"),
-        ("softirq stall", "driver and softirq (arrival to IP)"),
-        ("slow UDP enqueue", "UDP processing"),
-    ];
-    for (o, (label, verdict)) in score.outcomes.iter().zip(expect) {
+    for (o, &(label, verdict)) in score.outcomes.iter().zip(expect) {
         assert_eq!(o.label, label);
         assert!(
             o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
@@ -235,28 +231,36 @@ fn the_stage_that_grew_is_named() {
         );
         assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
     }
+    incidents
+}
+
+#[test]
+fn the_stage_that_grew_is_named() {
+    each_found_fast_and_named(
+        "stages.toml",
+        include_str!("../scenarios/stages.toml"),
+        &[
+            ("application reads late", "application read delay"),
+            ("softirq stall", "driver and softirq (arrival to IP)"),
+            ("slow UDP enqueue", "UDP processing"),
+        ],
+    );
 }
 
 #[test]
 fn send_side_shifts_are_named_by_their_own_stage_and_never_blamed_on_the_receive_path() {
-    let (incidents, score) = run("send.toml", include_str!("../scenarios/send.toml"));
-    assert_eq!(score.false_incidents, 0);
-    let expect = [
-        ("qdisc backlog", "qdisc (device queue to driver)"),
-        (
-            "slow send path",
-            "send queueing (send call to device queue)",
-        ),
-        ("application reads late", "application read delay"),
-    ];
-    for (o, (label, verdict)) in score.outcomes.iter().zip(expect) {
-        assert_eq!(o.label, label);
-        assert!(
-            o.delay.is_some_and(|d| d <= Duration::from_secs(15)),
-            "{o:?}"
-        );
-        assert_eq!(o.verdict.as_deref(), Some(verdict), "{label}");
-    }
+    let incidents = each_found_fast_and_named(
+        "send.toml",
+        include_str!("../scenarios/send.toml"),
+        &[
+            ("qdisc backlog", "qdisc (device queue to driver)"),
+            (
+                "slow send path",
+                "send queueing (send call to device queue)",
+            ),
+            ("application reads late", "application read delay"),
+        ],
+    );
     // Each incident's probes stay on one side: a send shift lists no receive probe.
     for i in &incidents {
         let send = i.headline.probe.is_send();

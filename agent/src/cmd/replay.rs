@@ -2,7 +2,7 @@
 //! docs/replay-format.md) and print the incidents it finds.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -10,10 +10,9 @@ use anyhow::{bail, Context};
 use detector::event::Incident;
 use detector::replay::{format_time, Record, Replayer};
 use detector::{Detector, DetectorConfig};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::cmd::shared::replayed_incidents;
+use crate::cmd::shared::{progress, replayed_incidents};
 use crate::source::Target;
 
 /// Arguments of `tailtrap replay`.
@@ -86,7 +85,10 @@ pub fn run(mut args: Args, target: &Target, json: bool) -> anyhow::Result<ExitCo
         let len = f.metadata().ok().map(|m| m.len());
         (Box::new(f), len)
     };
-    let progress = progress_bar(len);
+    let progress = progress::bar(
+        len,
+        "{spinner} replaying {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} eta {eta}",
+    );
     let replayed = replay(
         BufReader::new(progress.wrap_read(input)),
         &name,
@@ -184,48 +186,14 @@ fn replay(
     })
 }
 
-/// A byte-progress bar on stderr, hidden when stderr is not a terminal.
-fn progress_bar(len: Option<u64>) -> ProgressBar {
-    if !io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = match len {
-        Some(n) => ProgressBar::new(n),
-        None => ProgressBar::new_spinner(),
-    };
-    let style = ProgressStyle::with_template(
-        "{spinner} replaying {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} eta {eta}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use detector::scenario::Scenario;
 
-    const SCENARIO: &str = r#"
-seed = 11
-start = "2026-01-05T00:00:00Z"
-duration = "25m"
-
-[[services]]
-name = "web"
-rate = 2000
-
-[[services.probes]]
-probe = "tcp-socket-read"
-latency = [{ kind = "log-normal", weight = 1, median = "100us", sigma = 0.4 }]
-
-[[anomalies]]
-service = "web"
-kind = "step"
-start = "15m"
-duration = "2m"
-factor = 5
-"#;
+    /// Three hours of one service, its read latency five times slower for ten minutes
+    /// after two hours (`tailtrap tune`'s tests use it too).
+    const SCENARIO: &str = include_str!("../../testdata/step.toml");
 
     fn series() -> String {
         let sc = Scenario::from_toml_str(SCENARIO, "t.toml").unwrap();
@@ -241,7 +209,7 @@ factor = 5
     fn a_simulated_step_comes_back_as_one_incident() {
         let text = series();
         let r = replay(text.as_bytes(), "s.jsonl", DetectorConfig::default(), false).unwrap();
-        assert_eq!(r.lines, 1500);
+        assert_eq!(r.lines, 3 * 3600);
         assert_eq!(r.incidents.len(), 1);
         let line = serde_json::to_value(IncidentLine::from(&r.incidents[0])).unwrap();
         assert_eq!(line["service"], "web");
@@ -249,7 +217,7 @@ factor = 5
         assert!(line["opened_at"]
             .as_str()
             .unwrap()
-            .starts_with("2026-01-05T00:15:0"));
+            .starts_with("2026-01-05T02:00:0"));
         assert!(line["closed_at"].as_str().is_some());
         assert!(
             line["observed_ns"].as_f64().unwrap() > 3.0 * line["baseline_ns"].as_f64().unwrap()
@@ -288,7 +256,7 @@ factor = 5
         assert!(err.starts_with("s.jsonl:4: "), "{err}");
         assert!(err.contains("--skip-bad"), "{err}");
         let r = replay(text.as_bytes(), "s.jsonl", DetectorConfig::default(), true).unwrap();
-        assert_eq!((r.bad, r.lines), (1, 1501));
+        assert_eq!((r.bad, r.lines), (1, 3 * 3600 + 1));
         assert_eq!(r.incidents.len(), 1, "the bad line changed nothing");
         assert!(r.first_bad.unwrap().starts_with("s.jsonl:4: "));
     }

@@ -2,13 +2,15 @@
 //! from a scenario file, to try detector settings with `tailtrap replay`.
 
 use std::fs::File;
-use std::io::{self, BufWriter, IsTerminal, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use detector::scenario::Scenario;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
+
+use crate::cmd::shared::progress;
 
 /// Arguments of `tailtrap simulate`.
 #[derive(clap::Args, Debug)]
@@ -34,16 +36,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let mut out = BufWriter::new(sink);
 
-    let progress = if io::stderr().is_terminal() {
-        let bar = ProgressBar::new(scenario.intervals());
-        bar.set_style(
-            ProgressStyle::with_template("simulating {pos}/{len} intervals {wide_bar} eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let progress = progress::bar(
+        Some(scenario.intervals()),
+        "simulating {pos}/{len} intervals {wide_bar} eta {eta}",
+    );
     let written = write_series(&scenario, &mut out, &progress);
     progress.finish_and_clear();
     match written {

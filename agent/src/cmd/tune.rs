@@ -4,7 +4,6 @@
 //! docs/detector.md ("Tuning a service") is the user's guide.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,7 +13,7 @@ use detector::event::Incident as Replayed;
 use detector::scoring::{self, MissReason, Score};
 use detector::sweep::Sweep;
 use detector::{DetectorConfig, Thresholds};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use model::config::key_segment;
 use model::Verdict;
 use serde::Serialize;
@@ -22,7 +21,7 @@ use storage::{IncidentState, IncidentVerdict};
 
 use crate::api::query::IncidentsParams;
 use crate::cmd::shared::history_read::{self as history, Range, SparseHistory};
-use crate::cmd::shared::replayed_incidents;
+use crate::cmd::shared::{progress, replayed_incidents};
 use crate::output::{fmt_span, fmt_time, print_json, table};
 use crate::source::{block_on, Source, Target};
 
@@ -291,7 +290,10 @@ pub fn run(args: Args, target: &Target, json: bool, verbose: bool) -> anyhow::Re
     let slack = u64::try_from(resolution.as_nanos()).unwrap_or(u64::MAX);
     // An estimate: the points are counted as they are read.
     let span_points = to_ns.saturating_sub(from_ns) / slack.max(1) + 1;
-    let progress = progress_bar(span_points.saturating_mul((h.probes.len() * cands.len()) as u64));
+    let progress = progress::bar(
+        Some(span_points.saturating_mul((h.probes.len() * cands.len()) as u64)),
+        "{spinner} replaying {human_pos}/{human_len} points {wide_bar} eta {eta}",
+    );
     let replayed = replay_all(
         &h,
         &config.detector,
@@ -537,20 +539,6 @@ fn why_missed(i: &Recorded, gaps: &[(u64, u64)]) -> String {
     }
 }
 
-/// A bar over replayed points on stderr, hidden when stderr is not a terminal.
-fn progress_bar(total: u64) -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    let style = ProgressStyle::with_template(
-        "{spinner} replaying {human_pos}/{human_len} points {wide_bar} eta {eta}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -558,28 +546,8 @@ mod tests {
     use detector::scenario::Scenario;
     use storage::{NewIncident, Store, StoreConfig};
 
-    /// Three hours of one service at 1 s, its read latency five times slower for ten
-    /// minutes after two hours.
-    const SCENARIO: &str = r#"
-seed = 5
-start = "2026-01-05T00:00:00Z"
-duration = "3h"
-
-[[services]]
-name = "web"
-rate = 1000
-
-[[services.probes]]
-probe = "tcp-socket-read"
-latency = [{ kind = "log-normal", weight = 1, median = "100us", sigma = 0.4 }]
-
-[[anomalies]]
-service = "web"
-kind = "step"
-start = "2h"
-duration = "10m"
-factor = 5
-"#;
+    /// The step scenario `tailtrap replay`'s tests use too (a step at two hours).
+    const SCENARIO: &str = include_str!("../../testdata/step.toml");
 
     const SEC: u64 = 1_000_000_000;
 

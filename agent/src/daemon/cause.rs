@@ -114,6 +114,37 @@ struct Tracked {
     clear: Option<Cause>,
 }
 
+impl Tracked {
+    /// An incident's tracking as it opens, before any figure is read: what its verdicts
+    /// judge, and nothing gathered yet.
+    fn new(service: String, slot: Option<u32>, target: Target, opened: Instant) -> Tracked {
+        Tracked {
+            service,
+            slot,
+            stage: target.stage,
+            probe: target.probe,
+            enqueued: target.enqueued,
+            slow_ns: (target.baseline_ns * SLOW_FACTOR).max(1.0) as u64,
+            opened,
+            intervals: 0,
+            per_cpu: None,
+            cumulative: HashMap::new(),
+            net: HashMap::new(),
+            processes: HashMap::new(),
+            readers: HashMap::new(),
+            reader_cpus: HashSet::new(),
+            softirq_samples: HashMap::new(),
+            slow_reads: SlowReadWaits::default(),
+            slow_read_holders: HashMap::new(),
+            slow_at_probe: 0,
+            rx_slow: HashMap::new(),
+            rx_seen: BTreeSet::new(),
+            queue_packets: None,
+            clear: None,
+        }
+    }
+}
+
 /// A reading process followed: its threads' schedstat as last read, the growth summed up
 /// to then (read every interval, so threads that come and go, one per connection, keep what
 /// they did), and its cgroup's throttling counters when first seen.
@@ -157,45 +188,17 @@ impl Causes {
         cumulative: &Cumulative,
         now: Instant,
     ) {
-        let target = Target::of(inc);
-        let Target {
-            probe,
-            enqueued,
-            baseline_ns,
-            ..
-        } = target;
-        let mut t = Tracked {
-            service: inc.service.clone(),
-            slot,
-            stage: target.stage,
-            probe,
-            enqueued,
-            slow_ns: (baseline_ns * SLOW_FACTOR).max(1.0) as u64,
-            opened: now,
-            intervals: 0,
-            per_cpu: slot
-                .map(|slot| kernel.per_cpu_hist(slot, probe))
-                .transpose()
-                .map_err(
-                    |e| tracing::debug!(incident = id, error = %e, "per-CPU histogram not read"),
-                )
-                .ok()
-                .flatten()
-                .flatten(),
-            cumulative: HashMap::new(),
-            net: host_figures::cpu_net(),
-            processes: host_figures::all_processes(),
-            readers: HashMap::new(),
-            reader_cpus: HashSet::new(),
-            softirq_samples: HashMap::new(),
-            slow_reads: SlowReadWaits::default(),
-            slow_read_holders: HashMap::new(),
-            slow_at_probe: 0,
-            rx_slow: HashMap::new(),
-            rx_seen: BTreeSet::new(),
-            queue_packets: rx_queues::packets(),
-            clear: None,
-        };
+        let mut t = Tracked::new(inc.service.clone(), slot, Target::of(inc), now);
+        t.per_cpu = slot
+            .map(|slot| kernel.per_cpu_hist(slot, t.probe))
+            .transpose()
+            .map_err(|e| tracing::debug!(incident = id, error = %e, "per-CPU histogram not read"))
+            .ok()
+            .flatten()
+            .flatten();
+        t.net = host_figures::cpu_net();
+        t.processes = host_figures::all_processes();
+        t.queue_packets = rx_queues::packets();
         t.cumulative = t
             .probes()
             .filter_map(|p| Some((p, cumulative_of(cumulative, &t.service, p)?)))
@@ -625,29 +628,15 @@ mod tests {
     use super::*;
 
     fn tracked(probe: Probe, slow_ns: u64) -> Tracked {
-        Tracked {
-            service: "web".into(),
-            slot: None,
+        let target = Target {
             stage: None,
             probe,
             enqueued: None,
+            baseline_ns: 0.0,
+        };
+        Tracked {
             slow_ns,
-            opened: Instant::now(),
-            intervals: 0,
-            per_cpu: None,
-            cumulative: HashMap::new(),
-            net: HashMap::new(),
-            processes: HashMap::new(),
-            readers: HashMap::new(),
-            reader_cpus: HashSet::new(),
-            softirq_samples: HashMap::new(),
-            slow_reads: SlowReadWaits::default(),
-            slow_read_holders: HashMap::new(),
-            slow_at_probe: 0,
-            rx_slow: HashMap::new(),
-            rx_seen: BTreeSet::new(),
-            queue_packets: None,
-            clear: None,
+            ..Tracked::new("web".into(), None, target, Instant::now())
         }
     }
 

@@ -379,20 +379,7 @@ mod tests {
     const MIN: u64 = 60_000_000_000;
 
     fn closed_at(closed_ns: u64) -> storage::Incident {
-        storage::Incident {
-            id: 1,
-            service: "web".into(),
-            probes: Vec::new(),
-            opened_ns: 0,
-            closed_ns: Some(closed_ns),
-            state: IncidentState::Closed,
-            evidence_json: String::new(),
-            stages_json: String::new(),
-            capture: storage::CaptureStatus::default(),
-            pwru: storage::PwruStatus::default(),
-            counters: storage::IncidentCounters::default(),
-            cause: None,
-        }
+        crate::fixtures::closed_incident(1, Vec::new(), 0, closed_ns)
     }
 
     #[test]

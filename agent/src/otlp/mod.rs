@@ -355,20 +355,12 @@ mod tests {
 
     #[test]
     fn events_of_one_incident_have_stable_distinct_ids() {
-        let record = storage::Incident {
-            id: 7,
-            service: "web".into(),
-            probes: vec![model::Probe::TcpSocketRead],
-            opened_ns: 1_000,
-            closed_ns: Some(5_000_000_000),
-            state: storage::IncidentState::Closed,
-            evidence_json: String::new(),
-            stages_json: String::new(),
-            capture: storage::CaptureStatus::default(),
-            pwru: storage::PwruStatus::default(),
-            counters: storage::IncidentCounters::default(),
-            cause: None,
-        };
+        let record = crate::fixtures::closed_incident(
+            7,
+            vec![model::Probe::TcpSocketRead],
+            1_000,
+            5_000_000_000,
+        );
         let now = SystemTime::now();
         let opened = Event::new(EventKind::Opened, &record, None, "m", now);
         let closed = Event::new(EventKind::Closed, &record, None, "m", now);

@@ -87,6 +87,30 @@ pub(crate) const MAX_ADDRS: usize = 16;
 /// Most service addresses in a filter; with more, any destination address is taken.
 const MAX_LOCAL_ADDRS: usize = 4;
 
+/// `items` without repeats (the first of each kept, in order), refused as
+/// [`RequestError::TooMany`] `what` when more than `max` are left: a request's lists are
+/// bounded so pwru's filter and argv stay small.
+fn distinct<T: PartialEq>(
+    items: impl IntoIterator<Item = T>,
+    what: &'static str,
+    max: usize,
+) -> Result<Vec<T>, RequestError> {
+    let mut out: Vec<T> = Vec::new();
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    if out.len() > max {
+        return Err(RequestError::TooMany {
+            what,
+            got: out.len(),
+            max,
+        });
+    }
+    Ok(out)
+}
+
 /// The pcap filter of a session: packets *to* the service (its protocol and local
 /// port(s), optionally its local addresses), optionally narrowed to those *from* the top
 /// remote addresses. Inbound (the slow packets are the ones the service receives), or for a
@@ -120,36 +144,15 @@ impl PcapFilter {
         if local_ports.contains(&0) {
             return Err(RequestError::ZeroPort);
         }
-        let mut ports = Vec::with_capacity(local_ports.len());
-        for &p in local_ports {
-            if !ports.contains(&p) {
-                ports.push(p);
-            }
+        let ports = distinct(local_ports.iter().copied(), "local ports", MAX_PORTS)?;
+        if let Some(&a) = remote_addrs.iter().find(|a| a.is_unspecified()) {
+            return Err(RequestError::UnspecifiedAddr(a));
         }
-        if ports.len() > MAX_PORTS {
-            return Err(RequestError::TooMany {
-                what: "local ports",
-                got: ports.len(),
-                max: MAX_PORTS,
-            });
-        }
-        let mut addrs = Vec::with_capacity(remote_addrs.len());
-        for &a in remote_addrs {
-            if a.is_unspecified() {
-                return Err(RequestError::UnspecifiedAddr(a));
-            }
-            let a = a.to_canonical();
-            if !addrs.contains(&a) {
-                addrs.push(a);
-            }
-        }
-        if addrs.len() > MAX_ADDRS {
-            return Err(RequestError::TooMany {
-                what: "remote addresses",
-                got: addrs.len(),
-                max: MAX_ADDRS,
-            });
-        }
+        let addrs = distinct(
+            remote_addrs.iter().map(|a| a.to_canonical()),
+            "remote addresses",
+            MAX_ADDRS,
+        )?;
         Ok(PcapFilter {
             protocol,
             local_ports: ports,
@@ -367,25 +370,20 @@ impl FilterFuncs {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let mut out: Vec<String> = Vec::new();
-        for n in names {
-            let n = n.as_ref();
-            if !is_symbol_name(n) {
-                return Err(RequestError::BadFunction(n.to_owned()));
-            }
-            if !out.iter().any(|o| o == n) {
-                out.push(n.to_owned());
-            }
-        }
+        let names = names
+            .into_iter()
+            .map(|n| {
+                let n = n.as_ref();
+                if is_symbol_name(n) {
+                    Ok(n.to_owned())
+                } else {
+                    Err(RequestError::BadFunction(n.to_owned()))
+                }
+            })
+            .collect::<Result<Vec<String>, _>>()?;
+        let out = distinct(names, "filter functions", MAX_FUNCS)?;
         if out.is_empty() {
             return Err(RequestError::NoFunctions);
-        }
-        if out.len() > MAX_FUNCS {
-            return Err(RequestError::TooMany {
-                what: "filter functions",
-                got: out.len(),
-                max: MAX_FUNCS,
-            });
         }
         Ok(FilterFuncs(out))
     }
@@ -958,6 +956,39 @@ mod tests {
         assert!(serde_json::from_str::<SessionLimits>(r#"{"deadlne":"1s"}"#).is_err());
     }
 
+    /// pwru's argv as it must be, spelled out here rather than built like
+    /// [`SessionRequest::argv`], so the test pins it.
+    fn pinned_argv(
+        limit: &str,
+        ready: &str,
+        funcs: &str,
+        netns: Option<&str>,
+        filter: &str,
+    ) -> Vec<OsString> {
+        let mut a = vec![
+            "--output-json",
+            "--output-limit-lines",
+            limit,
+            "--ready-file",
+            ready,
+            "--filter-func",
+            funcs,
+        ];
+        if let Some(ns) = netns {
+            a.extend(["--filter-netns", ns]);
+        }
+        a.extend([
+            "--timestamp",
+            "current",
+            "--output-meta",
+            "--output-tuple",
+            "--output-caller",
+            "--filter-track-skb",
+            filter,
+        ]);
+        a.into_iter().map(OsString::from).collect()
+    }
+
     #[test]
     fn argv_exact() {
         let filter = PcapFilter::new(Protocol::Tcp, &[9000], &[ip("10.1.2.3")]).unwrap();
@@ -968,48 +999,27 @@ mod tests {
                 SessionLimits::new(Duration::from_secs(30), Duration::from_secs(5), 200).unwrap(),
             );
         let argv = req.argv(Path::new("/run/tailtrap/pwru-1.ready"));
-        let expected = [
-            "--output-json",
-            "--output-limit-lines",
+        let expected = pinned_argv(
             "200",
-            "--ready-file",
             "/run/tailtrap/pwru-1.ready",
-            "--filter-func",
             "^(tcp_v4_rcv|tcp_queue_rcv)$",
-            "--filter-netns",
-            "inode:4026532000",
-            "--timestamp",
-            "current",
-            "--output-meta",
-            "--output-tuple",
-            "--output-caller",
-            "--filter-track-skb",
+            Some("inode:4026532000"),
             "tcp and dst port 9000 and src host 10.1.2.3",
-        ];
-        assert_eq!(argv, expected.map(OsString::from));
+        );
+        assert_eq!(argv, expected);
     }
 
     #[test]
     fn argv_without_netns_and_defaults() {
         let filter = PcapFilter::new(Protocol::Udp, &[9001], &[]).unwrap();
         let argv = SessionRequest::new("dns", filter).argv(Path::new("/r"));
-        let expected = [
-            "--output-json",
-            "--output-limit-lines",
+        let expected = pinned_argv(
             "5000",
-            "--ready-file",
             "/r",
-            "--filter-func",
             &FilterFuncs::default().regex(),
-            "--timestamp",
-            "current",
-            "--output-meta",
-            "--output-tuple",
-            "--output-caller",
-            "--filter-track-skb",
+            None,
             "udp and dst port 9001",
-        ]
-        .map(OsString::from);
+        );
         assert_eq!(argv, expected);
     }
 }
