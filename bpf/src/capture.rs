@@ -166,16 +166,15 @@ impl CaptureControl {
         slot: u32,
         thresholds: &[(Probe, u64)],
     ) -> Result<(), CaptureError> {
-        check_slot(slot)?;
-        for &(probe, ns) in thresholds {
+        self.put_thresholds(set, slot, thresholds, |c, probe, ns| {
             if ns == 0 {
                 return Err(CaptureError::Config(format!(
                     "threshold of {probe} must be above 0 ns"
                 )));
             }
-            self.armed.insert((slot, probe), ns);
-            self.write_threshold(set, slot, probe)?;
-        }
+            c.armed.insert((slot, probe), ns);
+            Ok(())
+        })?;
         self.write_mode(set)
     }
 
@@ -214,16 +213,32 @@ impl CaptureControl {
         slot: u32,
         thresholds: &[(Probe, u64)],
     ) -> Result<(), CaptureError> {
+        self.put_thresholds(set, slot, thresholds, |c, probe, ns| {
+            if ns == 0 {
+                c.flight.remove(&(slot, probe));
+            } else {
+                c.flight.insert((slot, probe), ns);
+            }
+            Ok(())
+        })?;
+        self.write_mode(set)
+    }
+
+    /// Record each of a slot's `thresholds` with `put`, then write that probe's armed and
+    /// flight thresholds to the kernel, one probe at a time.
+    fn put_thresholds(
+        &mut self,
+        set: &mut ProbeSet,
+        slot: u32,
+        thresholds: &[(Probe, u64)],
+        mut put: impl FnMut(&mut Self, Probe, u64) -> Result<(), CaptureError>,
+    ) -> Result<(), CaptureError> {
         check_slot(slot)?;
         for &(probe, ns) in thresholds {
-            if ns == 0 {
-                self.flight.remove(&(slot, probe));
-            } else {
-                self.flight.insert((slot, probe), ns);
-            }
+            put(self, probe, ns)?;
             self.write_threshold(set, slot, probe)?;
         }
-        self.write_mode(set)
+        Ok(())
     }
 
     /// Whether armed capture is on for a service slot.
