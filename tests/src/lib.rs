@@ -53,7 +53,7 @@ pub use prometheus::{
     find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
 };
 pub use traffic::{
-    run_client, ClientOpts, ClientStats, EchoServer, LoopingClient, Proto, ServerOpts, SinkStream,
-    TcpServer, UdpServer,
+    run_client, ClientOpts, ClientStats, EchoServer, LoopingClient, Proto, ServerKind, ServerOpts,
+    ServerProcess, SinkStream, TcpKind, TcpServer, UdpKind, UdpServer,
 };
 pub use veth::VethPair;

@@ -418,13 +418,7 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
         }
         other => other.unwrap(),
     }
-    let server = TcpServer::spawn(ServerOpts {
-        bind: (veth.peer_v4, 0).into(),
-        netns: Some(&ns),
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let server = TcpServer::spawn(ServerOpts::at((veth.peer_v4, 0).into()).in_netns(&ns)).unwrap();
     let scratch = ScratchDir::new("causes-netem").unwrap();
     let dir = scratch.path().to_owned();
     let config = write_config(&dir, &[("pod", server.addr().port())]);
@@ -440,15 +434,7 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
     veth.add_netem(&["delay", "20ms"]).unwrap();
     // The delay is real: five exchanges take at least five times it.
     let started = Instant::now();
-    let stats = run_client(ClientOpts {
-        target: server.addr(),
-        netns: None,
-        proto: Proto::Tcp,
-        messages: 5,
-        size: 100,
-        pause: Duration::ZERO,
-    })
-    .unwrap();
+    let stats = run_client(ClientOpts::new(server.addr(), Proto::Tcp, 5)).unwrap();
     assert_eq!(stats.replies, 5);
     assert!(started.elapsed() >= Duration::from_millis(100));
     // As long as a cause would take to be decided many times over.
@@ -509,13 +495,7 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
     veth.steer_rx_to_cpu(cpu).unwrap();
     // The reader away from that CPU, and ahead of the flood's sender on its own: its read
     // delay must stay small beside the backlog's, or the read is the stage that grew.
-    let server = UdpServer::spawn_sink(ServerOpts {
-        bind: (veth.host_v4, 0).into(),
-        netns: None,
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let server = UdpServer::spawn_sink(ServerOpts::at((veth.host_v4, 0).into())).unwrap();
     pin(server.pid(), 0).unwrap();
     renice(server.pid(), -5);
     let scratch = ScratchDir::new("causes-softirq").unwrap();
@@ -592,13 +572,7 @@ fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_s
     let _serial = serial();
     let ns = Netns::new("tt-send-inc").unwrap();
     let veth = VethPair::new(&ns).unwrap();
-    let server = TcpServer::spawn(ServerOpts {
-        bind: (veth.host_v4, 0).into(),
-        netns: None,
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let server = TcpServer::spawn(ServerOpts::at((veth.host_v4, 0).into())).unwrap();
     // An idle queue on the host's end: qdisc-sojourn times devices with a queue only.
     veth.set_root_qdisc(&["pfifo"]).unwrap();
     let scratch = ScratchDir::new("causes-send").unwrap();
