@@ -37,7 +37,10 @@ pub use bins::{
 };
 pub use cgroup::Cgroup;
 pub use cpu::{pin, CpuQuota, Hog};
-pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
+pub use daemon::{
+    baselines_warm, cli, cli_json, config_check, poll_until, Daemon, ScratchDir,
+    SLOW_READER_DETECTOR,
+};
 pub use daemon_config::DaemonConfig;
 pub use error::{Error, Result};
 pub use k8s::{

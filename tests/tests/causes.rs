@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, CpuQuota, Daemon, DaemonConfig,
-    EchoServer, Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream,
-    TcpServer, UdpServer, VethPair,
+    baselines_warm, cli, cli_json, fast_detector, pin, run_client, ClientOpts, CpuQuota, Daemon,
+    DaemonConfig, EchoServer, Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts,
+    SinkStream, TcpServer, UdpServer, VethPair,
 };
 
 const SERVICE: &str = "echo";
@@ -36,21 +36,14 @@ const SECOND: &str = "echo2";
 const READ_PROBE: &str = "tcp-socket-read";
 
 /// Tight enough for the millisecond a hog adds to a read, on a short window.
-const DETECTOR: &str = r#"[detector]
-min_delta = "1ms"
-quantiles = [0.5, 0.9, 0.99]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+const DETECTOR: &str = concat!(
+    fast_detector!(min_delta = "1ms", quantiles = "[0.5, 0.9, 0.99]"),
+    r#"
 # The clients' replies are `host` traffic: they slow with the server, never the subject.
 [detector.services.host]
 min_ratio = 1000.0
-"#;
+"#
+);
 
 /// The tests here load the same CPUs and must not overlap: `cargo test` runs a file's
 /// tests in parallel unless told otherwise (the VM tier runs them one at a time).
@@ -455,21 +448,14 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
 /// For the softirq test: the body quantiles only. A flood's backlog moves them by
 /// milliseconds; a CPU full of hogs alone moves a quiet service's p99 at ip-start now and
 /// then (short incidents with no clear cause), which must not be taken for the flood's.
-const SOFTIRQ_DETECTOR: &str = r#"[detector]
-min_delta = "1ms"
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+const SOFTIRQ_DETECTOR: &str = concat!(
+    fast_detector!(min_delta = "1ms", quantiles = "[0.5, 0.9]"),
+    r#"
 # The flood itself is `host` traffic (forwarded, to no socket): never the subject.
 [detector.services.host]
 min_ratio = 1000000.0
-"#;
+"#
+);
 
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]

@@ -10,13 +10,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, tailtrap_bin, Daemon, DaemonConfig, LoopingClient, Proto,
+    baselines_warm, cli, cli_json, config_check, Daemon, DaemonConfig, LoopingClient, Proto,
     ScratchDir, ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
@@ -53,11 +52,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
         .table(SLOW_READER_DETECTOR)
         .write()
         .unwrap();
-    let check = Command::new(tailtrap_bin())
-        .args(["config", "check"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let check = config_check(&config);
     assert!(check.status.success(), "{check:?}");
 
     let started = SystemTime::now();
@@ -250,11 +245,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     pasted.push_str(&block);
     let pasted_path = dir.join("pasted.toml");
     std::fs::write(&pasted_path, pasted).unwrap();
-    let check = Command::new(tailtrap_bin())
-        .args(["config", "check"])
-        .arg(&pasted_path)
-        .output()
-        .unwrap();
+    let check = config_check(&pasted_path);
     assert!(check.status.success(), "{check:?}\n{block}");
 
     // Bad input: one line, exit != 0.
