@@ -28,6 +28,7 @@ mod error;
 mod k8s;
 mod netns;
 mod otelcol;
+mod proc_status;
 mod prometheus;
 mod traffic;
 mod veth;
@@ -52,6 +53,7 @@ pub use otelcol::{
     any_value, attr, make_test_pki, otelcol_binary, resource_attr, OtelCollector,
     OtelCollectorOpts, OtelTls, TestPki,
 };
+pub use proc_status::rss_kib;
 pub use prometheus::{
     find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
 };
