@@ -25,16 +25,10 @@ use model::Probe;
 const NEVER_NS: u64 = 10_000_000_000;
 
 mod support;
-use support::{StatsEnabled, MESSAGE, STATS_SYSCTL};
+use support::{StatsEnabled, MESSAGE};
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("capture_cost: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    support::main("capture_cost", run)
 }
 
 /// One measured phase: (program -> (run_time_ns, run_cnt)) deltas and round trips.
@@ -47,14 +41,8 @@ struct Phase {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let secs: f64 = std::env::var("TAILTRAP_BENCH_SECS")
-        .ok()
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(3.0);
-    let phase_len = Duration::from_secs_f64(secs);
-    let _stats =
-        StatsEnabled::new().map_err(|e| format!("enabling {STATS_SYSCTL} (run as root): {e}"))?;
+    let phase_len = support::phase_len()?;
+    let _stats = StatsEnabled::new()?;
 
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
@@ -186,13 +174,7 @@ fn measure(
     {
         received += 1;
     }
-    let stats = after
-        .into_iter()
-        .map(|(prog, (t, n))| {
-            let (t0, n0) = before.get(&prog).copied().unwrap_or((0, 0));
-            (prog, (t - t0, n - n0))
-        })
-        .collect();
+    let stats = support::phase_stats(after, |prog| before.get(prog).copied());
     Ok(Phase {
         name,
         stats,

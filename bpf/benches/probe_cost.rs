@@ -67,7 +67,7 @@ use model::Probe;
 mod reference;
 mod support;
 use reference::{FloorSkel, Reference};
-use support::{StatsEnabled, MESSAGE, STATS_SYSCTL};
+use support::{StatsEnabled, MESSAGE};
 
 /// Flight-recorder threshold: the lookup is paid, nothing is slow enough to be recorded.
 const FLIGHT_NS: u64 = 1_000_000_000;
@@ -251,24 +251,12 @@ impl Hooks {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("probe_cost: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    support::main("probe_cost", run)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let secs: f64 = std::env::var("TAILTRAP_BENCH_SECS")
-        .ok()
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(3.0);
-    let len = Duration::from_secs_f64(secs);
-    let _stats =
-        StatsEnabled::new().map_err(|e| format!("enabling {STATS_SYSCTL} (run as root): {e}"))?;
+    let len = support::phase_len()?;
+    let _stats = StatsEnabled::new()?;
     // Sockets take their cgroup when created: move in first, then start the traffic.
     let cgroup = BenchCgroup::enter()?;
     let traffic = Traffic::start()?;
@@ -411,7 +399,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     traffic.stop();
     drop(cgroup);
-    report(&results, &hooks, secs);
+    report(&results, &hooks, len.as_secs_f64());
     Ok(())
 }
 
@@ -510,13 +498,7 @@ fn measure(
             (prog, (point, probes, t - t0, n - n0))
         })
         .collect();
-    let floor = floor_after
-        .into_iter()
-        .map(|(point, (t, n))| {
-            let (t0, n0) = floor_before.get(&point).copied().unwrap_or((0, 0));
-            (point, (t - t0, n - n0))
-        })
-        .collect();
+    let floor = support::phase_stats(floor_after, |point| floor_before.get(point).copied());
     Ok(Measured {
         probes,
         floor,

@@ -29,25 +29,15 @@ if done_; then
 fi
 [ "${1:-}" != --cached-only ] || die "no cached helm and k8svalidate in $out (run tests/k8svalidate/build.sh first)"
 
-mkdir -p "$out" 2>/dev/null && [ -w "$out" ] ||
-    die "cannot write the cache directory $out: run as root or set TAILTRAP_VMTEST_CACHE to a writable directory"
-exec 9>"$out/.lock"
-flock 9
+# shellcheck source=tests/lib/go_build.sh
+. "$here/../lib/go_build.sh"
+lock_cache_dir "$out"
 if done_; then
     echo "$out"
     exit 0
 fi
 
-go=$(command -v go || true)
-[ -n "$go" ] || [ ! -x /usr/local/go/bin/go ] || go=/usr/local/go/bin/go
-[ -n "$go" ] || die "no Go toolchain: install Go (on PATH or in /usr/local/go/bin) to build helm and the chart validator"
-export GOTOOLCHAIN=local
-need=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/go.mod")
-have=$("$go" env GOVERSION 2>/dev/null | sed 's/^go//') || have=
-[ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" = "$need" ] ||
-    die "$go is Go ${have:-of unknown version}; helm and the chart validator need Go $need or newer"
-[ -n "$("$go" env GOMODCACHE)" ] && [ "$("$go" env GOCACHE)" != off ] ||
-    die "Go has no module or build cache here: set HOME (or GOMODCACHE and GOCACHE)"
+find_go "$here/go.mod" "helm and the chart validator"
 
 helm_version=$(sed -n 's/^[[:space:]]*helm.sh\/helm\/v3 \(v[0-9.]*\).*/\1/p' "$here/go.mod")
 # The Kubernetes release helm assumes without a cluster (`helm template`, the lint's

@@ -29,27 +29,16 @@ fi
 # an hour, only look.
 [ "${1:-}" != --cached-only ] || die "no cached collector at $out (run tests/otelcol/build.sh on the host first)"
 
-mkdir -p "$cache/$hash" 2>/dev/null && [ -w "$cache/$hash" ] ||
-    die "cannot write the cache directory $cache/$hash: run as root or set TAILTRAP_VMTEST_CACHE to a writable directory"
-exec 9>"$cache/$hash/.lock"
-flock 9
+# shellcheck source=tests/lib/go_build.sh
+. "$here/../lib/go_build.sh"
+lock_cache_dir "$cache/$hash"
 # Another caller may have finished the build while this one waited for the lock.
 if [ -x "$out" ]; then
     echo "$out"
     exit 0
 fi
 
-go=$(command -v go || true)
-[ -n "$go" ] || [ ! -x /usr/local/go/bin/go ] || go=/usr/local/go/bin/go
-[ -n "$go" ] || die "no Go toolchain: install Go 1.26 or newer (on PATH or in /usr/local/go/bin) to build the tests' OpenTelemetry Collector"
-export GOTOOLCHAIN=local
-need=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/go.mod")
-have=$("$go" env GOVERSION 2>/dev/null | sed 's/^go//') || have=
-[ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" = "$need" ] ||
-    die "$go is Go ${have:-of unknown version}; the tests' OpenTelemetry Collector needs Go $need or newer"
-
-[ -n "$("$go" env GOMODCACHE)" ] && [ "$("$go" env GOCACHE)" != off ] ||
-    die "Go has no module or build cache here: set HOME (or GOMODCACHE and GOCACHE)"
+find_go "$here/go.mod" "the tests' OpenTelemetry Collector"
 
 say "building the OpenTelemetry Collector with Go $have into $out (a cold build takes minutes)"
 start=$SECONDS

@@ -16,17 +16,19 @@ use serde_json::Value;
 use crate::bins::tailtrap_bin;
 use crate::error::{Error, Result};
 
-/// The `[detector]` table of the daemon tests that inject a 20 ms slow reader: fast
-/// warm-up and windows so an incident opens within seconds.
-///
-/// A shared test machine moves fast loopback reads by a millisecond now and then, so
-/// `min_delta` is 5 ms. The 20 ms reader moves the body of the distribution; under qemu's
-/// software emulation a quiet service's p99.9 (a handful of samples per window) jumps by tens
-/// of ms on its own, so these tests watch the body quantiles (tail sensitivity is the
-/// detector's own scenario tests).
-pub const SLOW_READER_DETECTOR: &str = r#"[detector]
-min_delta = "5ms"
-quantiles = [0.5, 0.9]
+/// A `[detector]` table, as a string literal, that opens an incident within seconds: a
+/// 2 s warm-up of 300 samples, 1 s windows of at least 40 samples growing to 4 s, closing
+/// after 5 quiet windows, a 1 s cooldown. `min_delta` and `quantiles` (TOML text) are what
+/// the test is about. A literal, so that a test can `concat!` more detector tables to it.
+#[macro_export]
+macro_rules! fast_detector {
+    (min_delta = $min_delta:literal, quantiles = $quantiles:literal) => {
+        concat!(
+            "[detector]\nmin_delta = \"",
+            $min_delta,
+            "\"\nquantiles = ",
+            $quantiles,
+            r#"
 warmup_time = "2s"
 warmup_samples = 300
 min_samples = 40
@@ -34,7 +36,20 @@ window = "1s"
 max_window = "4s"
 close_after = 5
 cooldown = "1s"
-"#;
+"#
+        )
+    };
+}
+
+/// The `[detector]` table of the daemon tests that inject a 20 ms slow reader: fast
+/// warm-up and windows so an incident opens within seconds ([`fast_detector!`]).
+///
+/// A shared test machine moves fast loopback reads by a millisecond now and then, so
+/// `min_delta` is 5 ms. The 20 ms reader moves the body of the distribution; under qemu's
+/// software emulation a quiet service's p99.9 (a handful of samples per window) jumps by tens
+/// of ms on its own, so these tests watch the body quantiles (tail sensitivity is the
+/// detector's own scenario tests).
+pub const SLOW_READER_DETECTOR: &str = fast_detector!(min_delta = "5ms", quantiles = "[0.5, 0.9]");
 
 /// How often [`Daemon::wait_for`] and [`Daemon::wait_exit`] look again.
 const POLL: Duration = Duration::from_millis(200);
@@ -168,24 +183,8 @@ impl Daemon {
     ///
     /// # Panics
     /// When `timeout` passes first, naming `what` and showing the daemon's log.
-    pub fn wait_for<T>(
-        &self,
-        timeout: Duration,
-        what: &str,
-        mut f: impl FnMut() -> Option<T>,
-    ) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            assert!(
-                start.elapsed() < timeout,
-                "timed out after {timeout:?} waiting for {what}; daemon log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(POLL);
-        }
+    pub fn wait_for<T>(&self, timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+        poll_until(timeout, what, || self.log(), f)
     }
 
     /// Wait until `tailtrap status --json --config <config>` succeeds through the daemon's
@@ -213,6 +212,43 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Poll `f` every 200 ms until it returns `Some`, and return that: how the tests wait on a
+/// daemon, whichever way it was started.
+///
+/// # Panics
+/// When `timeout` passes first, naming `what` and showing the daemon's log (`log()`).
+pub fn poll_until<T>(
+    timeout: Duration,
+    what: &str,
+    log: impl Fn() -> String,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}; daemon log:\n{}",
+            log()
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Run `tailtrap config check <config>`.
+///
+/// # Panics
+/// When the binary cannot be run (see [`tailtrap_bin`]).
+pub fn config_check(config: &Path) -> Output {
+    Command::new(tailtrap_bin())
+        .args(["config", "check"])
+        .arg(config)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run tailtrap config check: {e}"))
 }
 
 /// Run `tailtrap -v <args> --config <config>`; `-v` makes it say on stderr whether it read
@@ -258,4 +294,21 @@ pub fn baselines_warm(status: &Value, probe: &str, services: &[&str]) -> bool {
             })
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table is the detector TOML the tests mean: the test's keys and the fast timing.
+    #[test]
+    fn the_slow_reader_detector_holds_its_keys_and_the_fast_timing() {
+        let value: toml::Table = SLOW_READER_DETECTOR.parse().unwrap();
+        let detector = value["detector"].as_table().unwrap();
+        assert_eq!(detector["min_delta"].as_str(), Some("5ms"));
+        assert_eq!(detector["quantiles"].as_array().unwrap().len(), 2);
+        assert_eq!(detector["warmup_time"].as_str(), Some("2s"));
+        assert_eq!(detector["cooldown"].as_str(), Some("1s"));
+        assert_eq!(detector.len(), 9, "{detector:?}");
+    }
 }

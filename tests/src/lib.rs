@@ -28,6 +28,7 @@ mod error;
 mod k8s;
 mod netns;
 mod otelcol;
+mod proc_status;
 mod prometheus;
 mod traffic;
 mod veth;
@@ -37,7 +38,10 @@ pub use bins::{
 };
 pub use cgroup::Cgroup;
 pub use cpu::{pin, CpuQuota, Hog};
-pub use daemon::{baselines_warm, cli, cli_json, Daemon, ScratchDir, SLOW_READER_DETECTOR};
+pub use daemon::{
+    baselines_warm, cli, cli_json, config_check, poll_until, Daemon, ScratchDir,
+    SLOW_READER_DETECTOR,
+};
 pub use daemon_config::DaemonConfig;
 pub use error::{Error, Result};
 pub use k8s::{
@@ -49,11 +53,12 @@ pub use otelcol::{
     any_value, attr, make_test_pki, otelcol_binary, resource_attr, OtelCollector,
     OtelCollectorOpts, OtelTls, TestPki,
 };
+pub use proc_status::rss_kib;
 pub use prometheus::{
     find_on_path, free_port, http_get, prometheus_bin, url_encode, HttpAnswer, Prometheus,
 };
 pub use traffic::{
-    run_client, ClientOpts, ClientStats, EchoServer, LoopingClient, Proto, ServerOpts, SinkStream,
-    TcpServer, UdpServer,
+    run_client, ClientOpts, ClientStats, EchoServer, LoopingClient, Proto, ServerKind, ServerOpts,
+    ServerProcess, SinkStream, TcpKind, TcpServer, UdpKind, UdpServer,
 };
 pub use veth::VethPair;

@@ -2,6 +2,7 @@
 //! a bounded exchange and report what happened.
 
 use std::io::{BufRead, BufReader, Read};
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -44,66 +45,75 @@ pub struct ServerOpts<'a> {
 }
 
 impl<'a> ServerOpts<'a> {
-    /// On 127.0.0.1 with a free port, in the host's namespace and the caller's cgroup,
+    /// On `bind` (port 0: a free one), in the host's namespace and the caller's cgroup,
     /// answering at once.
-    pub fn loopback() -> ServerOpts<'a> {
+    pub fn at(bind: SocketAddr) -> ServerOpts<'a> {
         ServerOpts {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            bind,
             netns: None,
             cgroup: None,
             read_delay: Duration::ZERO,
         }
     }
+
+    /// [`ServerOpts::at`] 127.0.0.1 with a free port.
+    pub fn loopback() -> ServerOpts<'a> {
+        ServerOpts::at(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// In `netns` instead of the host's namespace.
+    pub fn in_netns(self, netns: &'a Netns) -> ServerOpts<'a> {
+        ServerOpts {
+            netns: Some(netns),
+            ..self
+        }
+    }
 }
+
+/// Which of the helper's echo servers a [`ServerProcess`] runs: [`TcpKind`] or [`UdpKind`].
+pub trait ServerKind {
+    /// The helper's subcommand.
+    const MODE: &'static str;
+}
+
+/// The kind of a [`TcpServer`].
+#[derive(Debug)]
+pub enum TcpKind {}
+
+/// The kind of a [`UdpServer`].
+#[derive(Debug)]
+pub enum UdpKind {}
+
+impl ServerKind for TcpKind {
+    const MODE: &'static str = "tcp-server";
+}
+
+impl ServerKind for UdpKind {
+    const MODE: &'static str = "udp-server";
+}
+
+/// An echo server process of the helper, of kind `K`: [`TcpServer`] or [`UdpServer`]. Both
+/// run the same way, so one implementation serves both. Killed on drop.
+#[derive(Debug)]
+pub struct ServerProcess<K: ServerKind>(Server, PhantomData<K>);
 
 /// A TCP echo server process: each connection is served by its own thread, which sleeps the
 /// current read delay before every read and writes back what it read. Killed on drop.
-#[derive(Debug)]
-pub struct TcpServer(Server);
+pub type TcpServer = ServerProcess<TcpKind>;
 
 /// A UDP echo server process: sleeps the current read delay before every `recv` and sends
 /// each datagram back to its sender. Killed on drop.
-#[derive(Debug)]
-pub struct UdpServer(Server);
+pub type UdpServer = ServerProcess<UdpKind>;
 
-impl TcpServer {
-    /// Starts the server and waits until it listens.
-    pub fn spawn(opts: ServerOpts<'_>) -> Result<TcpServer> {
-        Server::spawn("tcp-server", &opts, false).map(TcpServer)
+impl<K: ServerKind> ServerProcess<K> {
+    /// Starts the server and waits until its socket is bound (a TCP one: listening).
+    pub fn spawn(opts: ServerOpts<'_>) -> Result<Self> {
+        Server::spawn(K::MODE, &opts, false).map(|s| ServerProcess(s, PhantomData))
     }
     /// Starts a server that reads and discards what it gets (no echo), for senders that do
-    /// not read one ([`SinkStream`]).
-    pub fn spawn_sink(opts: ServerOpts<'_>) -> Result<TcpServer> {
-        Server::spawn("tcp-server", &opts, true).map(TcpServer)
-    }
-    /// The address it listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.0.addr
-    }
-    /// The server's process id.
-    pub fn pid(&self) -> u32 {
-        self.0.child.id()
-    }
-    /// Changes the sleep before each read; takes effect from the next read on.
-    pub fn set_read_delay(&self, delay: Duration) -> Result<()> {
-        self.0.set_read_delay(delay)
-    }
-    /// Busies the reading thread's CPU for `work` (its own CPU time) before each read
-    /// instead of sleeping: work that a CPU quota holds back. Zero: no pause.
-    pub fn set_read_work(&self, work: Duration) -> Result<()> {
-        self.0.set_read_work(work)
-    }
-}
-
-impl UdpServer {
-    /// Starts the server and waits until its socket is bound.
-    pub fn spawn(opts: ServerOpts<'_>) -> Result<UdpServer> {
-        Server::spawn("udp-server", &opts, false).map(UdpServer)
-    }
-    /// Starts a server that reads and discards each datagram (no echo), for senders that
-    /// do not wait for one ([`SinkStream`]).
-    pub fn spawn_sink(opts: ServerOpts<'_>) -> Result<UdpServer> {
-        Server::spawn("udp-server", &opts, true).map(UdpServer)
+    /// not wait for one ([`SinkStream`]).
+    pub fn spawn_sink(opts: ServerOpts<'_>) -> Result<Self> {
+        Server::spawn(K::MODE, &opts, true).map(|s| ServerProcess(s, PhantomData))
     }
     /// The address it is bound to.
     pub fn addr(&self) -> SocketAddr {
@@ -113,9 +123,18 @@ impl UdpServer {
     pub fn pid(&self) -> u32 {
         self.0.child.id()
     }
-    /// Changes the sleep before each `recv`; takes effect from the next one on.
+    /// Changes the sleep before each read (each `recv` for UDP); takes effect from the next
+    /// one on.
     pub fn set_read_delay(&self, delay: Duration) -> Result<()> {
         self.0.set_read_delay(delay)
+    }
+}
+
+impl TcpServer {
+    /// Busies the reading thread's CPU for `work` (its own CPU time) before each read
+    /// instead of sleeping: work that a CPU quota holds back. Zero: no pause.
+    pub fn set_read_work(&self, work: Duration) -> Result<()> {
+        self.0.set_read_work(work)
     }
 }
 
@@ -132,12 +151,7 @@ pub enum EchoServer {
 impl EchoServer {
     /// Starts a server of `proto` on 127.0.0.1 (a free port), reading without delay.
     pub fn spawn(proto: Proto) -> Result<EchoServer> {
-        let opts = ServerOpts {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            netns: None,
-            cgroup: None,
-            read_delay: Duration::ZERO,
-        };
+        let opts = ServerOpts::loopback();
         Ok(match proto {
             Proto::Tcp => EchoServer::Tcp(TcpServer::spawn(opts)?),
             Proto::Udp => EchoServer::Udp(UdpServer::spawn(opts)?),
@@ -311,6 +325,29 @@ pub struct ClientOpts<'a> {
     pub pause: Duration,
 }
 
+impl<'a> ClientOpts<'a> {
+    /// `messages` messages of 100 bytes over `proto` to `target`, from the host's namespace,
+    /// back to back (each right after the last one's echo).
+    pub fn new(target: SocketAddr, proto: Proto, messages: u32) -> ClientOpts<'a> {
+        ClientOpts {
+            target,
+            netns: None,
+            proto,
+            messages,
+            size: 100,
+            pause: Duration::ZERO,
+        }
+    }
+
+    /// From `netns` instead of the host's namespace.
+    pub fn in_netns(self, netns: &'a Netns) -> ClientOpts<'a> {
+        ClientOpts {
+            netns: Some(netns),
+            ..self
+        }
+    }
+}
+
 /// What a client run did, as the helper reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClientStats {
@@ -419,12 +456,8 @@ impl LoopingClient {
         let thread = std::thread::spawn(move || {
             while !flag.load(Ordering::Relaxed) {
                 let _ = run_client(ClientOpts {
-                    target,
-                    netns: None,
-                    proto,
-                    messages: 100,
-                    size: 100,
                     pause: Duration::from_millis(2),
+                    ..ClientOpts::new(target, proto, 100)
                 });
             }
         });

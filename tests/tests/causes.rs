@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, pin, run_client, ClientOpts, CpuQuota, Daemon, DaemonConfig,
-    EchoServer, Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts, SinkStream,
-    TcpServer, UdpServer, VethPair,
+    baselines_warm, cli, cli_json, fast_detector, pin, run_client, ClientOpts, CpuQuota, Daemon,
+    DaemonConfig, EchoServer, Error, Hog, LoopingClient, Netns, Proto, ScratchDir, ServerOpts,
+    SinkStream, TcpServer, UdpServer, VethPair,
 };
 
 const SERVICE: &str = "echo";
@@ -36,21 +36,14 @@ const SECOND: &str = "echo2";
 const READ_PROBE: &str = "tcp-socket-read";
 
 /// Tight enough for the millisecond a hog adds to a read, on a short window.
-const DETECTOR: &str = r#"[detector]
-min_delta = "1ms"
-quantiles = [0.5, 0.9, 0.99]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+const DETECTOR: &str = concat!(
+    fast_detector!(min_delta = "1ms", quantiles = "[0.5, 0.9, 0.99]"),
+    r#"
 # The clients' replies are `host` traffic: they slow with the server, never the subject.
 [detector.services.host]
 min_ratio = 1000.0
-"#;
+"#
+);
 
 /// The tests here load the same CPUs and must not overlap: `cargo test` runs a file's
 /// tests in parallel unless told otherwise (the VM tier runs them one at a time).
@@ -418,13 +411,7 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
         }
         other => other.unwrap(),
     }
-    let server = TcpServer::spawn(ServerOpts {
-        bind: (veth.peer_v4, 0).into(),
-        netns: Some(&ns),
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let server = TcpServer::spawn(ServerOpts::at((veth.peer_v4, 0).into()).in_netns(&ns)).unwrap();
     let scratch = ScratchDir::new("causes-netem").unwrap();
     let dir = scratch.path().to_owned();
     let config = write_config(&dir, &[("pod", server.addr().port())]);
@@ -440,15 +427,7 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
     veth.add_netem(&["delay", "20ms"]).unwrap();
     // The delay is real: five exchanges take at least five times it.
     let started = Instant::now();
-    let stats = run_client(ClientOpts {
-        target: server.addr(),
-        netns: None,
-        proto: Proto::Tcp,
-        messages: 5,
-        size: 100,
-        pause: Duration::ZERO,
-    })
-    .unwrap();
+    let stats = run_client(ClientOpts::new(server.addr(), Proto::Tcp, 5)).unwrap();
     assert_eq!(stats.replies, 5);
     assert!(started.elapsed() >= Duration::from_millis(100));
     // As long as a cause would take to be decided many times over.
@@ -469,21 +448,14 @@ fn network_delay_outside_the_host_gets_no_host_stack_verdict() {
 /// For the softirq test: the body quantiles only. A flood's backlog moves them by
 /// milliseconds; a CPU full of hogs alone moves a quiet service's p99 at ip-start now and
 /// then (short incidents with no clear cause), which must not be taken for the flood's.
-const SOFTIRQ_DETECTOR: &str = r#"[detector]
-min_delta = "1ms"
-quantiles = [0.5, 0.9]
-warmup_time = "2s"
-warmup_samples = 300
-min_samples = 40
-window = "1s"
-max_window = "4s"
-close_after = 5
-cooldown = "1s"
-
+const SOFTIRQ_DETECTOR: &str = concat!(
+    fast_detector!(min_delta = "1ms", quantiles = "[0.5, 0.9]"),
+    r#"
 # The flood itself is `host` traffic (forwarded, to no socket): never the subject.
 [detector.services.host]
 min_ratio = 1000000.0
-"#;
+"#
+);
 
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
@@ -509,13 +481,7 @@ fn softirq_pressure_on_one_cpu_gets_the_softirq_verdict() {
     veth.steer_rx_to_cpu(cpu).unwrap();
     // The reader away from that CPU, and ahead of the flood's sender on its own: its read
     // delay must stay small beside the backlog's, or the read is the stage that grew.
-    let server = UdpServer::spawn_sink(ServerOpts {
-        bind: (veth.host_v4, 0).into(),
-        netns: None,
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let server = UdpServer::spawn_sink(ServerOpts::at((veth.host_v4, 0).into())).unwrap();
     pin(server.pid(), 0).unwrap();
     renice(server.pid(), -5);
     let scratch = ScratchDir::new("causes-softirq").unwrap();
@@ -592,13 +558,7 @@ fn a_qdisc_holding_replies_is_a_send_side_incident_and_a_slow_reader_a_receive_s
     let _serial = serial();
     let ns = Netns::new("tt-send-inc").unwrap();
     let veth = VethPair::new(&ns).unwrap();
-    let server = TcpServer::spawn(ServerOpts {
-        bind: (veth.host_v4, 0).into(),
-        netns: None,
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    })
-    .unwrap();
+    let server = TcpServer::spawn(ServerOpts::at((veth.host_v4, 0).into())).unwrap();
     // An idle queue on the host's end: qdisc-sojourn times devices with a queue only.
     veth.set_root_qdisc(&["pfifo"]).unwrap();
     let scratch = ScratchDir::new("causes-send").unwrap();

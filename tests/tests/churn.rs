@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    cli, cli_json, vm_kernel, Cgroup, Daemon, DaemonConfig, ScratchDir, ServerOpts, TcpServer,
+    cli, cli_json, rss_kib, vm_kernel, Cgroup, Daemon, DaemonConfig, ScratchDir, ServerOpts,
+    TcpServer,
 };
 
 /// Waves in CI; `TAILTRAP_CHURN_WAVES=N` runs a longer churn (e.g. 250 for 5 000 cgroups) to
@@ -71,16 +72,6 @@ impl Drop for Traffic {
             let _ = t.join();
         }
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap()
 }
 
 /// Entries of the BPF map `name` (bpftool, when installed); `None` when bpftool is missing

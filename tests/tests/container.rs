@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tailtrap_tests::{
     baselines_warm, cli_json, free_port, helm_template, http_get, image_archive, k8s_validate,
-    object, Cgroup, LoopingClient, Proto, ScratchDir, ServerOpts, TcpServer, SLOW_READER_DETECTOR,
+    object, rss_kib, Cgroup, LoopingClient, Proto, ScratchDir, ServerOpts, TcpServer,
+    SLOW_READER_DETECTOR,
 };
 
 fn podman(args: &[&str]) -> String {
@@ -215,17 +216,6 @@ fn cpu_ticks(pid: u32) -> u64 {
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = after.split(' ').collect();
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .unwrap()
-        .parse()
-        .unwrap()
 }
 
 /// `tailtrap status --json` through the daemon's API, polled until `done` accepts it.

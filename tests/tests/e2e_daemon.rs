@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, fake_pwru, require_vm, tailtrap_bin, vm_kernel, Daemon,
-    DaemonConfig, EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
+    baselines_warm, cli, cli_json, config_check, fake_pwru, require_vm, tailtrap_bin, vm_kernel,
+    Daemon, DaemonConfig, EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// The pwru session's deadline, a bound only: sessions end at their output limit, well
@@ -263,11 +263,7 @@ cooldown = "1s""#,
         ))
         .write()
         .unwrap();
-    let check = Command::new(tailtrap_bin())
-        .args(["config", "check"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let check = config_check(&config);
     assert!(check.status.success(), "{check:?}");
 
     let interfaces_before = interface_names();

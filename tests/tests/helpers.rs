@@ -12,31 +12,6 @@ use tailtrap_tests::{
     TcpServer, UdpServer, VethPair,
 };
 
-fn client(
-    target: SocketAddr,
-    netns: Option<&Netns>,
-    proto: Proto,
-    messages: u32,
-) -> ClientOpts<'_> {
-    ClientOpts {
-        target,
-        netns,
-        proto,
-        messages,
-        size: 100,
-        pause: Duration::ZERO,
-    }
-}
-
-fn server(bind: SocketAddr, netns: Option<&Netns>) -> ServerOpts<'_> {
-    ServerOpts {
-        bind,
-        netns,
-        cgroup: None,
-        read_delay: Duration::ZERO,
-    }
-}
-
 #[test]
 #[ignore = "needs root (namespaces, links, cgroups): run as root with --include-ignored"]
 fn tcp_and_udp_round_trip_across_a_veth_into_a_netns_v4_and_v6() {
@@ -46,17 +21,17 @@ fn tcp_and_udp_round_trip_across_a_veth_into_a_netns_v4_and_v6() {
         SocketAddr::from((veth.peer_v4, 0)),
         SocketAddr::from((veth.peer_v6, 0)),
     ] {
-        let tcp = TcpServer::spawn(server(peer, Some(&ns))).unwrap();
+        let tcp = TcpServer::spawn(ServerOpts::at(peer).in_netns(&ns)).unwrap();
         assert_eq!(tcp.addr().ip(), peer.ip());
-        let stats = run_client(client(tcp.addr(), None, Proto::Tcp, 20)).unwrap();
+        let stats = run_client(ClientOpts::new(tcp.addr(), Proto::Tcp, 20)).unwrap();
         assert_eq!(
             (stats.sent, stats.replies, stats.deadline_hit),
             (20, 20, false),
             "{stats:?}"
         );
 
-        let udp = UdpServer::spawn(server(peer, Some(&ns))).unwrap();
-        let stats = run_client(client(udp.addr(), None, Proto::Udp, 20)).unwrap();
+        let udp = UdpServer::spawn(ServerOpts::at(peer).in_netns(&ns)).unwrap();
+        let stats = run_client(ClientOpts::new(udp.addr(), Proto::Udp, 20)).unwrap();
         assert_eq!(
             (stats.sent, stats.replies, stats.lost),
             (20, 20, 0),
@@ -65,9 +40,9 @@ fn tcp_and_udp_round_trip_across_a_veth_into_a_netns_v4_and_v6() {
     }
     // The servers listen only inside the namespace: from the host, the peer address is
     // reachable through the veth, but nothing listens on the host's own end.
-    let tcp = TcpServer::spawn(server((veth.peer_v4, 0).into(), Some(&ns))).unwrap();
+    let tcp = TcpServer::spawn(ServerOpts::at((veth.peer_v4, 0).into()).in_netns(&ns)).unwrap();
     let wrong = SocketAddr::from((veth.host_v4, tcp.addr().port()));
-    assert!(run_client(client(wrong, None, Proto::Tcp, 1)).is_err());
+    assert!(run_client(ClientOpts::new(wrong, Proto::Tcp, 1)).is_err());
 }
 
 #[test]
@@ -75,8 +50,8 @@ fn tcp_and_udp_round_trip_across_a_veth_into_a_netns_v4_and_v6() {
 fn client_in_a_netns_reaches_a_server_on_the_host() {
     let ns = Netns::new("tt-selfcheck").unwrap();
     let veth = VethPair::new(&ns).unwrap();
-    let tcp = TcpServer::spawn(server((veth.host_v6, 0).into(), None)).unwrap();
-    let stats = run_client(client(tcp.addr(), Some(&ns), Proto::Tcp, 5)).unwrap();
+    let tcp = TcpServer::spawn(ServerOpts::at((veth.host_v6, 0).into())).unwrap();
+    let stats = run_client(ClientOpts::new(tcp.addr(), Proto::Tcp, 5).in_netns(&ns)).unwrap();
     assert_eq!(stats.replies, 5);
 }
 
@@ -109,8 +84,8 @@ fn vm_only_netem_delay_on_the_host_end_slows_the_round_trip() {
     let ns = Netns::new("tt-selfcheck").unwrap();
     let veth = VethPair::new(&ns).unwrap();
     veth.add_netem(&["delay", "40ms"]).unwrap();
-    let tcp = TcpServer::spawn(server((veth.peer_v4, 0).into(), Some(&ns))).unwrap();
-    let stats = run_client(client(tcp.addr(), None, Proto::Tcp, 5)).unwrap();
+    let tcp = TcpServer::spawn(ServerOpts::at((veth.peer_v4, 0).into()).in_netns(&ns)).unwrap();
+    let stats = run_client(ClientOpts::new(tcp.addr(), Proto::Tcp, 5)).unwrap();
     assert_eq!(stats.replies, 5);
     assert!(stats.rtt_p50 >= Duration::from_millis(40), "{stats:?}");
 }
@@ -128,19 +103,19 @@ fn read_delay_applies_and_changes_while_running() {
     let lo = SocketAddr::from(([127, 0, 0, 1], 0));
     let tcp = TcpServer::spawn(ServerOpts {
         read_delay: Duration::from_millis(30),
-        ..server(lo, None)
+        ..ServerOpts::at(lo)
     })
     .unwrap();
-    let slow = run_client(client(tcp.addr(), None, Proto::Tcp, 5)).unwrap();
+    let slow = run_client(ClientOpts::new(tcp.addr(), Proto::Tcp, 5)).unwrap();
     assert_paced(&slow, 5, Duration::from_millis(30));
 
     tcp.set_read_delay(Duration::from_millis(120)).unwrap();
-    let slower = run_client(client(tcp.addr(), None, Proto::Tcp, 3)).unwrap();
+    let slower = run_client(ClientOpts::new(tcp.addr(), Proto::Tcp, 3)).unwrap();
     assert_paced(&slower, 3, Duration::from_millis(120));
 
-    let udp = UdpServer::spawn(server(lo, None)).unwrap();
+    let udp = UdpServer::spawn(ServerOpts::at(lo)).unwrap();
     udp.set_read_delay(Duration::from_millis(50)).unwrap();
-    let stats = run_client(client(udp.addr(), None, Proto::Udp, 3)).unwrap();
+    let stats = run_client(ClientOpts::new(udp.addr(), Proto::Udp, 3)).unwrap();
     assert_paced(&stats, 3, Duration::from_millis(50));
 }
 
@@ -158,7 +133,7 @@ fn server_runs_in_its_cgroup_and_the_cgroup_is_removed_on_drop() {
     assert!(path.ends_with(cg.rel_path()));
     let tcp = TcpServer::spawn(ServerOpts {
         cgroup: Some(&cg),
-        ..server(([127, 0, 0, 1], 0).into(), None)
+        ..ServerOpts::loopback()
     })
     .unwrap();
     let membership = std::fs::read_to_string(format!("/proc/{}/cgroup", tcp.pid())).unwrap();

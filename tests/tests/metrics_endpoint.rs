@@ -22,19 +22,25 @@ fn config(dir: &Path, listen: &str) -> std::path::PathBuf {
         .unwrap()
 }
 
+/// `tailtrap run --config <path>`, which must fail: its stderr.
+fn refused_start(path: &Path) -> String {
+    let out = Command::new(tailtrap_bin())
+        .args(["run", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    stderr
+}
+
 #[test]
 fn a_bad_listen_address_stops_the_start_before_anything_is_loaded() {
     let scratch = ScratchDir::new("metrics-bad").unwrap();
     let dir = scratch.path();
 
     let path = config(dir, "localhost:http");
-    let out = Command::new(tailtrap_bin())
-        .args(["run", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = refused_start(&path);
     assert!(
         stderr.contains(&format!(
             "{}, line 9: key `metrics.listen`: ",
@@ -46,13 +52,7 @@ fn a_bad_listen_address_stops_the_start_before_anything_is_loaded() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let path = config(dir, &addr.to_string());
-    let out = Command::new(tailtrap_bin())
-        .args(["run", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = refused_start(&path);
     let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(

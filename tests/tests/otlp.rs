@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    attr, baselines_warm, cli_json, http_get, make_test_pki, resource_attr, tailtrap_bin, Daemon,
+    attr, baselines_warm, cli_json, config_check, http_get, make_test_pki, resource_attr, Daemon,
     DaemonConfig, LoopingClient, OtelCollector, OtelCollectorOpts, OtelTls, Proto, ScratchDir,
     ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
@@ -424,11 +424,7 @@ fn config_check_names_a_bad_endpoint_or_tls_file() {
     ] {
         let path = dir.join("bad.toml");
         std::fs::write(&path, format!("[otlp]\nenabled = true\n{otlp}\n")).unwrap();
-        let out = std::process::Command::new(tailtrap_bin())
-            .args(["config", "check"])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = config_check(&path);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(!out.status.success(), "{otlp}: accepted\n{stdout}");

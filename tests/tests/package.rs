@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
+    baselines_warm, poll_until, EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 fn repo() -> PathBuf {
@@ -490,30 +490,25 @@ impl RootDaemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Poll `f` every 200 ms until it returns `Some`; panics with the log after `timeout`.
+    /// Poll `f` every 200 ms until it returns `Some`; panics with the log when the daemon
+    /// exits first or after `timeout`.
     fn wait_for<T>(
         &mut self,
         timeout: Duration,
         what: &str,
         mut f: impl FnMut() -> Option<T>,
     ) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
+        let (child, log) = (&mut self.child, &self.log);
+        let read_log = || std::fs::read_to_string(log).unwrap_or_default();
+        poll_until(timeout, what, read_log, || {
+            let found = f();
             assert!(
-                matches!(self.child.try_wait(), Ok(None)),
+                found.is_some() || matches!(child.try_wait(), Ok(None)),
                 "the daemon exited waiting for {what}; its log:\n{}",
-                self.log()
+                read_log()
             );
-            assert!(
-                start.elapsed() < timeout,
-                "timed out after {timeout:?} waiting for {what}; daemon log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            found
+        })
     }
 
     /// SIGTERM (what `systemctl stop` and the upgrade's restart send) and wait for a clean exit.

@@ -6,7 +6,7 @@
 
 mod probes_support;
 
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
@@ -201,44 +201,105 @@ fn a_reader_sleeping_20ms_shows_in_tcp_socket_read_but_not_tcp_start() {
     );
 }
 
+const LOCALHOST_V4: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+
+/// Two TCP services on loopback, each in a cgroup of its own (`<prefix>-slow`,
+/// `<prefix>-fast`): "slow", whose reader sleeps 20 ms before each read, and "fast", which
+/// answers at once.
+struct SlowAndFast {
+    // The servers first: killed before their cgroups are removed.
+    slow: TcpServer,
+    fast: TcpServer,
+    cg_slow: Cgroup,
+    cg_fast: Cgroup,
+}
+
+impl SlowAndFast {
+    fn spawn(prefix: &str) -> SlowAndFast {
+        let cg_slow = Cgroup::create(&format!("{prefix}-slow")).unwrap();
+        let cg_fast = Cgroup::create(&format!("{prefix}-fast")).unwrap();
+        let slow = TcpServer::spawn(server(
+            LOCALHOST_V4,
+            None,
+            Some(&cg_slow),
+            Duration::from_millis(20),
+        ))
+        .unwrap();
+        let fast =
+            TcpServer::spawn(server(LOCALHOST_V4, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+        SlowAndFast {
+            slow,
+            fast,
+            cg_slow,
+            cg_fast,
+        }
+    }
+
+    /// "slow" matched by its cgroup only, "fast" by its port and `more_fast_ports` only.
+    fn services(&self, more_fast_ports: &[u16]) -> Vec<bpf::ServiceSpec> {
+        let fast_ports = [&[self.fast.addr().port()], more_fast_ports].concat();
+        vec![
+            service("slow", Some(&self.cg_slow), &[]),
+            service("fast", None, &fast_ports),
+        ]
+    }
+
+    /// `messages` TCP messages to "slow", then to "fast".
+    fn exchange(&self, messages: u32) {
+        run_client(client(self.slow.addr(), None, Proto::Tcp, messages)).unwrap();
+        run_client(client(self.fast.addr(), None, Proto::Tcp, messages)).unwrap();
+    }
+
+    /// "slow"'s and "fast"'s tcp-socket-read histograms, each with a sample for every one
+    /// of [`SlowAndFast::exchange`]'s `messages`.
+    fn reads(
+        &self,
+        snapshot: &bpf::Snapshot,
+        messages: u64,
+    ) -> (model::Histogram, model::Histogram) {
+        let slow_read = hist(snapshot, "slow", Probe::TcpSocketRead);
+        let fast_read = hist(snapshot, "fast", Probe::TcpSocketRead);
+        assert!(
+            slow_read.count() >= messages && fast_read.count() >= messages,
+            "{snapshot:#?}"
+        );
+        (slow_read, fast_read)
+    }
+}
+
+/// Without configured services, each of `cgroups` has its own tcp-socket-read histogram,
+/// named for it, with at least `messages` samples.
+fn grouped_by_cgroup(snapshot: &bpf::Snapshot, cgroups: [&Cgroup; 2], messages: u64) {
+    for cg in cgroups {
+        let h = hist(snapshot, cg.rel_path(), Probe::TcpSocketRead);
+        assert!(h.count() >= messages, "{}: {snapshot:#?}", cg.rel_path());
+    }
+}
+
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn two_services_by_cgroup_and_by_port_get_their_own_histograms() {
-    let cg_slow = Cgroup::create("tt-svc-slow").unwrap();
-    let cg_fast = Cgroup::create("tt-svc-fast").unwrap();
-    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let slow = TcpServer::spawn(server(
-        localhost,
-        None,
-        Some(&cg_slow),
-        Duration::from_millis(20),
-    ))
-    .unwrap();
-    let fast = TcpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+    let pair = SlowAndFast::spawn("tt-svc");
     // ip-start does not measure loopback TCP (it arrives there with the sender's departure
     // time): UDP to a second port of "fast" shows its port attribution there.
-    let fast_udp =
-        UdpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+    let fast_udp = UdpServer::spawn(server(
+        LOCALHOST_V4,
+        None,
+        Some(&pair.cg_fast),
+        Duration::ZERO,
+    ))
+    .unwrap();
     // "slow" is matched by its cgroup only, "fast" by its ports only.
     let config = ProbeConfig {
-        services: vec![
-            service("slow", Some(&cg_slow), &[]),
-            service("fast", None, &[fast.addr().port(), fast_udp.addr().port()]),
-        ],
+        services: pair.services(&[fast_udp.addr().port()]),
         ..ProbeConfig::default()
     };
     let mut probes = load(&config);
-    run_client(client(slow.addr(), None, Proto::Tcp, 30)).unwrap();
-    run_client(client(fast.addr(), None, Proto::Tcp, 30)).unwrap();
+    pair.exchange(30);
     run_client(client(fast_udp.addr(), None, Proto::Udp, 30)).unwrap();
     let snapshot = probes.snapshot().unwrap();
 
-    let slow_read = hist(&snapshot, "slow", Probe::TcpSocketRead);
-    let fast_read = hist(&snapshot, "fast", Probe::TcpSocketRead);
-    assert!(
-        slow_read.count() >= 30 && fast_read.count() >= 30,
-        "{snapshot:#?}"
-    );
+    let (slow_read, fast_read) = pair.reads(&snapshot, 30);
     // Far apart, so neither can hide the other's samples (10 ms leaves room for slow VMs).
     let (slow_p50, fast_p50) = (q(&slow_read, 0.5), q(&fast_read, 0.5));
     assert!(slow_p50.lower_ns >= 15 * MS, "{slow_p50:?}");
@@ -263,10 +324,7 @@ fn without_services_sockets_group_by_their_cgroup_up_to_the_limit() {
     run_client(client(a.addr(), None, Proto::Tcp, 20)).unwrap();
     run_client(client(b.addr(), None, Proto::Tcp, 20)).unwrap();
     let snapshot = probes.snapshot().unwrap();
-    for cg in [&cg_a, &cg_b] {
-        let h = hist(&snapshot, cg.rel_path(), Probe::TcpSocketRead);
-        assert!(h.count() >= 20, "{}: {snapshot:#?}", cg.rel_path());
-    }
+    grouped_by_cgroup(&snapshot, [&cg_a, &cg_b], 20);
     drop(probes);
 
     // A limit of one: whichever socket cgroup comes first gets the slot, the rest "other".
@@ -323,17 +381,7 @@ fn the_kernels_missing_features_are_those_of_its_version() {
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn the_stand_ins_of_5_10_measure_and_attribute_like_the_features() {
-    let cg_slow = Cgroup::create("tt-base-slow").unwrap();
-    let cg_fast = Cgroup::create("tt-base-fast").unwrap();
-    let localhost = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let slow = TcpServer::spawn(server(
-        localhost,
-        None,
-        Some(&cg_slow),
-        Duration::from_millis(20),
-    ))
-    .unwrap();
-    let fast = TcpServer::spawn(server(localhost, None, Some(&cg_fast), Duration::ZERO)).unwrap();
+    let pair = SlowAndFast::spawn("tt-base");
     let baseline = ProbeConfig {
         kernel_features: bpf::KernelFeatureMode::Baseline,
         ..ProbeConfig::default()
@@ -341,28 +389,17 @@ fn the_stand_ins_of_5_10_measure_and_attribute_like_the_features() {
 
     // Configured: "slow" by its cgroup (the per-cgroup map), "fast" by its port.
     let mut probes = load(&ProbeConfig {
-        services: vec![
-            service("slow", Some(&cg_slow), &[]),
-            service("fast", None, &[fast.addr().port()]),
-        ],
+        services: pair.services(&[]),
         ..baseline.clone()
     });
     assert_eq!(missing(&probes), FEATURES_5_10_LACKS);
     for m in probes.missing_features() {
         assert!(m.why.contains("baseline") && !m.cost.is_empty(), "{m:?}");
     }
-    run_client(client(slow.addr(), None, Proto::Tcp, 30)).unwrap();
-    run_client(client(fast.addr(), None, Proto::Tcp, 30)).unwrap();
+    pair.exchange(30);
     probes.refresh_clock().unwrap();
     let snapshot = probes.snapshot().unwrap();
-    let (slow_read, fast_read) = (
-        hist(&snapshot, "slow", Probe::TcpSocketRead),
-        hist(&snapshot, "fast", Probe::TcpSocketRead),
-    );
-    assert!(
-        slow_read.count() >= 30 && fast_read.count() >= 30,
-        "{snapshot:#?}"
-    );
+    let (slow_read, fast_read) = pair.reads(&snapshot, 30);
     // The stand-in clock must agree with the kernel's stamps: the 20 ms sleep shows as
     // such, not as 0 or as the 37 s of TAI - UTC.
     let (slow_p50, fast_p50) = (q(&slow_read, 0.5), q(&fast_read, 0.5));
@@ -380,13 +417,9 @@ fn the_stand_ins_of_5_10_measure_and_attribute_like_the_features() {
 
     // Auto-grouped: the per-cgroup slots without socket storage.
     let mut probes = load(&baseline);
-    run_client(client(slow.addr(), None, Proto::Tcp, 20)).unwrap();
-    run_client(client(fast.addr(), None, Proto::Tcp, 20)).unwrap();
+    pair.exchange(20);
     let snapshot = probes.snapshot().unwrap();
-    for cg in [&cg_slow, &cg_fast] {
-        let h = hist(&snapshot, cg.rel_path(), Probe::TcpSocketRead);
-        assert!(h.count() >= 20, "{}: {snapshot:#?}", cg.rel_path());
-    }
+    grouped_by_cgroup(&snapshot, [&pair.cg_slow, &pair.cg_fast], 20);
 }
 
 #[test]

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, fake_pwru, require_vm, vm_kernel, Daemon, DaemonConfig,
-    EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
+    baselines_warm, cli, cli_json, fake_pwru, repo_root, require_vm, vm_kernel, Daemon,
+    DaemonConfig, EchoServer, LoopingClient, Proto, ScratchDir, SLOW_READER_DETECTOR,
 };
 
 /// Under qemu's software emulation pwru takes 20–115 s to attach next to a daemon and
@@ -462,21 +462,7 @@ functions = ["skb_copy_datagram_iter", "tcp_v4_rcv", "tcp_data_queue"]"#,
             "row {item:?} missing: {text}"
         );
     }
-    for column in [
-        "#",
-        "time (since boot)",
-        "function",
-        "drop reason",
-        "caller",
-        "skb",
-        "cpu",
-        "process",
-        "netns",
-        "iface",
-        "len",
-        "mark",
-        "flow",
-    ] {
+    for column in documented_pwru_columns() {
         assert!(
             text.contains(&format!(" {column} ")),
             "column {column:?} missing: {text}"
@@ -506,6 +492,28 @@ functions = ["skb_copy_datagram_iter", "tcp_v4_rcv", "tcp_data_queue"]"#,
     }
     drop(run);
     let _ = std::fs::remove_dir_all(argv_dir);
+}
+
+/// The columns docs/pwru.md gives `tailtrap pwru ID`'s lines: the first cell of each row of
+/// its `| column | from pwru's JSON |` table. Read from the page, so that the test holds the
+/// command to what its documentation says rather than to a copy of the list.
+fn documented_pwru_columns() -> Vec<String> {
+    let page = std::fs::read_to_string(repo_root().join("docs/pwru.md")).unwrap();
+    let columns: Vec<String> = page
+        .lines()
+        .skip_while(|l| !l.starts_with("| column | from pwru's JSON |"))
+        .skip(2) // the header and its rule
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| {
+            let cell = l.split('|').nth(1)?.trim();
+            Some(cell.strip_prefix('`')?.strip_suffix('`')?.to_owned())
+        })
+        .collect();
+    assert!(
+        columns.len() > 1,
+        "no column table in docs/pwru.md: {columns:?}"
+    );
+    columns
 }
 
 fn tempfile_dir(name: &str) -> PathBuf {

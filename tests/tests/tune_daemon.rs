@@ -10,13 +10,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tailtrap_tests::{
-    baselines_warm, cli, cli_json, tailtrap_bin, Daemon, DaemonConfig, LoopingClient, Proto,
+    baselines_warm, cli, cli_json, config_check, Daemon, DaemonConfig, LoopingClient, Proto,
     ScratchDir, ServerOpts, TcpServer, SLOW_READER_DETECTOR,
 };
 
@@ -39,6 +38,16 @@ fn ns_secs(ns: &Value) -> f64 {
     ns.as_u64().unwrap() as f64 / 1e9
 }
 
+/// `<command> slow --since <since> --resolution 1s <more>`: every history and tune call of
+/// the test reads the same stretch of "slow"'s 1 s history, the whole run.
+fn over_the_run<'a>(command: &'a str, since: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    [
+        &[command, "slow", "--since", since, "--resolution", "1s"],
+        more,
+    ]
+    .concat()
+}
+
 #[test]
 #[ignore = "needs root and BPF: run as root with --include-ignored"]
 fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
@@ -53,11 +62,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
         .table(SLOW_READER_DETECTOR)
         .write()
         .unwrap();
-    let check = Command::new(tailtrap_bin())
-        .args(["config", "check"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let check = config_check(&config);
     assert!(check.status.success(), "{check:?}");
 
     let started = SystemTime::now();
@@ -97,10 +102,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
 
     // history (through the API) -> replay: the same incidents, opened within one interval.
     let since = format!("{}s", started.elapsed().unwrap().as_secs() + 60);
-    let history = cli(
-        &config,
-        &["history", "slow", "--since", &since, "--resolution", "1s"],
-    );
+    let history = cli(&config, &over_the_run("history", &since, &[]));
     assert!(history.status.success(), "{history:?}");
     assert!(String::from_utf8_lossy(&history.stderr).contains("daemon's API"));
     let series = dir.join("slow.jsonl");
@@ -166,19 +168,11 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     let sweep = format!("min_ratio=1.25,{}", (ratio * 2.0).ceil());
     let (tune, _) = cli_json(
         &config,
-        &[
+        &over_the_run(
             "tune",
-            "slow",
-            "--since",
             &since,
-            "--resolution",
-            "1s",
-            "--sweep",
-            &sweep,
-            "--show",
-            "0",
-            "--json",
-        ],
+            &["--sweep", &sweep, "--show", "0", "--json"],
+        ),
     );
     eprintln!(
         "{}",
@@ -213,34 +207,12 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
         .unwrap();
     assert_eq!(twin["headline_probe"], evidence["headline"]["probe"]);
     // The table, as an operator reads it (shown with --nocapture), and the block to paste.
-    let table = cli(
-        &config,
-        &[
-            "tune",
-            "slow",
-            "--since",
-            &since,
-            "--resolution",
-            "1s",
-            "--set",
-            &strict,
-        ],
-    );
+    let table = cli(&config, &over_the_run("tune", &since, &["--set", &strict]));
     assert!(table.status.success(), "{table:?}");
     eprintln!("{}", String::from_utf8_lossy(&table.stdout));
     let emit = cli(
         &config,
-        &[
-            "tune",
-            "slow",
-            "--since",
-            &since,
-            "--resolution",
-            "1s",
-            "--set",
-            &strict,
-            "--emit",
-        ],
+        &over_the_run("tune", &since, &["--set", &strict, "--emit"]),
     );
     assert!(emit.status.success(), "{emit:?}");
     let block = String::from_utf8_lossy(&emit.stdout).into_owned();
@@ -250,11 +222,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     pasted.push_str(&block);
     let pasted_path = dir.join("pasted.toml");
     std::fs::write(&pasted_path, pasted).unwrap();
-    let check = Command::new(tailtrap_bin())
-        .args(["config", "check"])
-        .arg(&pasted_path)
-        .output()
-        .unwrap();
+    let check = config_check(&pasted_path);
     assert!(check.status.success(), "{check:?}\n{block}");
 
     // Bad input: one line, exit != 0.
@@ -274,10 +242,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     // Offline: the database gives the same history once the daemon is gone.
     daemon.signal(Signal::SIGTERM).unwrap();
     daemon.wait_exit(Duration::from_secs(120)).unwrap().unwrap();
-    let offline = cli(
-        &config,
-        &["history", "slow", "--since", &since, "--resolution", "1s"],
-    );
+    let offline = cli(&config, &over_the_run("history", &since, &[]));
     assert!(offline.status.success(), "{offline:?}");
     assert!(String::from_utf8_lossy(&offline.stderr).contains("reading the database"));
     let offline = String::from_utf8_lossy(&offline.stdout).into_owned();
@@ -293,18 +258,7 @@ fn history_replays_to_the_recorded_incidents_and_tune_compares_settings() {
     let export = cli(&config, &["export", &id.to_string()]);
     let doc: Value = serde_json::from_slice(&export.stdout).unwrap();
     assert_eq!(doc["verdict"]["verdict"], "real");
-    let (summary, _) = cli_json(
-        &config,
-        &[
-            "history",
-            "slow",
-            "--since",
-            &since,
-            "--resolution",
-            "1s",
-            "--json",
-        ],
-    );
+    let (summary, _) = cli_json(&config, &over_the_run("history", &since, &["--json"]));
     assert!(summary["probes"]
         .as_array()
         .unwrap()

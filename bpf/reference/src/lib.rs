@@ -5,28 +5,30 @@
 //! tests and the `reference_programs` example build them, never the product.
 //! `bpf/benches/support/reference.rs` loads them.
 
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    clippy::unwrap_used,
-    unreachable_pub,
-    missing_docs
-)]
-mod floor_skel {
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
+/// A module holding the libbpf-rs skeleton `$file` that build.rs generated into OUT_DIR,
+/// with the lints generated code does not follow allowed.
+macro_rules! skeleton {
+    ($(#[$attr:meta])* $vis:vis mod $name:ident = $file:literal) => {
+        $(#[$attr])*
+        #[allow(
+            clippy::all,
+            clippy::pedantic,
+            clippy::unwrap_used,
+            unreachable_pub,
+            missing_docs
+        )]
+        $vis mod $name {
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+        }
+    };
 }
+
+skeleton!(mod floor_skel = "floor.skel.rs");
 
 pub use floor_skel::{FloorSkel, FloorSkelBuilder, OpenFloorSkel};
 
-/// nic-to-stack's stamp conversion (`bpf/src/bpf/nic_stamp.bpf.h`) in a `syscall` program
-/// that `bpf/tests/nic_stamp_conversion.rs` runs on its cases with `BPF_PROG_RUN`.
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    clippy::unwrap_used,
-    unreachable_pub,
-    missing_docs
-)]
-pub mod nic_stamp_check {
-    include!(concat!(env!("OUT_DIR"), "/nic_stamp_check.skel.rs"));
-}
+skeleton!(
+    /// nic-to-stack's stamp conversion (`bpf/src/bpf/nic_stamp.bpf.h`) in a `syscall` program
+    /// that `bpf/tests/nic_stamp_conversion.rs` runs on its cases with `BPF_PROG_RUN`.
+    pub mod nic_stamp_check = "nic_stamp_check.skel.rs"
+);

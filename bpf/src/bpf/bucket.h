@@ -15,26 +15,26 @@
  */
 #define TT_LOG2_STEP(v, w) (((((v) >> (w)) + ((1ULL << (w)) - 1)) >> (w)) * (w))
 
+/* Applies one step to v (shifting it down by the step's result) and adds the result to r:
+ * a fixed sequence of these, not a loop, so the verifier sees straight-line code. */
+#define TT_LOG2_APPLY(v, r, w)                       \
+	do {                                         \
+		__u64 tt_step_ = TT_LOG2_STEP(v, w); \
+		(v) >>= tt_step_;                    \
+		(r) += tt_step_;                     \
+	} while (0)
+
 /* floor(log2(v)) for v > 0. BPF has no count-leading-zeros instruction: a binary search,
  * branch-free so that latencies of varying magnitude cost no mispredicted jumps. */
 static inline __attribute__((always_inline)) __u32 tt_log2(__u64 v)
 {
-	__u64 r, s;
+	__u64 r = 0;
 
-	r = TT_LOG2_STEP(v, 32);
-	v >>= r;
-	s = TT_LOG2_STEP(v, 16);
-	v >>= s;
-	r += s;
-	s = TT_LOG2_STEP(v, 8);
-	v >>= s;
-	r += s;
-	s = TT_LOG2_STEP(v, 4);
-	v >>= s;
-	r += s;
-	s = TT_LOG2_STEP(v, 2);
-	v >>= s;
-	r += s;
+	TT_LOG2_APPLY(v, r, 32);
+	TT_LOG2_APPLY(v, r, 16);
+	TT_LOG2_APPLY(v, r, 8);
+	TT_LOG2_APPLY(v, r, 4);
+	TT_LOG2_APPLY(v, r, 2);
 	return (__u32)(r + (v >> 1));
 }
 

@@ -69,6 +69,15 @@ static __always_inline int use_clock(__u64 stamp, __u8 clock)
 	return 0;
 }
 
+/* A clock program that only returns `measure`, an expression of the hook's arguments `args`
+ * (declared as BPF_PROG declares them). */
+#define CLOCK(section, name, measure, args...) \
+	SEC(section)                           \
+	int BPF_PROG(name, args)               \
+	{                                      \
+		return measure;                \
+	}
+
 static __always_inline int clock_skb(const struct sk_buff *skb)
 {
 	return use_clock(skb->tstamp, skb_clock(skb));
@@ -84,17 +93,10 @@ static __always_inline int clock_ip_start(const struct sk_buff *skb)
 	return use_clock(stamp, TT_CLOCK_REALTIME);
 }
 
-SEC("tp_btf/netif_receive_skb")
-int BPF_PROG(clock_netif_receive_skb, struct sk_buff *skb)
-{
-	return clock_ip_start(skb);
-}
-
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(clock_tcp_probe, struct sock *sk, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
+CLOCK("tp_btf/netif_receive_skb", clock_netif_receive_skb, clock_ip_start(skb),
+      struct sk_buff *skb)
+CLOCK("tp_btf/tcp_probe", clock_tcp_probe, clock_skb(skb),
+      struct sock *sk, struct sk_buff *skb)
 
 SEC("tp_btf/sk_data_ready")
 int BPF_PROG(clock_sk_data_ready, const struct sock *sk)
@@ -107,59 +109,18 @@ int BPF_PROG(clock_sk_data_ready, const struct sock *sk)
 	return skb ? clock_skb(skb) : 0;
 }
 
-SEC("tp_btf/skb_copy_datagram_iovec")
-int BPF_PROG(clock_skb_copy_datagram_iovec, const struct sk_buff *skb, int len)
-{
-	return clock_skb(skb);
-}
-
-SEC("fentry/ip_rcv_core")
-int BPF_PROG(clock_ip_rcv_core, struct sk_buff *skb)
-{
-	return clock_ip_start(skb);
-}
-
-SEC("fentry/ip6_rcv_core")
-int BPF_PROG(clock_ip6_rcv_core, struct sk_buff *skb)
-{
-	return clock_ip_start(skb);
-}
-
-SEC("fentry/tcp_v4_rcv")
-int BPF_PROG(clock_tcp_v4_rcv, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
-
-SEC("fentry/tcp_v6_rcv")
-int BPF_PROG(clock_tcp_v6_rcv, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
-
-SEC("fentry/udp_rcv")
-int BPF_PROG(clock_udp_rcv, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
-
-SEC("fentry/udpv6_rcv")
-int BPF_PROG(clock_udpv6_rcv, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
-
-SEC("fexit/tcp_queue_rcv")
-int BPF_PROG(clock_tcp_queue_rcv, struct sock *sk, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
-
-SEC("fexit/__udp_enqueue_schedule_skb")
-int BPF_PROG(clock_udp_enqueue_schedule_skb, struct sock *sk, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
+CLOCK("tp_btf/skb_copy_datagram_iovec", clock_skb_copy_datagram_iovec, clock_skb(skb),
+      const struct sk_buff *skb, int len)
+CLOCK("fentry/ip_rcv_core", clock_ip_rcv_core, clock_ip_start(skb), struct sk_buff *skb)
+CLOCK("fentry/ip6_rcv_core", clock_ip6_rcv_core, clock_ip_start(skb), struct sk_buff *skb)
+CLOCK("fentry/tcp_v4_rcv", clock_tcp_v4_rcv, clock_skb(skb), struct sk_buff *skb)
+CLOCK("fentry/tcp_v6_rcv", clock_tcp_v6_rcv, clock_skb(skb), struct sk_buff *skb)
+CLOCK("fentry/udp_rcv", clock_udp_rcv, clock_skb(skb), struct sk_buff *skb)
+CLOCK("fentry/udpv6_rcv", clock_udpv6_rcv, clock_skb(skb), struct sk_buff *skb)
+CLOCK("fexit/tcp_queue_rcv", clock_tcp_queue_rcv, clock_skb(skb),
+      struct sock *sk, struct sk_buff *skb)
+CLOCK("fexit/__udp_enqueue_schedule_skb", clock_udp_enqueue_schedule_skb, clock_skb(skb),
+      struct sock *sk, struct sk_buff *skb)
 
 SEC("fentry/tcp_recv_timestamp")
 int BPF_PROG(clock_tcp_recv_timestamp, struct msghdr *msg, struct sock *sk,
@@ -169,11 +130,8 @@ int BPF_PROG(clock_tcp_recv_timestamp, struct msghdr *msg, struct sock *sk,
 			 TT_CLOCK_REALTIME);
 }
 
-SEC("fentry/skb_consume_udp")
-int BPF_PROG(clock_skb_consume_udp, struct sock *sk, struct sk_buff *skb)
-{
-	return clock_skb(skb);
-}
+CLOCK("fentry/skb_consume_udp", clock_skb_consume_udp, clock_skb(skb),
+      struct sock *sk, struct sk_buff *skb)
 
 /* The send side has no stamp to read: its clock floor is one MONOTONIC read, as each of
  * its timing programs makes. */
@@ -182,32 +140,9 @@ static __always_inline int clock_send(void)
 	return use_clock(1, TT_CLOCK_MONOTONIC);
 }
 
-SEC("tp_btf/net_dev_queue")
-int BPF_PROG(clock_net_dev_queue, struct sk_buff *skb)
-{
-	return clock_send();
-}
-
-SEC("tp_btf/net_dev_start_xmit")
-int BPF_PROG(clock_net_dev_start_xmit, const struct sk_buff *skb)
-{
-	return clock_send();
-}
-
-SEC("fentry/tcp_sendmsg")
-int BPF_PROG(clock_tcp_sendmsg, struct sock *sk)
-{
-	return clock_send();
-}
-
-SEC("fentry/udp_sendmsg")
-int BPF_PROG(clock_udp_sendmsg, struct sock *sk)
-{
-	return clock_send();
-}
-
-SEC("fentry/udpv6_sendmsg")
-int BPF_PROG(clock_udpv6_sendmsg, struct sock *sk)
-{
-	return clock_send();
-}
+CLOCK("tp_btf/net_dev_queue", clock_net_dev_queue, clock_send(), struct sk_buff *skb)
+CLOCK("tp_btf/net_dev_start_xmit", clock_net_dev_start_xmit, clock_send(),
+      const struct sk_buff *skb)
+CLOCK("fentry/tcp_sendmsg", clock_tcp_sendmsg, clock_send(), struct sock *sk)
+CLOCK("fentry/udp_sendmsg", clock_udp_sendmsg, clock_send(), struct sock *sk)
+CLOCK("fentry/udpv6_sendmsg", clock_udpv6_sendmsg, clock_send(), struct sock *sk)

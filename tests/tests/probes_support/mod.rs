@@ -117,12 +117,9 @@ pub fn client(
     messages: u32,
 ) -> ClientOpts<'_> {
     ClientOpts {
-        target,
         netns,
-        proto,
-        messages,
         size: 200,
-        pause: Duration::ZERO,
+        ..ClientOpts::new(target, proto, messages)
     }
 }
 
