@@ -184,7 +184,7 @@ for p in "${ports[@]}"; do
     pids+=($!)
 done
 
-echo "soak: $minutes min, $services service(s), a 60 s slowdown every $every min; output in $out" >&2
+echo "soak: $minutes min, $services service(s), a 60 s slowdown ($((20 * services)) ms before each read) every $every min; output in $out" >&2
 echo "minute,rss_kib,fds,threads,children,db_bytes,worst_interval_ms,incidents,rss_anon_kib,rss_file_kib,steal_ms,load1,heap_arena_kib,heap_mapped_kib,worst_wakeup_ms,rss_mean_kib,rss_max_kib" >"$out/series.csv"
 # CPU time the hypervisor gave to other guests (steal, all CPUs) and the load: whether a late
 # minute came with the host's own contention.
@@ -201,8 +201,10 @@ for minute in $(seq 1 "$minutes"); do
     rss_sum=0
     rss_n=0
     rss_max=0
-    # Slowdowns start one minute into each period and last 60 s.
-    if (( (minute - 1) % every == 1 )); then echo 20ms >"$out/delay"; else echo 0s >"$out/delay"; fi
+    # Slowdowns start one minute into each period and last 60 s. The servers then sleep ten
+    # times the clients' pause before each read, so a backlog builds (a sleep shorter than
+    # the pause would delay nothing: the next message is not there yet).
+    if (( (minute - 1) % every == 1 )); then echo "$((20 * services))ms" >"$out/delay"; else echo 0s >"$out/delay"; fi
     while (( $(date +%s) < start + minute * 60 )); do
         sleep 5
         # The last reading of the minute also gives what the allocator holds allocated
