@@ -8,12 +8,16 @@
 //! reads over 500 µs a few times a minute, each making a p99.9 "shift" with a p-value of
 //! 1e-9 (docs/detector.md, "Clustered tails").
 //!
-//! So each key learns, per quantile and over the intervals its baseline learns from, the
-//! ratio of the variance of an interval's exceedance count to the binomial variance the
-//! test assumes (the index of dispersion: 1 for independent packets; for rare clustered
-//! events close to the mean cluster size). The test then weighs a window's evidence as that many
-//! times fewer independent samples ([`Dispersion::factor`]). A factor is never below 1, so
-//! the correction only ever makes the test stricter, and Holm's guarantee still holds.
+//! So each key learns, per quantile and over the intervals its baseline learns from, how
+//! much more an interval's exceedance count varies than the binomial the test assumes. It
+//! keeps that as the correlation `rho` of two samples of one interval (the beta-binomial
+//! model: variance `n p (1 - p) (1 + (n - 1) rho)`), not as a plain variance ratio, because
+//! the ratio grows with the interval's size: a key that learnt on thousands of fast reads a
+//! second and is then tested on fifty slow ones must not weigh those fifty as if they were
+//! thousands ([`Dispersion::rho`], [`factor`]). `rho` is 0 for independent packets; for rare
+//! clustered events `1 + (n - 1) rho` is about the mean cluster size. The test then weighs a
+//! window's evidence as that many times fewer independent samples. A factor is never below
+//! 1, so the correction only ever makes the test stricter, and Holm's guarantee still holds.
 
 use std::time::{Duration, SystemTime};
 
@@ -31,6 +35,13 @@ const MIN_INTERVALS: u32 = 60;
 /// The largest factor: a tail so clustered would otherwise hide even a shift fifty times
 /// its usual burst.
 const MAX_FACTOR: f64 = 50.0;
+
+/// How many samples weigh as one independent sample in a window whose intervals hold
+/// `interval_size` samples on average (weighted by their samples), given `rho`: between 1
+/// and `MAX_FACTOR`.
+pub(crate) fn factor(rho: f64, interval_size: f64) -> f64 {
+    (1.0 + rho * (interval_size - 1.0).max(0.0)).clamp(1.0, MAX_FACTOR)
+}
 
 /// One quantile's faded sums over learnt intervals: of each interval's exceedances `x`
 /// (samples above the baseline's quantile bucket) and sample count `n`.
@@ -75,17 +86,27 @@ impl Sums {
         self.nn += o.nn;
     }
 
-    /// Squared deviations of the counts from `n * p` and the binomial variances, with `p`
-    /// the intervals' own share above the bucket. Their own share, not the baseline's: a
+    /// The moment estimate of `rho`, and the binomial variance it rests on, with `p` the
+    /// intervals' own share above the bucket. Their own share, not the baseline's: a
     /// baseline that learnt a slow start (a service started during a fault) expects more
     /// exceedances than quiet intervals have, and that gap is no clustering.
-    fn deviations(&self) -> (f64, f64) {
+    fn rho(&self) -> (f64, f64) {
         if self.n <= 0.0 {
             return (0.0, 0.0);
         }
         let p = self.x / self.n;
+        let pq = p * (1.0 - p);
         let squared = self.xx - 2.0 * p * self.xn + p * p * self.nn;
-        (squared, self.n * p * (1.0 - p))
+        let variance = self.n * pq;
+        // Sum over intervals of n (n - 1): the pairs of samples within one interval.
+        let pairs = self.nn - self.n;
+        if pq <= 0.0 || pairs <= 0.0 {
+            return (0.0, variance);
+        }
+        (
+            ((squared - variance) / (pq * pairs)).clamp(0.0, 1.0),
+            variance,
+        )
     }
 }
 
@@ -103,20 +124,19 @@ pub(crate) struct Dispersion {
 }
 
 impl Dispersion {
-    /// The factor to divide quantile `q`'s window evidence by: at least 1.
-    pub(crate) fn factor(&self, q: f64) -> f64 {
+    /// The learnt correlation of two samples of one interval for quantile `q` (0: the
+    /// samples are independent, or too little is known yet).
+    pub(crate) fn rho(&self, q: f64) -> f64 {
         if self.intervals < MIN_INTERVALS {
-            return 1.0;
+            return 0.0;
         }
         let bits = q.to_bits();
         let Some((_, s)) = self.sums.iter().find(|(b, _)| *b == bits) else {
-            return 1.0;
+            return 0.0;
         };
-        match s.deviations() {
-            (squared, variance) if variance >= MIN_VARIANCE => {
-                (squared / variance).clamp(1.0, MAX_FACTOR)
-            }
-            _ => 1.0,
+        match s.rho() {
+            (rho, variance) if variance >= MIN_VARIANCE => rho,
+            _ => 0.0,
         }
     }
 
@@ -212,7 +232,8 @@ mod tests {
         // One slow sample an interval, as the baseline expects: no over-dispersion.
         let mut d = Dispersion::default();
         learn_intervals(&mut d, |_| 1);
-        assert_eq!(d.factor(0.999), 1.0);
+        assert_eq!(d.rho(0.999), 0.0);
+        assert_eq!(factor(d.rho(0.999), 1000.0), 1.0);
     }
 
     #[test]
@@ -221,10 +242,15 @@ mod tests {
         // tenth interval: the factor is about the cluster's size.
         let mut d = Dispersion::default();
         learn_intervals(&mut d, |s| if s % 10 == 0 { 10 } else { 0 });
-        let f = d.factor(0.999);
+        let f = factor(d.rho(0.999), 1000.0);
         assert!((8.0..=11.0).contains(&f), "factor {f}");
+        // Windows of intervals as large as the learnt ones weigh their evidence that much
+        // less; windows of much smaller intervals (a key now seeing 10 reads a second)
+        // hardly less: the clustering is a share of an interval's samples.
+        let small = factor(d.rho(0.999), 10.0);
+        assert!((1.0..1.1).contains(&small), "factor {small}");
         // A quantile never noted is tested as before.
-        assert_eq!(d.factor(0.99), 1.0);
+        assert_eq!(d.rho(0.99), 0.0);
     }
 
     #[test]
@@ -240,7 +266,7 @@ mod tests {
             );
             d.learn(t(s), Duration::from_secs(3600));
         }
-        assert_eq!(d.factor(0.999), 1.0);
+        assert_eq!(d.rho(0.999), 0.0);
         // Held intervals (a hot window, an open incident) are never learnt.
         let mut held = Dispersion::default();
         for s in 0..600 {
@@ -251,6 +277,6 @@ mod tests {
             );
             held.hold(t(s));
         }
-        assert_eq!(held.factor(0.999), 1.0);
+        assert_eq!(held.rho(0.999), 0.0);
     }
 }

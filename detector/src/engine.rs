@@ -187,7 +187,7 @@ impl Detector {
                         let base_cum = key.baseline.cumulative();
                         for &q in &t.quantiles {
                             if let Some(s) = Shift::new(q, snap, &window_cum, &base_cum) {
-                                let s = s.clustered(key.dispersion.factor(q));
+                                let s = s.clustered(key.dispersion.rho(q), snap);
                                 let p = if s.worth_testing(bars) {
                                     s.p_value(self.config.significance)
                                 } else {
@@ -789,11 +789,11 @@ impl Shift {
         })
     }
 
-    /// This test with its evidence weighed as `factor` times fewer independent samples (a
-    /// key whose slow packets come in clusters of about `factor`).
-    pub(crate) fn clustered(self, factor: f64) -> Shift {
+    /// This test with its evidence weighed for a key whose samples within one interval
+    /// correlate by `rho` (slow packets in clusters), in a window of `snap`'s intervals.
+    pub(crate) fn clustered(self, rho: f64, snap: &Snapshot) -> Shift {
         Shift {
-            dispersion: factor.max(1.0),
+            dispersion: crate::dispersion::factor(rho, snap.interval_size()),
             ..self
         }
     }

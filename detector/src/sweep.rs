@@ -391,7 +391,7 @@ impl Sweep {
                             if stats.hints.len() < self.quantiles.len() {
                                 stats.hints.resize(self.quantiles.len(), usize::MAX);
                             }
-                            let factor = group.dispersions.get(&probe).map_or(1.0, |d| d.factor(q));
+                            let rho = group.dispersions.get(&probe).map_or(0.0, |d| d.rho(q));
                             let shift = Shift::with_window_quantile(
                                 q,
                                 snap,
@@ -400,7 +400,7 @@ impl Sweep {
                                 &stats.cum,
                                 qi.map_or(&mut no_hint, |i| &mut stats.hints[i]),
                             )
-                            .map(|s| s.clustered(factor));
+                            .map(|s| s.clustered(rho, snap));
                             stats.shifts.push(ShiftSlot {
                                 q,
                                 shift,

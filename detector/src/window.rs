@@ -26,6 +26,10 @@ pub(crate) struct Snapshot {
     pub buckets: [u64; NUM_BUCKETS],
     /// Samples in the window.
     pub count: u64,
+    /// The sum of the squares of its intervals' sample counts: with `count`, how large its
+    /// intervals are on average, weighted by their samples (what clustering within an
+    /// interval scales with).
+    pub count_sq: u128,
     /// Start of the oldest interval in the window.
     pub start: SystemTime,
 }
@@ -36,8 +40,17 @@ impl Snapshot {
         Snapshot {
             buckets: [0; NUM_BUCKETS],
             count: 0,
+            count_sq: 0,
             start: UNIX_EPOCH,
         }
+    }
+
+    /// The intervals' mean sample count, each interval weighted by its samples.
+    pub(crate) fn interval_size(&self) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        self.count_sq as f64 / self.count as f64
     }
 
     fn add(&mut self, iv: &Interval) {
@@ -45,6 +58,7 @@ impl Snapshot {
             self.buckets[usize::from(i)] += u64::from(c);
         }
         self.count += iv.count;
+        self.count_sq += u128::from(iv.count) * u128::from(iv.count);
     }
 
     /// Take out an interval added before (exact: the sums hold its counts).
@@ -53,6 +67,7 @@ impl Snapshot {
             self.buckets[usize::from(i)] -= u64::from(c);
         }
         self.count -= iv.count;
+        self.count_sq -= u128::from(iv.count) * u128::from(iv.count);
     }
 }
 
@@ -175,11 +190,13 @@ impl Window {
         }
         out.buckets = [0; NUM_BUCKETS];
         out.count = 0;
+        out.count_sq = 0;
         for iv in self.intervals.iter().skip(first) {
             for &(i, c) in &iv.buckets {
                 out.buckets[usize::from(i)] += u64::from(c);
             }
             out.count += iv.count;
+            out.count_sq += u128::from(iv.count) * u128::from(iv.count);
         }
         out.start = self.intervals.get(first).map_or(now, |iv| iv.start);
         true
